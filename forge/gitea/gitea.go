@@ -1,0 +1,394 @@
+// Package gitea is the forge driver for Gitea and Forgejo Actions.
+//
+// The manager registers each runner itself, through the runner service's
+// Register call, and hands the agent only the resulting per-runner
+// credential (gitea-runner's .runner file). Gitea's registration token is
+// reusable and would let whoever holds it enrol more runners, so it never
+// leaves the manager.
+package gitea
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
+	"code.gitea.io/actions-proto-go/runner/v1/runnerv1connect"
+	sdk "code.gitea.io/sdk/gitea"
+	"connectrpc.com/connect"
+
+	"github.com/runfleet/runfleet/forge"
+)
+
+// Scope is where runners are registered.
+type Scope struct {
+	Kind  string // repo, org or instance
+	Owner string // repo owner, or org
+	Repo  string
+}
+
+// Config configures a Driver.
+type Config struct {
+	URL   string
+	Token string // API token of a user allowed to manage runners in Scope
+	Scope Scope
+	// HTTPClient is used for every call; a client with a 30s timeout
+	// when nil.
+	HTTPClient *http.Client
+	// Version is reported to Gitea as the runner version.
+	Version string
+	// SettleTime is how long RemoveRunner waits between disabling a
+	// runner and checking it has no job, so that a task fetch that was
+	// already under way is seen. Defaults to 500ms.
+	SettleTime time.Duration
+	Logger     *slog.Logger
+}
+
+// Driver talks to one Gitea instance in one scope.
+type Driver struct {
+	cfg    Config
+	hc     *http.Client
+	runner runnerv1connect.RunnerServiceClient
+	log    *slog.Logger
+
+	mu       sync.Mutex
+	regToken string // cached: Gitea returns the same token until it is reset
+}
+
+// New returns a driver. It makes no call: an unreachable Gitea shows up
+// on the first call, which the caller retries.
+func New(cfg Config) *Driver {
+	hc := cfg.HTTPClient
+	if hc == nil {
+		hc = &http.Client{Timeout: 30 * time.Second}
+	}
+	if cfg.SettleTime == 0 {
+		cfg.SettleTime = 500 * time.Millisecond
+	}
+	if cfg.Version == "" {
+		cfg.Version = "runfleet"
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	cfg.URL = strings.TrimRight(cfg.URL, "/")
+	return &Driver{
+		cfg:    cfg,
+		hc:     hc,
+		runner: runnerv1connect.NewRunnerServiceClient(hc, cfg.URL+"/api/actions"),
+		log:    log,
+	}
+}
+
+// api returns an SDK client bound to ctx. The SDK keeps one context per
+// client, so a light client is made per call rather than sharing one
+// whose context another call could replace.
+func (d *Driver) api(ctx context.Context) (*sdk.Client, error) {
+	c, err := sdk.NewClient(d.cfg.URL,
+		sdk.SetHTTPClient(d.hc),
+		sdk.SetToken(d.cfg.Token),
+		sdk.SetContext(ctx),
+		sdk.SetGiteaVersion(""), // skip the version probe: one call less per request
+	)
+	if err != nil {
+		return nil, fmt.Errorf("gitea client: %w", err)
+	}
+	return c, nil
+}
+
+func (d *Driver) where() string {
+	switch d.cfg.Scope.Kind {
+	case "repo":
+		return fmt.Sprintf("repo %s/%s", d.cfg.Scope.Owner, d.cfg.Scope.Repo)
+	case "org":
+		return "org " + d.cfg.Scope.Owner
+	}
+	return "instance"
+}
+
+// apiError adds the HTTP status to an SDK error, whose text alone can be
+// empty for some statuses.
+func apiError(op string, resp *sdk.Response, err error) error {
+	if resp != nil && resp.Response != nil {
+		if resp.StatusCode == http.StatusNotFound {
+			return fmt.Errorf("%s: %w (HTTP 404: %v)", op, forge.ErrNotFound, err)
+		}
+		return fmt.Errorf("%s: HTTP %d: %w", op, resp.StatusCode, err)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+func (d *Driver) registrationToken(ctx context.Context, refresh bool) (string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.regToken != "" && !refresh {
+		return d.regToken, nil
+	}
+	c, err := d.api(ctx)
+	if err != nil {
+		return "", err
+	}
+	var (
+		tok  *sdk.RegistrationToken
+		resp *sdk.Response
+	)
+	s := d.cfg.Scope
+	switch s.Kind {
+	case "repo":
+		tok, resp, err = c.CreateRepoActionRunnerRegistrationToken(s.Owner, s.Repo)
+	case "org":
+		tok, resp, err = c.CreateOrgActionRunnerRegistrationToken(s.Owner)
+	default:
+		tok, resp, err = c.CreateAdminActionRunnerRegistrationToken()
+	}
+	if err != nil {
+		return "", apiError("get registration token for "+d.where(), resp, err)
+	}
+	d.regToken = tok.Token
+	return d.regToken, nil
+}
+
+// Registration is gitea-runner's .runner file.
+type Registration struct {
+	Warning   string   `json:"WARNING"`
+	ID        int64    `json:"id"`
+	UUID      string   `json:"uuid"`
+	Name      string   `json:"name"`
+	Token     string   `json:"token"`
+	Address   string   `json:"address"`
+	Labels    []string `json:"labels"`
+	Ephemeral bool     `json:"ephemeral"`
+}
+
+// RegistrationFile is the name gitea-runner reads its registration from.
+const RegistrationFile = ".runner"
+
+// Register registers an ephemeral runner and returns its .runner file.
+func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
+	var (
+		resp *connect.Response[runnerv1.RegisterResponse]
+		err  error
+	)
+	for attempt := range 2 {
+		var tok string
+		tok, err = d.registrationToken(ctx, attempt > 0)
+		if err != nil {
+			return forge.Credential{}, err
+		}
+		resp, err = d.runner.Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{
+			Name:      req.Name,
+			Token:     tok,
+			Version:   d.cfg.Version,
+			Labels:    req.Labels,
+			Ephemeral: true,
+		}))
+		// Gitea answers a reset token with a plain error; fetch the
+		// current token once and try again.
+		if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "registration token") {
+			break
+		}
+	}
+	if err != nil {
+		return forge.Credential{}, fmt.Errorf("register runner %s in %s: %w", req.Name, d.where(), err)
+	}
+	r := resp.Msg.GetRunner()
+	if !r.GetEphemeral() {
+		// A non-ephemeral runner could take more than one job: refuse it.
+		_ = d.deleteRunner(ctx, r.GetId())
+		return forge.Credential{}, fmt.Errorf("register runner %s: Gitea did not make it ephemeral (Gitea 1.21 or later is required)", req.Name)
+	}
+	file, err := json.MarshalIndent(Registration{
+		Warning:   "Written by runfleet. This runner takes one job.",
+		ID:        r.GetId(),
+		UUID:      r.GetUuid(),
+		Name:      r.GetName(),
+		Token:     r.GetToken(),
+		Address:   d.cfg.URL,
+		Labels:    req.Labels,
+		Ephemeral: true,
+	}, "", "  ")
+	if err != nil {
+		return forge.Credential{}, fmt.Errorf("encode registration: %w", err)
+	}
+	return forge.Credential{RunnerID: r.GetId(), Files: map[string][]byte{RegistrationFile: file}}, nil
+}
+
+// Runners lists the runners in the scope. A runner is busy when a job in
+// progress is assigned to it: Gitea's own "busy" flag only says the runner
+// reported something in the last 10 seconds.
+func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
+	c, err := d.api(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var list []*sdk.ActionRunner
+	s := d.cfg.Scope
+	for page := 1; ; page++ {
+		opt := sdk.ListActionRunnersOptions{ListOptions: sdk.ListOptions{Page: page, PageSize: 50}}
+		var (
+			r    *sdk.ActionRunnersResponse
+			resp *sdk.Response
+		)
+		switch s.Kind {
+		case "repo":
+			r, resp, err = c.ListRepoActionRunners(s.Owner, s.Repo, opt)
+		case "org":
+			r, resp, err = c.ListOrgActionRunners(s.Owner, opt)
+		default:
+			r, resp, err = c.ListAdminActionRunners(opt)
+		}
+		if err != nil {
+			return nil, apiError("list runners in "+d.where(), resp, err)
+		}
+		list = append(list, r.Runners...)
+		if len(r.Runners) < 50 {
+			break
+		}
+	}
+	running, err := d.Jobs(ctx, "in_progress")
+	if err != nil {
+		return nil, err
+	}
+	busy := map[int64]bool{}
+	for _, j := range running {
+		busy[j.RunnerID] = true
+	}
+	out := make([]forge.Runner, 0, len(list))
+	for _, r := range list {
+		st := forge.StatusIdle
+		switch {
+		case busy[r.ID]:
+			st = forge.StatusBusy
+		case r.Status == "offline":
+			st = forge.StatusOffline
+		}
+		labels := make([]string, 0, len(r.Labels))
+		for _, l := range r.Labels {
+			labels = append(labels, l.Name)
+		}
+		out = append(out, forge.Runner{ID: r.ID, Name: r.Name, Status: st, Labels: labels})
+	}
+	return out, nil
+}
+
+// Jobs lists the scope's jobs with the given status.
+func (d *Driver) Jobs(ctx context.Context, status string) ([]forge.Job, error) {
+	c, err := d.api(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []forge.Job
+	s := d.cfg.Scope
+	for page := 1; ; page++ {
+		opt := sdk.ListRepoActionJobsOptions{ListOptions: sdk.ListOptions{Page: page, PageSize: 50}, Status: status}
+		var (
+			r    *sdk.ActionWorkflowJobsResponse
+			resp *sdk.Response
+		)
+		switch s.Kind {
+		case "repo":
+			r, resp, err = c.ListRepoActionJobs(s.Owner, s.Repo, opt)
+		case "org":
+			r, resp, err = c.ListOrgActionJobs(s.Owner, opt)
+		default:
+			r, resp, err = c.ListAdminActionJobs(opt)
+		}
+		if err != nil {
+			return nil, apiError("list "+status+" jobs in "+d.where(), resp, err)
+		}
+		for _, j := range r.Jobs {
+			out = append(out, forge.Job{
+				ID: j.ID, RunID: j.RunID, Name: j.Name, Labels: j.Labels, Status: j.Status,
+				RunnerID: j.RunnerID, RunnerName: j.RunnerName, CreatedAt: j.CreatedAt, StartedAt: j.StartedAt,
+			})
+		}
+		if len(r.Jobs) < 50 {
+			break
+		}
+	}
+	return out, nil
+}
+
+// RemoveRunner removes a runner that has no job. Gitea itself deletes a
+// runner whatever it is doing, so the driver first disables it (Gitea then
+// assigns it nothing more), waits for any task fetch already under way,
+// and deletes it only if no job is assigned to it. A busy runner is left
+// disabled: it is ephemeral and goes away after its job.
+func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
+	r, err := d.setDisabled(ctx, id, true)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-time.After(d.cfg.SettleTime):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	running, err := d.Jobs(ctx, "in_progress")
+	if err != nil {
+		return err
+	}
+	for _, j := range running {
+		if j.RunnerID == id {
+			return fmt.Errorf("remove runner %s (id %d): %w: job %d %q", r.Name, id, forge.ErrBusy, j.ID, j.Name)
+		}
+	}
+	return d.deleteRunner(ctx, id)
+}
+
+func (d *Driver) setDisabled(ctx context.Context, id int64, disabled bool) (*sdk.ActionRunner, error) {
+	c, err := d.api(ctx)
+	if err != nil {
+		return nil, err
+	}
+	opt := sdk.EditActionRunnerOption{Disabled: &disabled}
+	var (
+		r    *sdk.ActionRunner
+		resp *sdk.Response
+	)
+	s := d.cfg.Scope
+	switch s.Kind {
+	case "repo":
+		r, resp, err = c.UpdateRepoActionRunner(s.Owner, s.Repo, id, opt)
+	case "org":
+		r, resp, err = c.UpdateOrgActionRunner(s.Owner, id, opt)
+	default:
+		r, resp, err = c.UpdateAdminActionRunner(id, opt)
+	}
+	if err != nil {
+		return nil, apiError(fmt.Sprintf("disable runner %d", id), resp, err)
+	}
+	return r, nil
+}
+
+func (d *Driver) deleteRunner(ctx context.Context, id int64) error {
+	c, err := d.api(ctx)
+	if err != nil {
+		return err
+	}
+	var resp *sdk.Response
+	s := d.cfg.Scope
+	switch s.Kind {
+	case "repo":
+		resp, err = c.DeleteRepoActionRunner(s.Owner, s.Repo, id)
+	case "org":
+		resp, err = c.DeleteOrgActionRunner(s.Owner, id)
+	default:
+		resp, err = c.DeleteAdminActionRunner(id)
+	}
+	if err != nil {
+		err = apiError(fmt.Sprintf("delete runner %d", id), resp, err)
+		if errors.Is(err, forge.ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,152 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/internal/daemon"
+)
+
+// RunnerStatus is one runner in `runfleet status`.
+type RunnerStatus struct {
+	Pool     string    `json:"pool"`
+	Name     string    `json:"name"`
+	State    string    `json:"state"`
+	RunnerID int64     `json:"runner_id,omitempty"`
+	Machine  string    `json:"machine,omitempty"`
+	Created  time.Time `json:"created,omitzero"`
+	AgeSec   float64   `json:"age_seconds"`
+	Job      *JobRef   `json:"job,omitempty"`
+}
+
+// JobRef names the job a runner is running.
+type JobRef struct {
+	ID    int64  `json:"id"`
+	RunID int64  `json:"run_id"`
+	Name  string `json:"name"`
+}
+
+// PoolStatus is one pool in `runfleet status`.
+type PoolStatus struct {
+	Name    string         `json:"name"`
+	Size    int            `json:"size"`
+	Max     int            `json:"max"`
+	Error   string         `json:"error,omitempty"`
+	Runners []RunnerStatus `json:"runners"`
+}
+
+func statusCmd() *cobra.Command {
+	var path, output string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show pools and their runners: idle, busy or starting, age, current job",
+		Long: `status reads the truth from where it lives — the provider's machines and
+the forge's registrations and jobs — so it works whether or not the manager
+is running, and changes nothing.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "table" && output != "json" {
+				return &ExitError{ExitUsage, fmt.Errorf("-o: %q is not table or json", output)}
+			}
+			cfg, err := loadConfig(path)
+			if err != nil {
+				return err
+			}
+			fleet, err := daemon.New(cfg, slog.New(slog.DiscardHandler))
+			if err != nil {
+				return &ExitError{ExitUsage, err}
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
+			defer cancel()
+			pools := collect(ctx, fleet)
+			if output == "json" {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(map[string]any{"manager": cfg.ID, "pools": pools})
+			}
+			printTable(cmd.OutOrStdout(), pools)
+			for _, p := range pools {
+				if p.Error != "" {
+					return fmt.Errorf("pool %s: %s", p.Name, p.Error)
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&path, "config", "c", "", "config file (YAML)")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	return cmd
+}
+
+func collect(ctx context.Context, fleet *daemon.Fleet) []PoolStatus {
+	now := time.Now()
+	jobsByForge := map[forge.Forge]map[int64]forge.Job{}
+	var out []PoolStatus
+	for i, p := range fleet.Pools {
+		pc := fleet.Config.Pools[i]
+		ps := PoolStatus{Name: p.Name(), Size: pc.Size, Max: pc.Max, Runners: []RunnerStatus{}}
+		runners, err := p.Observe(ctx)
+		if err != nil {
+			ps.Error = err.Error()
+			out = append(out, ps)
+			continue
+		}
+		f := fleet.Forges[p.Name()]
+		jobs, ok := jobsByForge[f]
+		if !ok {
+			jobs = map[int64]forge.Job{}
+			if list, err := f.Jobs(ctx, "in_progress"); err == nil {
+				for _, j := range list {
+					jobs[j.RunnerID] = j
+				}
+			}
+			jobsByForge[f] = jobs
+		}
+		for _, r := range runners {
+			rs := RunnerStatus{Pool: r.Pool, Name: r.Name, State: string(r.State), RunnerID: r.RunnerID, Machine: r.Machine, Created: r.Created}
+			if !r.Created.IsZero() {
+				rs.AgeSec = now.Sub(r.Created).Round(time.Second).Seconds()
+			}
+			if j, ok := jobs[r.RunnerID]; ok && r.RunnerID != 0 {
+				rs.Job = &JobRef{ID: j.ID, RunID: j.RunID, Name: j.Name}
+			}
+			ps.Runners = append(ps.Runners, rs)
+		}
+		out = append(out, ps)
+	}
+	return out
+}
+
+func printTable(w io.Writer, pools []PoolStatus) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "POOL\tRUNNER\tSTATE\tAGE\tJOB")
+	for _, p := range pools {
+		if p.Error != "" {
+			fmt.Fprintf(tw, "%s\t-\terror\t-\t%s\n", p.Name, p.Error)
+			continue
+		}
+		if len(p.Runners) == 0 {
+			fmt.Fprintf(tw, "%s\t-\t(no runners)\t-\t-\n", p.Name)
+		}
+		for _, r := range p.Runners {
+			age := "-"
+			if !r.Created.IsZero() {
+				age = (time.Duration(r.AgeSec) * time.Second).String()
+			}
+			job := "-"
+			if r.Job != nil {
+				job = fmt.Sprintf("%s (run %d, job %d)", r.Job.Name, r.Job.RunID, r.Job.ID)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Name, r.Name, r.State, age, job)
+		}
+	}
+	tw.Flush()
+}

@@ -1,0 +1,573 @@
+// Package pool keeps a pool of fresh single-job runners: the reconciler
+// that compares what the forge and the provider report with what the pool
+// should have, and starts or removes runners to close the gap.
+//
+// It is level-triggered: each pass reads the truth from the provider (the
+// machines) and the forge (the registrations). The pool's memory holds only
+// what is in flight, so a manager killed at any moment and restarted adopts
+// live runners, removes what a crash left half done, and carries on.
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"regexp"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/runfleet/runfleet/agent"
+	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/provider"
+)
+
+// Forge is what the pool needs from a forge driver.
+type Forge interface {
+	Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error)
+	Runners(ctx context.Context) ([]forge.Runner, error)
+	RemoveRunner(ctx context.Context, id int64) error
+}
+
+// Config is one pool's settings.
+type Config struct {
+	Name    string
+	Manager string
+	Labels  []string
+	Env     map[string]string
+	// Size is the number of idle runners kept ready; Max caps all
+	// runners, busy ones included.
+	Size, Max int
+	// IdleTimeout removes idle runners above Size that are older.
+	IdleTimeout time.Duration
+	// MaxLifetime recycles idle runners that are older.
+	MaxLifetime time.Duration
+	// BootstrapTimeout replaces runners that have not come online at
+	// the forge by then.
+	BootstrapTimeout time.Duration
+	// Resync is the period of passes when no event arrives.
+	Resync time.Duration
+	// OrphanGrace is how long a running machine may lack a registration
+	// before it is removed. An ephemeral runner's registration is
+	// deleted by the forge when its job ends, just before the agent
+	// exits by itself; the grace lets it exit cleanly.
+	OrphanGrace time.Duration
+}
+
+// Pool reconciles one pool.
+type Pool struct {
+	cfg   Config
+	forge Forge
+	prov  provider.Provider
+	agent agent.Agent
+	log   *slog.Logger
+	now   func() time.Time
+	names *regexp.Regexp
+	dry   bool // an observer: decides, never acts
+
+	trigger chan struct{}
+	wg      sync.WaitGroup // operations in flight
+
+	mu           sync.Mutex
+	pending      map[string]string    // slot name -> "create" or "remove", in flight
+	missingSince map[string]time.Time // running machine seen without registration
+	draining     bool
+	failures     int       // consecutive failed creates
+	createAfter  time.Time // no create before this (backoff)
+	view         []Runner  // after the last pass
+	lastErr      error
+}
+
+// Option configures a Pool.
+type Option func(*Pool)
+
+// WithClock replaces time.Now, for tests.
+func WithClock(now func() time.Time) Option { return func(p *Pool) { p.now = now } }
+
+// WithLogger sets the logger.
+func WithLogger(l *slog.Logger) Option { return func(p *Pool) { p.log = l } }
+
+// New returns a pool reconciler.
+func New(cfg Config, f Forge, prov provider.Provider, a agent.Agent, opts ...Option) *Pool {
+	if cfg.Max < cfg.Size {
+		cfg.Max = cfg.Size
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = 5 * time.Second
+	}
+	if cfg.OrphanGrace <= 0 {
+		cfg.OrphanGrace = 15 * time.Second
+	}
+	p := &Pool{
+		cfg: cfg, forge: f, prov: prov, agent: a,
+		log:          slog.Default(),
+		now:          time.Now,
+		names:        regexp.MustCompile(`^` + regexp.QuoteMeta(cfg.Name) + `-([0-9]+)$`),
+		trigger:      make(chan struct{}, 1),
+		pending:      map[string]string{},
+		missingSince: map[string]time.Time{},
+	}
+	for _, o := range opts {
+		o(p)
+	}
+	p.log = p.log.With("pool", cfg.Name)
+	return p
+}
+
+// Name returns the pool's name.
+func (p *Pool) Name() string { return p.cfg.Name }
+
+// Trigger asks for a pass as soon as possible. It never blocks; triggers
+// that arrive during a pass are folded into one more pass.
+func (p *Pool) Trigger() {
+	select {
+	case p.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// Owns reports whether a runner or machine name belongs to this pool.
+func (p *Pool) Owns(name string) bool { return p.names.MatchString(name) }
+
+// Run reconciles until ctx ends. Failed passes are retried with
+// exponential backoff, from 1s up to one minute.
+func (p *Pool) Run(ctx context.Context) {
+	if w, ok := p.prov.(provider.Watcher); ok {
+		w.Watch(ctx, func(name string) {
+			if p.Owns(name) {
+				p.Trigger()
+			}
+		})
+	}
+	backoff := time.Duration(0)
+	for {
+		wait := p.cfg.Resync
+		if err := p.Reconcile(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			backoff = min(max(2*backoff, time.Second), time.Minute)
+			wait = backoff
+			p.log.Error("reconcile failed", "err", err, "retry_in", wait)
+		} else {
+			backoff = 0
+			p.mu.Lock()
+			if d := p.createAfter.Sub(p.now()); d > 0 && d < wait {
+				wait = d
+			}
+			p.mu.Unlock()
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-p.trigger:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// Drain stops creating runners, removes idle ones with their
+// registrations, and waits for busy ones to finish their jobs, until none
+// is left or ctx ends. It returns the runners still left.
+func (p *Pool) Drain(ctx context.Context) []Runner {
+	p.mu.Lock()
+	p.draining = true
+	p.mu.Unlock()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		err := p.Reconcile(ctx)
+		p.mu.Lock()
+		left, inflight := slices.Clone(p.view), len(p.pending)
+		p.mu.Unlock()
+		if err == nil && len(left) == 0 && inflight == 0 {
+			p.wg.Wait()
+			return nil
+		}
+		if err != nil {
+			p.log.Warn("drain pass failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			p.wg.Wait()
+			return left
+		case <-p.trigger:
+		case <-tick.C:
+		}
+	}
+}
+
+// Wait waits for operations in flight.
+func (p *Pool) Wait() { p.wg.Wait() }
+
+// Runners returns the pool's runners as of the last pass.
+func (p *Pool) Runners() []Runner {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.view)
+}
+
+// State of a runner, as status shows it.
+type State string
+
+const (
+	StateStarting State = "starting" // machine up, not yet online at the forge
+	StateIdle     State = "idle"
+	StateBusy     State = "busy"
+	StateStopping State = "stopping" // being removed, or its agent has exited
+	StateOrphan   State = "orphan"   // a registration without a machine, or the reverse
+)
+
+// Runner is one slot of the pool as seen by a pass.
+type Runner struct {
+	Name     string
+	Pool     string
+	State    State
+	RunnerID int64 // at the forge; 0 without a registration
+	Created  time.Time
+	Machine  string // the provider's id (pid, container id)
+}
+
+type slot struct {
+	name string
+	inst *provider.Instance
+	reg  *forge.Runner
+}
+
+// Reconcile runs one pass: it reads the provider and the forge and starts
+// what closes the gap.
+func (p *Pool) Reconcile(ctx context.Context) error {
+	_, err := p.pass(ctx, true)
+	return err
+}
+
+// Observe reads the provider and the forge and returns the pool's runners,
+// changing nothing.
+func (p *Pool) Observe(ctx context.Context) ([]Runner, error) {
+	return p.pass(ctx, false)
+}
+
+func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
+	insts, err := p.prov.List(ctx, p.cfg.Manager)
+	if err != nil {
+		return nil, p.fail(fmt.Errorf("pool %s: list machines: %w", p.cfg.Name, err))
+	}
+	regs, err := p.forge.Runners(ctx)
+	if err != nil {
+		return nil, p.fail(fmt.Errorf("pool %s: %w", p.cfg.Name, err))
+	}
+	now := p.now()
+	if !act {
+		p = p.observer()
+	}
+
+	slots := map[string]*slot{}
+	get := func(name string) *slot {
+		s, ok := slots[name]
+		if !ok {
+			s = &slot{name: name}
+			slots[name] = s
+		}
+		return s
+	}
+	for i := range insts {
+		if insts[i].Pool == p.cfg.Name && p.Owns(insts[i].Name) {
+			get(insts[i].Name).inst = &insts[i]
+		}
+	}
+	for i := range regs {
+		if !p.Owns(regs[i].Name) {
+			continue
+		}
+		s := get(regs[i].Name)
+		if s.reg != nil && act {
+			// Two registrations of one name: only a crash between
+			// register and record can make that. Keep the newer.
+			if s.reg.ID > regs[i].ID {
+				p.removeRegistration(ctx, regs[i])
+				continue
+			}
+			p.removeRegistration(ctx, *s.reg)
+		}
+		s.reg = &regs[i]
+	}
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lastErr = nil
+	var view []Runner
+	idle, total := 0, 0
+	for _, name := range slices.Sorted(maps.Keys(slots)) {
+		s := slots[name]
+		if s.inst == nil || s.inst.State != provider.StateRunning || s.reg != nil {
+			delete(p.missingSince, name)
+		}
+		r := Runner{Name: name, Pool: p.cfg.Name}
+		if s.reg != nil {
+			r.RunnerID = s.reg.ID
+		}
+		if s.inst != nil {
+			r.Created, r.Machine = s.inst.Created, s.inst.ID
+		}
+		if op, ok := p.pending[name]; ok {
+			r.State = StateStopping
+			if op == "create" {
+				r.State = StateStarting
+				idle++
+			}
+			total++
+			view = append(view, r)
+			continue
+		}
+		r.State = p.decide(ctx, s, now)
+		switch r.State {
+		case StateStarting, StateIdle:
+			idle++
+			total++
+		case StateBusy:
+			total++
+		}
+		view = append(view, r)
+	}
+	for name := range p.pending {
+		if _, ok := slots[name]; !ok && p.pending[name] == "create" {
+			view = append(view, Runner{Name: name, Pool: p.cfg.Name, State: StateStarting})
+			idle++
+			total++
+		}
+	}
+	p.view = view
+	if !act {
+		return view, nil
+	}
+
+	// Idle runners above Size, past the idle timeout, go first.
+	if !p.draining {
+		for i := range view {
+			r := &view[i]
+			if idle <= p.cfg.Size {
+				break
+			}
+			if r.State == StateIdle && now.Sub(r.Created) > p.cfg.IdleTimeout {
+				s := slots[r.Name]
+				p.retire(ctx, s, "idle above pool size")
+				r.State = StateStopping
+				idle--
+				total--
+			}
+		}
+	}
+
+	need := min(p.cfg.Size-idle, p.cfg.Max-total)
+	if p.draining || need <= 0 || now.Before(p.createAfter) {
+		return view, nil
+	}
+	for n := 1; need > 0 && n <= p.cfg.Max*2+need; n++ {
+		name := p.cfg.Name + "-" + strconv.Itoa(n)
+		if _, used := slots[name]; used {
+			continue
+		}
+		if _, used := p.pending[name]; used {
+			continue
+		}
+		p.create(ctx, name)
+		need--
+	}
+	return view, nil
+}
+
+// observer returns a copy of the pool whose decisions change nothing: the
+// retirements it would start are only recorded.
+func (p *Pool) observer() *Pool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return &Pool{
+		cfg: p.cfg, log: p.log, now: p.now, names: p.names, dry: true,
+		pending: maps.Clone(p.pending), missingSince: maps.Clone(p.missingSince), draining: p.draining,
+	}
+}
+
+func (p *Pool) fail(err error) error {
+	p.mu.Lock()
+	p.lastErr = err
+	p.mu.Unlock()
+	return err
+}
+
+// LastError returns the error of the last pass, nil if it succeeded.
+func (p *Pool) LastError() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lastErr
+}
+
+// decide reads a slot's state and starts what it needs: cleaning up what
+// ended or was left behind, and retiring runners that are too old, did not
+// come up, or are idle while the pool drains. Called with p.mu held.
+func (p *Pool) decide(ctx context.Context, s *slot, now time.Time) State {
+	switch {
+	case s.inst == nil:
+		// A registration without a machine: left by a crash between
+		// registering and starting, or by a machine that vanished. A
+		// busy one is kept: its job may still report back.
+		if s.reg.Status == forge.StatusBusy {
+			p.log.Warn("registration is busy but its machine is gone; leaving it to the forge", "runner", s.name, "id", s.reg.ID)
+			return StateOrphan
+		}
+		p.retire(ctx, s, "registration without a machine")
+		return StateOrphan
+
+	case s.inst.State != provider.StateRunning:
+		// The agent has exited (its job is done, or it failed to
+		// start): clean up, and the slot is free for a fresh runner.
+		p.retire(ctx, s, "agent exited")
+		return StateStopping
+
+	case s.reg == nil:
+		first, seen := p.missingSince[s.name]
+		if !seen {
+			p.missingSince[s.name] = now
+			first = now
+		}
+		if now.Sub(first) >= p.cfg.OrphanGrace {
+			p.retire(ctx, s, "machine without a registration")
+		}
+		return StateOrphan
+	}
+
+	age := now.Sub(s.inst.Created)
+	switch s.reg.Status {
+	case forge.StatusBusy:
+		return StateBusy
+	case forge.StatusOffline:
+		if age > p.cfg.BootstrapTimeout && p.cfg.BootstrapTimeout > 0 {
+			p.retire(ctx, s, fmt.Sprintf("not online after %s", p.cfg.BootstrapTimeout))
+			return StateStopping
+		}
+		if p.draining {
+			p.retire(ctx, s, "draining")
+			return StateStopping
+		}
+		return StateStarting
+	default:
+		if p.draining {
+			p.retire(ctx, s, "draining")
+			return StateStopping
+		}
+		if p.cfg.MaxLifetime > 0 && age > p.cfg.MaxLifetime {
+			p.retire(ctx, s, fmt.Sprintf("idle past max lifetime %s", p.cfg.MaxLifetime))
+			return StateStopping
+		}
+		return StateIdle
+	}
+}
+
+// create registers a runner and starts its machine, in the background.
+// Called with p.mu held.
+func (p *Pool) create(ctx context.Context, name string) {
+	p.pending[name] = "create"
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		start := p.now()
+		err := p.createRunner(ctx, name)
+		p.mu.Lock()
+		delete(p.pending, name)
+		if err != nil {
+			p.failures++
+			wait := min(time.Second<<min(p.failures-1, 6), time.Minute)
+			p.createAfter = p.now().Add(wait)
+			p.mu.Unlock()
+			p.log.Error("create runner failed", "runner", name, "err", err, "retry_in", wait)
+		} else {
+			p.failures = 0
+			p.createAfter = time.Time{}
+			p.mu.Unlock()
+			p.log.Info("runner started", "runner", name, "took", p.now().Sub(start).Round(time.Millisecond))
+		}
+		p.Trigger()
+	}()
+}
+
+func (p *Pool) createRunner(ctx context.Context, name string) error {
+	cred, err := p.forge.Register(ctx, forge.RunnerRequest{Name: name, Labels: p.cfg.Labels})
+	if err != nil {
+		return err
+	}
+	spec, err := p.agent.Spec(agent.Runner{
+		Name: name, Manager: p.cfg.Manager, Pool: p.cfg.Name, Labels: p.cfg.Labels, Env: p.cfg.Env,
+	}, cred)
+	if err == nil {
+		_, err = p.prov.Create(ctx, spec)
+	}
+	if err != nil {
+		// Never half-applied: a registration without its machine is
+		// removed now rather than left for the next pass. A fresh
+		// context: the caller's may be what ended.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if rerr := p.forge.RemoveRunner(rctx, cred.RunnerID); rerr != nil && !errors.Is(rerr, forge.ErrNotFound) {
+			p.log.Warn("could not remove registration of failed runner; the next pass will", "runner", name, "err", rerr)
+		}
+		_ = p.prov.Delete(rctx, name)
+		return err
+	}
+	return nil
+}
+
+// retire removes a runner in the background: the registration first, and
+// only once the forge has agreed (it refuses a busy runner), the machine.
+// Called with p.mu held.
+func (p *Pool) retire(ctx context.Context, s *slot, why string) {
+	if p.dry {
+		return
+	}
+	p.pending[s.name] = "remove"
+	reg, inst := s.reg, s.inst
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		defer func() {
+			p.mu.Lock()
+			delete(p.pending, s.name)
+			delete(p.missingSince, s.name)
+			p.mu.Unlock()
+			p.Trigger()
+		}()
+		if reg != nil {
+			err := p.forge.RemoveRunner(ctx, reg.ID)
+			switch {
+			case errors.Is(err, forge.ErrBusy):
+				p.log.Info("runner took a job; keeping it", "runner", s.name, "reason", why)
+				return
+			case err != nil && !errors.Is(err, forge.ErrNotFound):
+				p.log.Warn("remove registration failed", "runner", s.name, "err", err)
+				return
+			}
+		}
+		if inst != nil {
+			if err := p.prov.Delete(ctx, s.name); err != nil {
+				p.log.Warn("delete machine failed", "runner", s.name, "err", err)
+				return
+			}
+		}
+		p.log.Info("runner removed", "runner", s.name, "reason", why)
+	}()
+}
+
+// removeRegistration removes a duplicate registration in the background.
+func (p *Pool) removeRegistration(ctx context.Context, r forge.Runner) {
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		if err := p.forge.RemoveRunner(ctx, r.ID); err != nil && !errors.Is(err, forge.ErrNotFound) {
+			p.log.Warn("remove duplicate registration failed", "runner", r.Name, "id", r.ID, "err", err)
+		}
+	}()
+}
