@@ -71,8 +71,14 @@ type Pool struct {
 	trigger chan struct{}
 	wg      sync.WaitGroup // operations in flight
 
-	mu           sync.Mutex
-	pending      map[string]string    // slot name -> "create" or "remove", in flight
+	mu      sync.Mutex
+	pending map[string]string // slot name -> "create" or "remove", in flight
+	// An operation that completes while a pass is between listing and
+	// deciding makes that pass's snapshot stale for its slot: done holds
+	// the epoch at which each operation completed, and a pass that began
+	// listing before then treats the slot as still in flight.
+	epoch        uint64
+	done         map[string]doneOp
 	missingSince map[string]time.Time // running machine seen without registration
 	draining     bool
 	failures     int       // consecutive failed creates
@@ -108,6 +114,7 @@ func New(cfg Config, f Forge, prov provider.Provider, a agent.Agent, opts ...Opt
 		names:        regexp.MustCompile(`^` + regexp.QuoteMeta(cfg.Name) + `-([0-9]+)$`),
 		trigger:      make(chan struct{}, 1),
 		pending:      map[string]string{},
+		done:         map[string]doneOp{},
 		missingSince: map[string]time.Time{},
 	}
 	for _, o := range opts {
@@ -234,6 +241,30 @@ type Runner struct {
 	Machine  string // the provider's id (pid, container id)
 }
 
+type doneOp struct {
+	epoch uint64
+	op    string
+}
+
+// inflight returns the operation under way on a slot, as far as a pass
+// that began listing at epoch since can tell. Called with p.mu held.
+func (p *Pool) inflight(name string, since uint64) (string, bool) {
+	if op, ok := p.pending[name]; ok {
+		return op, true
+	}
+	if d, ok := p.done[name]; ok && d.epoch > since {
+		return d.op, true
+	}
+	return "", false
+}
+
+// finish records a completed operation. Called with p.mu held.
+func (p *Pool) finish(name, op string) {
+	delete(p.pending, name)
+	p.epoch++
+	p.done[name] = doneOp{p.epoch, op}
+}
+
 type slot struct {
 	name string
 	inst *provider.Instance
@@ -254,6 +285,9 @@ func (p *Pool) Observe(ctx context.Context) ([]Runner, error) {
 }
 
 func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
+	p.mu.Lock()
+	since := p.epoch
+	p.mu.Unlock()
 	insts, err := p.prov.List(ctx, p.cfg.Manager)
 	if err != nil {
 		return nil, p.fail(fmt.Errorf("pool %s: list machines: %w", p.cfg.Name, err))
@@ -301,6 +335,13 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.lastErr = nil
+	if act {
+		for name, d := range p.done {
+			if d.epoch <= since { // this pass's snapshot shows its result
+				delete(p.done, name)
+			}
+		}
+	}
 	var view []Runner
 	idle, total := 0, 0
 	for _, name := range slices.Sorted(maps.Keys(slots)) {
@@ -315,7 +356,7 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 		if s.inst != nil {
 			r.Created, r.Machine = s.inst.Created, s.inst.ID
 		}
-		if op, ok := p.pending[name]; ok {
+		if op, ok := p.inflight(name, since); ok {
 			r.State = StateStopping
 			if op == "create" {
 				r.State = StateStarting
@@ -326,6 +367,9 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 			continue
 		}
 		r.State = p.decide(ctx, s, now)
+		if act {
+			p.log.Debug("slot", "runner", name, "state", r.State, "machine", s.inst != nil && s.inst.State == provider.StateRunning, "registered", s.reg != nil)
+		}
 		switch r.State {
 		case StateStarting, StateIdle:
 			idle++
@@ -335,8 +379,16 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 		}
 		view = append(view, r)
 	}
-	for name := range p.pending {
+	for _, name := range slices.Sorted(maps.Keys(p.pending)) {
 		if _, ok := slots[name]; !ok && p.pending[name] == "create" {
+			view = append(view, Runner{Name: name, Pool: p.cfg.Name, State: StateStarting})
+			idle++
+			total++
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(p.done)) {
+		// Created after this pass listed: running, but not in the snapshot.
+		if _, ok := slots[name]; !ok && p.done[name].op == "create" && p.done[name].epoch > since {
 			view = append(view, Runner{Name: name, Pool: p.cfg.Name, State: StateStarting})
 			idle++
 			total++
@@ -368,12 +420,14 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 	if p.draining || need <= 0 || now.Before(p.createAfter) {
 		return view, nil
 	}
-	for n := 1; need > 0 && n <= p.cfg.Max*2+need; n++ {
+	// Names come from the fixed set <pool>-1 .. <pool>-<max>; a name is
+	// reused once its runner is gone from both the provider and the forge.
+	for n := 1; need > 0 && n <= p.cfg.Max; n++ {
 		name := p.cfg.Name + "-" + strconv.Itoa(n)
 		if _, used := slots[name]; used {
 			continue
 		}
-		if _, used := p.pending[name]; used {
+		if _, used := p.inflight(name, since); used {
 			continue
 		}
 		p.create(ctx, name)
@@ -389,7 +443,7 @@ func (p *Pool) observer() *Pool {
 	defer p.mu.Unlock()
 	return &Pool{
 		cfg: p.cfg, log: p.log, now: p.now, names: p.names, dry: true,
-		pending: maps.Clone(p.pending), missingSince: maps.Clone(p.missingSince), draining: p.draining,
+		pending: maps.Clone(p.pending), done: maps.Clone(p.done), epoch: p.epoch, missingSince: maps.Clone(p.missingSince), draining: p.draining,
 	}
 }
 
@@ -426,6 +480,8 @@ func (p *Pool) decide(ctx context.Context, s *slot, now time.Time) State {
 	case s.inst.State != provider.StateRunning:
 		// The agent has exited (its job is done, or it failed to
 		// start): clean up, and the slot is free for a fresh runner.
+		// Its machine goes even if the forge still counts it busy: the
+		// agent is dead either way.
 		p.retire(ctx, s, "agent exited")
 		return StateStopping
 
@@ -478,7 +534,7 @@ func (p *Pool) create(ctx context.Context, name string) {
 		start := p.now()
 		err := p.createRunner(ctx, name)
 		p.mu.Lock()
-		delete(p.pending, name)
+		p.finish(name, "create")
 		if err != nil {
 			p.failures++
 			wait := min(time.Second<<min(p.failures-1, 6), time.Minute)
@@ -535,20 +591,25 @@ func (p *Pool) retire(ctx context.Context, s *slot, why string) {
 		defer p.wg.Done()
 		defer func() {
 			p.mu.Lock()
-			delete(p.pending, s.name)
+			p.finish(s.name, "remove")
 			delete(p.missingSince, s.name)
 			p.mu.Unlock()
 			p.Trigger()
 		}()
+		exited := inst != nil && inst.State != provider.StateRunning
 		if reg != nil {
 			err := p.forge.RemoveRunner(ctx, reg.ID)
 			switch {
-			case errors.Is(err, forge.ErrBusy):
+			case errors.Is(err, forge.ErrBusy) && !exited:
 				p.log.Info("runner took a job; keeping it", "runner", s.name, "reason", why)
 				return
+			case errors.Is(err, forge.ErrBusy):
+				p.log.Warn("agent exited while the forge counts it busy; its job fails at the forge", "runner", s.name)
 			case err != nil && !errors.Is(err, forge.ErrNotFound):
 				p.log.Warn("remove registration failed", "runner", s.name, "err", err)
-				return
+				if !exited {
+					return
+				}
 			}
 		}
 		if inst != nil {

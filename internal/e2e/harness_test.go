@@ -1,0 +1,342 @@
+// Package e2e tests runfleet end to end against a real Gitea with real
+// gitea-runner agents, both built from the Go module proxy on first use and
+// cached (see internal/peers).
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	sdk "code.gitea.io/sdk/gitea"
+
+	"github.com/runfleet/runfleet/internal/peers"
+)
+
+var (
+	gitea     *peers.Gitea
+	runnerBin string
+	fleetBin  string
+	setupErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		flag.Parse()
+		if testing.Short() {
+			return m.Run()
+		}
+		ctx := context.Background()
+		progress := os.Stderr
+		var dir string
+		dir, setupErr = os.MkdirTemp("", "runfleet-e2e-bin-")
+		if setupErr == nil {
+			defer os.RemoveAll(dir)
+			fleetBin = filepath.Join(dir, "runfleet")
+			out, err := exec.Command("go", "build", "-o", fleetBin, "github.com/runfleet/runfleet/cmd/runfleet").CombinedOutput()
+			if err != nil {
+				setupErr = fmt.Errorf("build runfleet: %v\n%s", err, out)
+			}
+		}
+		if setupErr == nil {
+			runnerBin, setupErr = peers.RunnerBinary(ctx, progress)
+		}
+		if setupErr == nil {
+			gitea, setupErr = peers.StartGitea(ctx, peers.GiteaOptions{Progress: progress})
+		}
+		if gitea != nil {
+			defer gitea.Stop()
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// need skips a test when the real peers are not available, and fails it
+// in CI, where they must be.
+func need(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end test: skipped with -short")
+	}
+	if setupErr != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("end-to-end prerequisites missing in CI: %v", setupErr)
+		}
+		t.Skipf("end-to-end prerequisites missing: %v", setupErr)
+	}
+}
+
+// fleet is one test's manager setup: a repository, a config, a state dir.
+type fleet struct {
+	t        *testing.T
+	repo     string
+	dir      string
+	state    string
+	work     string
+	config   string
+	logPath  string
+	cmd      *exec.Cmd
+	waitErr  chan error
+	startCnt int
+}
+
+type fleetOptions struct {
+	Size, Max int
+	Extra     string // appended to the pool
+	Drain     string
+}
+
+func newFleet(t *testing.T, name string, opt fleetOptions) *fleet {
+	t.Helper()
+	need(t)
+	if err := gitea.CreateRepo(name); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	f := &fleet{t: t, repo: name, dir: dir, state: filepath.Join(dir, "state"), work: filepath.Join(dir, "work")}
+	if opt.Max == 0 {
+		opt.Max = opt.Size
+	}
+	if opt.Drain == "" {
+		opt.Drain = "2m"
+	}
+	cfg := fmt.Sprintf(`id: e2e-%[1]s
+state_dir: %[2]s
+resync: 2s
+drain_timeout: %[9]s
+forges:
+  - name: local
+    type: gitea
+    url: %[3]s
+    token: ${E2E_GITEA_TOKEN}
+    repo: %[4]s/%[1]s
+pools:
+  - name: %[1]s
+    labels: [%[1]s]
+    size: %[5]d
+    max: %[6]d
+    workdir: %[7]s
+    bootstrap_timeout: 1m
+    agent:
+      path: %[8]s
+      fetch_interval: 1s
+`, name, f.state, gitea.URL, gitea.User, opt.Size, opt.Max, f.work, runnerBin, opt.Drain) + opt.Extra
+	f.config = filepath.Join(dir, "fleet.yaml")
+	if err := os.WriteFile(f.config, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if f.cmd != nil && f.cmd.ProcessState == nil {
+			_ = f.cmd.Process.Signal(syscall.SIGKILL)
+			<-f.waitErr
+		}
+		if t.Failed() || os.Getenv("E2E_LOGS") != "" {
+			f.dumpLogs()
+		}
+		// Whatever a failed test left, no runner process may outlive it.
+		for _, p := range f.runnerPIDs() {
+			_ = syscall.Kill(-p, syscall.SIGKILL)
+		}
+	})
+	return f
+}
+
+// start runs `runfleet serve` with the token only in its environment.
+func (f *fleet) start() {
+	f.t.Helper()
+	f.startCnt++
+	f.logPath = filepath.Join(f.dir, fmt.Sprintf("manager-%d.log", f.startCnt))
+	logf, err := os.Create(f.logPath)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.cmd = exec.Command(fleetBin, "serve", "-c", f.config, "--log-level", "debug")
+	f.cmd.Env = append(os.Environ(), "E2E_GITEA_TOKEN="+gitea.Token)
+	f.cmd.Stdout, f.cmd.Stderr = logf, logf
+	if err := f.cmd.Start(); err != nil {
+		f.t.Fatal(err)
+	}
+	f.waitErr = make(chan error, 1)
+	go func() { f.waitErr <- f.cmd.Wait(); logf.Close() }()
+}
+
+// stop sends SIGTERM and waits for the drain to finish.
+func (f *fleet) stop(timeout time.Duration) error {
+	f.t.Helper()
+	_ = f.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-f.waitErr:
+		return err
+	case <-time.After(timeout):
+		return fmt.Errorf("manager did not exit within %s of SIGTERM", timeout)
+	}
+}
+
+// kill9 kills the manager as a crash would.
+func (f *fleet) kill9() {
+	f.t.Helper()
+	_ = f.cmd.Process.Signal(syscall.SIGKILL)
+	<-f.waitErr
+}
+
+func (f *fleet) dumpLogs() {
+	for i := 1; i <= f.startCnt; i++ {
+		b, _ := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("manager-%d.log", i)))
+		f.t.Logf("manager log %d:\n%s", i, tailString(string(b), 6000))
+	}
+	logs, _ := filepath.Glob(filepath.Join(f.state, "logs", "*.log"))
+	for _, l := range logs[max(0, len(logs)-4):] {
+		b, _ := os.ReadFile(l)
+		f.t.Logf("agent log %s:\n%s", filepath.Base(l), tailString(string(b), 1500))
+	}
+}
+
+func tailString(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+type record struct {
+	Name    string `json:"name"`
+	PID     int    `json:"pid"`
+	Workdir string `json:"workdir"`
+}
+
+// records reads the process provider's runner records.
+func (f *fleet) records() []record {
+	files, _ := filepath.Glob(filepath.Join(f.state, "process", "*.json"))
+	var out []record
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			continue
+		}
+		var r record
+		if json.Unmarshal(b, &r) == nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// runnerPIDs finds live processes whose working directory is under this
+// fleet's work root, whatever the records say.
+func (f *fleet) runnerPIDs() []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
+			continue
+		}
+		cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+		if err != nil || !strings.HasPrefix(cwd, f.work+"/") {
+			continue
+		}
+		if st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); bytes.Contains(st, []byte(") Z ")) {
+			continue
+		}
+		out = append(out, pid)
+	}
+	return out
+}
+
+func (f *fleet) client() *sdk.Client {
+	c, err := gitea.Client()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return c
+}
+
+func (f *fleet) runners() []*sdk.ActionRunner {
+	f.t.Helper()
+	r, _, err := f.client().ListRepoActionRunners(gitea.User, f.repo, sdk.ListActionRunnersOptions{ListOptions: sdk.ListOptions{PageSize: 100}})
+	if err != nil {
+		f.t.Fatalf("list runners: %v", err)
+	}
+	return r.Runners
+}
+
+func (f *fleet) jobs() []*sdk.ActionWorkflowJob {
+	f.t.Helper()
+	r, _, err := f.client().ListRepoActionJobs(gitea.User, f.repo, sdk.ListRepoActionJobsOptions{ListOptions: sdk.ListOptions{PageSize: 100}})
+	if err != nil {
+		f.t.Fatalf("list jobs: %v", err)
+	}
+	return r.Jobs
+}
+
+// idleOnline counts registrations that are online and have no job.
+func (f *fleet) idleOnline() int {
+	n := 0
+	for _, r := range f.runners() {
+		if r.Status == "online" && !r.Busy {
+			n++
+		}
+	}
+	return n
+}
+
+func (f *fleet) push(workflow string) {
+	f.t.Helper()
+	if err := gitea.PutFile(f.repo, ".gitea/workflows/ci.yaml", workflow, "ci"); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// matrix returns a workflow of n jobs on the given label running script.
+func matrix(label string, n int, script string) string {
+	ns := make([]string, n)
+	for i := range ns {
+		ns[i] = fmt.Sprint(i + 1)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "name: ci\non: [push]\njobs:\n  job:\n    runs-on: %s\n    strategy:\n      matrix:\n        n: [%s]\n    steps:\n      - run: |\n", label, strings.Join(ns, ", "))
+	sc := bufio.NewScanner(strings.NewReader(script))
+	for sc.Scan() {
+		fmt.Fprintf(&b, "          %s\n", sc.Text())
+	}
+	return b.String()
+}
+
+// waitJobs waits until n jobs are completed and returns them.
+func (f *fleet) waitJobs(n int, timeout time.Duration) []*sdk.ActionWorkflowJob {
+	f.t.Helper()
+	var jobs []*sdk.ActionWorkflowJob
+	eventually(f.t, timeout, fmt.Sprintf("%d jobs to complete", n), func() bool {
+		jobs = f.jobs()
+		done := 0
+		for _, j := range jobs {
+			if j.Status == "completed" {
+				done++
+			}
+		}
+		return len(jobs) >= n && done >= n
+	})
+	return jobs
+}

@@ -1,0 +1,369 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/provider"
+)
+
+type harness struct {
+	t     *testing.T
+	clk   *clock
+	forge *fakeForge
+	prov  *fakeProvider
+	pool  *Pool
+}
+
+func newHarness(t *testing.T, cfg Config) *harness {
+	t.Helper()
+	clk := &clock{t: time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)}
+	if cfg.Name == "" {
+		cfg.Name = "gpu"
+	}
+	if cfg.Manager == "" {
+		cfg.Manager = "m1"
+	}
+	if cfg.Labels == nil {
+		cfg.Labels = []string{"gpu"}
+	}
+	if cfg.BootstrapTimeout == 0 {
+		cfg.BootstrapTimeout = 2 * time.Minute
+	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = 10 * time.Minute
+	}
+	h := &harness{t: t, clk: clk, forge: newFakeForge(), prov: newFakeProvider(clk.Now)}
+	h.pool = New(cfg, h.forge, h.prov, fakeAgent{}, WithClock(clk.Now), WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	return h
+}
+
+// settle runs passes until nothing is in flight.
+func (h *harness) settle() {
+	h.t.Helper()
+	for range 10 {
+		if err := h.pool.Reconcile(context.Background()); err != nil {
+			h.t.Fatalf("reconcile: %v", err)
+		}
+		h.pool.Wait()
+		h.pool.mu.Lock()
+		n := len(h.pool.pending)
+		h.pool.mu.Unlock()
+		if n == 0 {
+			if err := h.pool.Reconcile(context.Background()); err != nil {
+				h.t.Fatalf("reconcile: %v", err)
+			}
+			h.pool.Wait()
+			return
+		}
+	}
+}
+
+// online marks every registered runner idle, as agents that connected.
+func (h *harness) online() {
+	h.forge.mu.Lock()
+	defer h.forge.mu.Unlock()
+	for _, r := range h.forge.runners {
+		if r.Status == forge.StatusOffline {
+			r.Status = forge.StatusIdle
+		}
+	}
+}
+
+func (h *harness) states() map[State]int {
+	out := map[State]int{}
+	for _, r := range h.pool.Runners() {
+		out[r.State]++
+	}
+	return out
+}
+
+func sorted(s []string) []string { slices.Sort(s); return s }
+
+func TestFillsToSize(t *testing.T) {
+	h := newHarness(t, Config{Size: 3})
+	h.settle()
+	if got := sorted(h.prov.running()); !slices.Equal(got, []string{"gpu-1", "gpu-2", "gpu-3"}) {
+		t.Fatalf("running = %v, want gpu-1..3", got)
+	}
+	if h.forge.count() != 3 {
+		t.Fatalf("registrations = %d, want 3", h.forge.count())
+	}
+	// The agent got the runner's own credential and nothing else.
+	if spec := h.prov.specs["gpu-1"]; len(spec.Files) != 1 {
+		t.Fatalf("files = %v", spec.Files)
+	}
+}
+
+func TestReplenishesWhenJobEnds(t *testing.T) {
+	h := newHarness(t, Config{Size: 2})
+	h.settle()
+	h.online()
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.settle()
+	if s := h.states(); s[StateBusy] != 1 || s[StateIdle] != 1 {
+		t.Fatalf("states = %v, want 1 busy 1 idle (max = size: no third runner)", s)
+	}
+	h.forge.finish("gpu-1", h.prov)
+	h.settle()
+	if got := sorted(h.prov.running()); !slices.Equal(got, []string{"gpu-1", "gpu-2"}) {
+		t.Fatalf("running = %v: the freed name gpu-1 should be reused", got)
+	}
+	if !slices.Contains(h.prov.deleted, "gpu-1") {
+		t.Fatalf("exited gpu-1 was not cleaned up: deleted = %v", h.prov.deleted)
+	}
+	if h.prov.created != 3 {
+		t.Fatalf("created = %d, want 3", h.prov.created)
+	}
+}
+
+func TestBusyRunnerIsReplacedUpToMax(t *testing.T) {
+	h := newHarness(t, Config{Size: 2, Max: 3})
+	h.settle()
+	h.online()
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.forge.set("gpu-2", forge.StatusBusy)
+	h.settle()
+	if got := len(h.prov.running()); got != 3 {
+		t.Fatalf("running = %d, want 3 (2 busy + 1 idle, capped by max)", got)
+	}
+}
+
+func TestBootstrapTimeoutReplacesRunner(t *testing.T) {
+	h := newHarness(t, Config{Size: 1, BootstrapTimeout: time.Minute})
+	h.settle()
+	h.clk.Add(59 * time.Second)
+	h.settle()
+	if len(h.prov.deleted) != 0 {
+		t.Fatalf("removed before the bootstrap timeout")
+	}
+	h.clk.Add(2 * time.Second)
+	h.settle()
+	if !slices.Contains(h.prov.deleted, "gpu-1") || !slices.Contains(h.forge.removed, "gpu-1") {
+		t.Fatalf("runner that never came online was not removed: deleted %v, deregistered %v", h.prov.deleted, h.forge.removed)
+	}
+	if len(h.prov.running()) != 1 || h.forge.count() != 1 {
+		t.Fatalf("pool not refilled: running %v, registrations %d", h.prov.running(), h.forge.count())
+	}
+}
+
+func TestMaxLifetimeRecyclesIdleNotBusy(t *testing.T) {
+	h := newHarness(t, Config{Size: 2, MaxLifetime: time.Hour})
+	h.settle()
+	h.online()
+	h.forge.set("gpu-2", forge.StatusBusy)
+	h.clk.Add(61 * time.Minute)
+	h.settle()
+	if !slices.Contains(h.prov.deleted, "gpu-1") {
+		t.Fatalf("idle runner past max lifetime was not recycled")
+	}
+	if slices.Contains(h.prov.deleted, "gpu-2") {
+		t.Fatalf("busy runner was removed")
+	}
+}
+
+func TestRemovesOrphanRegistrationKeepsBusyOne(t *testing.T) {
+	h := newHarness(t, Config{Size: 0})
+	h.forge.Register(context.Background(), forge.RunnerRequest{Name: "gpu-7"})
+	h.forge.Register(context.Background(), forge.RunnerRequest{Name: "gpu-8"})
+	h.forge.set("gpu-8", forge.StatusBusy)
+	h.forge.Register(context.Background(), forge.RunnerRequest{Name: "someone-elses-1"})
+	h.settle()
+	if h.forge.byName("gpu-7") != nil {
+		t.Fatalf("registration without a machine was not removed")
+	}
+	if h.forge.byName("gpu-8") == nil {
+		t.Fatalf("busy registration was removed")
+	}
+	if h.forge.byName("someone-elses-1") == nil {
+		t.Fatalf("a registration of another pool was touched")
+	}
+}
+
+func TestRemovesMachineWithoutRegistrationAfterGrace(t *testing.T) {
+	h := newHarness(t, Config{Size: 0, OrphanGrace: 15 * time.Second})
+	h.prov.add(provider.Instance{Name: "gpu-4", Manager: "m1", Pool: "gpu", State: provider.StateRunning, Created: h.clk.Now()})
+	h.prov.add(provider.Instance{Name: "gpu-5", Manager: "other", Pool: "gpu", State: provider.StateRunning, Created: h.clk.Now()})
+	h.settle()
+	if len(h.prov.deleted) != 0 {
+		t.Fatalf("removed during the grace period")
+	}
+	h.clk.Add(16 * time.Second)
+	h.settle()
+	if !slices.Equal(h.prov.deleted, []string{"gpu-4"}) {
+		t.Fatalf("deleted = %v, want only gpu-4 (gpu-5 belongs to another manager)", h.prov.deleted)
+	}
+}
+
+func TestCreateFailureLeavesNoRegistrationAndBacksOff(t *testing.T) {
+	h := newHarness(t, Config{Size: 1})
+	h.prov.failNext = errors.New("no such binary")
+	if err := h.pool.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.pool.Wait()
+	if h.forge.count() != 0 {
+		t.Fatalf("a failed create left %d registrations", h.forge.count())
+	}
+	// Backoff: an immediate pass creates nothing.
+	h.pool.Reconcile(context.Background())
+	h.pool.Wait()
+	if len(h.prov.running()) != 0 {
+		t.Fatalf("created again without backing off")
+	}
+	h.clk.Add(2 * time.Second)
+	h.settle()
+	if len(h.prov.running()) != 1 {
+		t.Fatalf("not retried after the backoff")
+	}
+}
+
+func TestDrainRemovesIdleWaitsForBusy(t *testing.T) {
+	h := newHarness(t, Config{Size: 3})
+	h.settle()
+	h.online()
+	h.forge.set("gpu-2", forge.StatusBusy)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		h.forge.finish("gpu-2", h.prov)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if left := h.pool.Drain(ctx); len(left) != 0 {
+		t.Fatalf("drain left %v", left)
+	}
+	if len(h.prov.running()) != 0 || h.forge.count() != 0 {
+		t.Fatalf("after drain: running %v, registrations %d", h.prov.running(), h.forge.count())
+	}
+	if h.prov.created != 3 {
+		t.Fatalf("drain created runners: %d", h.prov.created)
+	}
+}
+
+func TestDrainTimeoutKeepsBusyRunner(t *testing.T) {
+	h := newHarness(t, Config{Size: 1})
+	h.settle()
+	h.online()
+	h.forge.set("gpu-1", forge.StatusBusy)
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	left := h.pool.Drain(ctx)
+	if len(left) != 1 || left[0].State != StateBusy {
+		t.Fatalf("left = %v, want the busy runner", left)
+	}
+	if len(h.prov.deleted) != 0 {
+		t.Fatalf("busy runner was killed")
+	}
+}
+
+func TestRaceBusyDuringRetireKeepsRunner(t *testing.T) {
+	// The forge refuses to remove a runner that took a job between the
+	// pass and the removal: the machine must stay.
+	h := newHarness(t, Config{Size: 1, MaxLifetime: time.Minute})
+	h.settle()
+	h.online()
+	h.clk.Add(2 * time.Minute)
+	h.pool.Reconcile(context.Background())
+	h.forge.set("gpu-1", forge.StatusBusy) // takes a job before the retire goroutine runs
+	h.pool.Wait()
+	h.forge.mu.Lock()
+	removed := slices.Clone(h.forge.removed)
+	h.forge.mu.Unlock()
+	if len(removed) == 0 && slices.Contains(h.prov.deleted, "gpu-1") {
+		t.Fatalf("machine deleted although its registration was kept")
+	}
+}
+
+func TestForgeDownIsAnErrorNotACrash(t *testing.T) {
+	h := newHarness(t, Config{Size: 1})
+	h.forge.failList = errors.New("dial tcp 127.0.0.1:1: connection refused")
+	err := h.pool.Reconcile(context.Background())
+	if err == nil || h.pool.LastError() == nil {
+		t.Fatalf("want an error from a pass against a forge that is down")
+	}
+	if len(h.prov.running()) != 0 {
+		t.Fatalf("created a runner without knowing the forge's state")
+	}
+	h.forge.failList = nil
+	h.settle()
+	if len(h.prov.running()) != 1 {
+		t.Fatalf("did not recover once the forge was back")
+	}
+}
+
+func TestObserveChangesNothing(t *testing.T) {
+	h := newHarness(t, Config{Size: 2})
+	h.forge.Register(context.Background(), forge.RunnerRequest{Name: "gpu-9"})
+	rs, err := h.pool.Observe(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.pool.Wait()
+	if len(rs) != 1 || rs[0].State != StateOrphan {
+		t.Fatalf("observe = %+v", rs)
+	}
+	if h.forge.count() != 1 || h.prov.created != 0 {
+		t.Fatalf("observe changed something")
+	}
+}
+
+func TestRunReactsToExitEvent(t *testing.T) {
+	h := newHarness(t, Config{Size: 1, Resync: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go h.pool.Run(ctx)
+	waitFor(t, func() bool { return len(h.prov.running()) == 1 })
+	h.online()
+	h.forge.finish("gpu-1", h.prov)
+	// With an hour between resyncs, only the exit event can refill it.
+	waitFor(t, func() bool {
+		h.prov.mu.Lock()
+		defer h.prov.mu.Unlock()
+		return h.prov.created == 2
+	})
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A create that completes while another pass is between listing and
+// deciding must not make that pass register the same name again.
+func TestStaleSnapshotDoesNotDuplicate(t *testing.T) {
+	h := newHarness(t, Config{Size: 1})
+	release := make(chan struct{})
+	h.forge.beforeRegister = func() { <-release }
+	// Pass 1 starts creating gpu-1; its Register blocks.
+	if err := h.pool.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Pass 2 lists (nothing yet), then, before it decides, the create
+	// completes.
+	h.forge.afterRunners = func() {
+		h.forge.afterRunners = nil
+		close(release)
+		h.pool.Wait()
+	}
+	if err := h.pool.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.pool.Wait()
+	h.forge.beforeRegister = nil
+	h.settle()
+	if h.forge.nextID != 1 {
+		t.Fatalf("made %d registrations, want 1", h.forge.nextID)
+	}
+}
