@@ -81,6 +81,7 @@ type Pool struct {
 	done         map[string]doneOp
 	missingSince map[string]time.Time // running machine seen without registration
 	draining     bool
+	machines     int // the pool's machines at the last listing
 	failures     int       // consecutive failed creates
 	createAfter  time.Time // no create before this (backoff)
 	view         []Runner  // after the last pass
@@ -198,6 +199,17 @@ func (p *Pool) Drain(ctx context.Context) []Runner {
 			return nil
 		}
 		if err != nil {
+			p.mu.Lock()
+			nothing := p.machines == 0 && len(p.pending) == 0
+			p.mu.Unlock()
+			if nothing {
+				// No machine of ours runs: nothing to wait for, even
+				// though the forge cannot be reached. Registrations it
+				// may still hold are removed at the next start.
+				p.log.Warn("forge unreachable while draining; no machine left", "err", err)
+				p.wg.Wait()
+				return nil
+			}
 			p.log.Warn("drain pass failed", "err", err)
 		}
 		select {
@@ -291,6 +303,17 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 	insts, err := p.prov.List(ctx, p.cfg.Manager)
 	if err != nil {
 		return nil, p.fail(fmt.Errorf("pool %s: list machines: %w", p.cfg.Name, err))
+	}
+	if act {
+		n := 0
+		for _, in := range insts {
+			if in.Pool == p.cfg.Name && p.Owns(in.Name) {
+				n++
+			}
+		}
+		p.mu.Lock()
+		p.machines = n
+		p.mu.Unlock()
 	}
 	regs, err := p.forge.Runners(ctx)
 	if err != nil {

@@ -178,15 +178,20 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if st, err := startTicks(rec.PID); err == nil {
 		rec.Start = st
 	}
-	if err := p.writeRecord(rec); err != nil {
-		_ = unix.Kill(-rec.PID, unix.SIGKILL)
-		_ = cmd.Wait()
-		return fail(err)
-	}
+	// Watched before the record names the pid, so that a List in between
+	// does not adopt this child as if a previous manager had started it.
 	w := &watch{rec: rec, done: make(chan struct{})}
 	p.mu.Lock()
 	p.watched[rec.Name] = w
 	p.mu.Unlock()
+	if err := p.writeRecord(rec); err != nil {
+		_ = unix.Kill(-rec.PID, unix.SIGKILL)
+		_ = cmd.Wait()
+		p.mu.Lock()
+		delete(p.watched, rec.Name)
+		p.mu.Unlock()
+		return fail(err)
+	}
 	go func() {
 		_ = cmd.Wait()
 		p.exited(w)

@@ -1,0 +1,151 @@
+package config
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const good = `
+forges:
+  - name: lab
+    type: gitea
+    url: http://gitea.lab:3000/
+    token: ${TEST_GITEA_TOKEN}
+    repo: ml/models
+pools:
+  - name: gpu
+    labels: [gpu, cuda]
+    size: 2
+`
+
+func TestGoodConfigDefaults(t *testing.T) {
+	t.Setenv("TEST_GITEA_TOKEN", "s3cret-token")
+	c, err := Parse([]byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, p := c.Forges[0], c.Pools[0]
+	if f.Token.Reveal() != "s3cret-token" || f.Scope != "repo" || f.URL != "http://gitea.lab:3000" {
+		t.Errorf("forge = %+v", f)
+	}
+	if p.Forge != "lab" || p.Provider != "process" || p.Max != 2 || p.BootstrapTimeout.Duration != DefaultBootstrapTimeout {
+		t.Errorf("pool defaults = %+v", p)
+	}
+	if c.ID != DefaultID || !filepath.IsAbs(p.Workdir) {
+		t.Errorf("id %q workdir %q", c.ID, p.Workdir)
+	}
+}
+
+func TestTokenFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "tok")
+	os.WriteFile(file, []byte("from-file\n"), 0o600)
+	c, err := Parse([]byte(strings.Replace(good, "token: ${TEST_GITEA_TOKEN}", "token_file: "+file, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Forges[0].Token.Reveal() != "from-file" {
+		t.Errorf("token = %q", c.Forges[0].Token.Reveal())
+	}
+}
+
+// Each bad config is rejected with an error that names the field, and the
+// bad value where there is one.
+func TestInvalidConfigsNameTheField(t *testing.T) {
+	t.Setenv("TEST_GITEA_TOKEN", "s3cret-token")
+	edit := func(old, new string) string {
+		if !strings.Contains(good, old) {
+			panic("fixture lacks " + old)
+		}
+		return strings.Replace(good, old, new, 1)
+	}
+	cases := []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"empty", "", []string{"config is empty"}},
+		{"not yaml", "forges: [", []string{"parse"}},
+		{"unknown field", edit("size: 2", "size: 2\n    sise: 3"), []string{`unknown field "sise"`}},
+		{"size not a number", edit("size: 2", "size: two"), []string{"size", "whole number"}},
+		{"negative size", edit("size: 2", "size: -1"), []string{"pools[0].size", "-1"}},
+		{"max below size", edit("size: 2", "size: 2\n    max: 1"), []string{"pools[0].max", "1 is less than size 2"}},
+		{"bad duration", edit("size: 2", "size: 2\n    idle_timeout: 5x"), []string{"pools[0].idle_timeout", `"5x"`}},
+		{"duration without unit", edit("size: 2", "size: 2\n    bootstrap_timeout: 30"), []string{"pools[0].bootstrap_timeout", `"30"`}},
+		{"negative duration", edit("size: 2", "size: 2\n    max_lifetime: -1h"), []string{"pools[0].max_lifetime", "-1h"}},
+		{"unknown forge type", edit("type: gitea", "type: gitee"), []string{"forges[0].type", `"gitee"`}},
+		{"url without scheme", edit("url: http://gitea.lab:3000/", "url: gitea.lab:3000"), []string{"forges[0].url", `"gitea.lab:3000"`}},
+		{"unset env var", edit("${TEST_GITEA_TOKEN}", "${NOT_SET_ANYWHERE_42}"), []string{"forges[0].token", "NOT_SET_ANYWHERE_42"}},
+		{"missing token", edit("token: ${TEST_GITEA_TOKEN}", "scope: repo"), []string{"forges[0].token", "required"}},
+		{"bad repo", edit("repo: ml/models", "repo: models"), []string{"forges[0].repo", `"models"`}},
+		{"unknown scope", edit("repo: ml/models", "scope: galaxy"), []string{"forges[0].scope", `"galaxy"`}},
+		{"unknown pool forge", edit("size: 2", "size: 2\n    forge: nope"), []string{"pools[0].forge", `"nope"`}},
+		{"unknown provider", edit("size: 2", "size: 2\n    provider: dockr"), []string{"pools[0].provider", `"dockr"`}},
+		{"bad pool name", edit("name: gpu", "name: GPU_Pool"), []string{"pools[0].name", `"GPU_Pool"`}},
+		{"label with colon", edit("labels: [gpu, cuda]", "labels: [gpu, 'ubuntu:host']"), []string{"pools[0].labels[1]", `"ubuntu:host"`}},
+		{"repeated label", edit("labels: [gpu, cuda]", "labels: [gpu, gpu]"), []string{"pools[0].labels[1]", "repeated"}},
+		{"no labels", edit("labels: [gpu, cuda]", "labels: []"), []string{"pools[0].labels", "at least one"}},
+		{"relative workdir", edit("size: 2", "size: 2\n    workdir: work"), []string{"pools[0].workdir", `"work"`}},
+		{"duplicate pool", good + "  - name: gpu\n    labels: [x]\n", []string{"pools[1].name", `"gpu" is used`}},
+		{"bad env name", edit("size: 2", "size: 2\n    env: {'BAD-NAME': x}"), []string{"pools[0].env", `"BAD-NAME"`}},
+		{"no pools", "forges:\n  - {name: a, type: gitea, url: 'http://a', token: t, repo: a/b}\n", []string{"pools", "at least one"}},
+		{"resync too short", "resync: 1ms\n" + good, []string{"resync", "too short"}},
+	}
+	if len(cases) < 10 {
+		t.Fatal("at least 10 cases")
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			if err == nil {
+				t.Fatalf("accepted:\n%s", tc.yaml)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "s3cret-token") {
+				t.Errorf("error reveals the token: %q", err)
+			}
+		})
+	}
+}
+
+func TestAllErrorsAtOnce(t *testing.T) {
+	_, err := Parse([]byte("forges:\n  - {name: a, type: x, url: y, token: t, repo: a/b}\npools:\n  - {name: p, labels: [l], size: -1, provider: z}\n"))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, w := range []string{"forges[0].type", "forges[0].url", "pools[0].size", "pools[0].provider"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error does not report %s:\n%v", w, err)
+		}
+	}
+}
+
+func TestSecretNeverFormats(t *testing.T) {
+	s := Secret("glpat-very-secret")
+	var buf strings.Builder
+	slog.New(slog.NewTextHandler(&buf, nil)).Info("x", "token", s, "forge", Forge{Token: s})
+	b, _ := json.Marshal(Forge{Token: s})
+	for _, out := range []string{fmt.Sprint(s), fmt.Sprintf("%v %+v %#v %s", s, Forge{Token: s}, s, s), buf.String(), string(b)} {
+		if strings.Contains(out, "very-secret") {
+			t.Errorf("secret revealed: %s", out)
+		}
+	}
+	if s.Reveal() != "glpat-very-secret" {
+		t.Error("Reveal")
+	}
+}
+
+func TestDurationRoundTrip(t *testing.T) {
+	var d Duration
+	if err := json.Unmarshal([]byte(`"1h30m"`), &d); err != nil || d.Duration != 90*time.Minute || d.check() != nil {
+		t.Fatalf("%v %v", d, err)
+	}
+}
