@@ -81,7 +81,7 @@ type Pool struct {
 	done         map[string]doneOp
 	missingSince map[string]time.Time // running machine seen without registration
 	draining     bool
-	machines     int // the pool's machines at the last listing
+	machines     int       // the pool's machines at the last listing
 	failures     int       // consecutive failed creates
 	createAfter  time.Time // no create before this (backoff)
 	view         []Runner  // after the last pass

@@ -205,6 +205,7 @@ func watchJobs(ctx context.Context, w io.Writer, g *peers.Gitea, want int, timeo
 	}
 	seen := map[int64]string{}
 	runnerOf := map[int64]string{}
+	registrations := map[int64]bool{} // runner ids: names are reused, registrations never
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		resp, _, err := c.ListRepoActionJobs(g.User, "demo", sdk.ListRepoActionJobsOptions{ListOptions: sdk.ListOptions{PageSize: 100}})
@@ -219,6 +220,9 @@ func watchJobs(ctx context.Context, w io.Writer, g *peers.Gitea, want int, timeo
 				if j.RunnerName != "" {
 					runnerOf[j.ID] = j.RunnerName
 				}
+				if j.RunnerID != 0 {
+					registrations[j.RunnerID] = true
+				}
 				if seen[j.ID] != state {
 					seen[j.ID] = state
 					fmt.Fprintf(w, "      %-12s %-12s %s\n", j.Name, state, runnerOf[j.ID])
@@ -231,11 +235,7 @@ func watchJobs(ctx context.Context, w io.Writer, g *peers.Gitea, want int, timeo
 				}
 			}
 			if done >= want && len(resp.Jobs) >= want {
-				distinct := map[string]bool{}
-				for _, r := range runnerOf {
-					distinct[r] = true
-				}
-				return succeeded, len(distinct), nil
+				return succeeded, len(registrations), nil
 			}
 		}
 		select {
