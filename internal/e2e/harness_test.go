@@ -64,7 +64,7 @@ func TestMain(m *testing.M) {
 
 // need skips a test when the real peers are not available, and fails it
 // in CI, where they must be.
-func need(t *testing.T) {
+func need(t testing.TB) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("end-to-end test: skipped with -short")
@@ -79,7 +79,7 @@ func need(t *testing.T) {
 
 // fleet is one test's manager setup: a repository, a config, a state dir.
 type fleet struct {
-	t        *testing.T
+	t        testing.TB
 	repo     string
 	dir      string
 	state    string
@@ -97,7 +97,7 @@ type fleetOptions struct {
 	Drain     string
 }
 
-func newFleet(t *testing.T, name string, opt fleetOptions) *fleet {
+func newFleet(t testing.TB, name string, opt fleetOptions) *fleet {
 	t.Helper()
 	need(t)
 	if err := gitea.CreateRepo(name); err != nil {
@@ -298,7 +298,7 @@ func (f *fleet) push(workflow string) {
 	}
 }
 
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
