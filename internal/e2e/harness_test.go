@@ -340,3 +340,44 @@ func (f *fleet) waitJobs(n int, timeout time.Duration) []*sdk.ActionWorkflowJob 
 	})
 	return jobs
 }
+
+type statusDoc struct {
+	Pools []struct {
+		Name    string `json:"name"`
+		Runners []struct {
+			Name     string `json:"name"`
+			State    string `json:"state"`
+			RunnerID int64  `json:"runner_id"`
+			Job      *struct {
+				Name string `json:"name"`
+			} `json:"job"`
+		} `json:"runners"`
+	} `json:"pools"`
+}
+
+// status runs `runfleet status -o json`.
+func (f *fleet) status() statusDoc {
+	f.t.Helper()
+	cmd := exec.Command(fleetBin, "status", "-c", f.config, "-o", "json")
+	cmd.Env = append(os.Environ(), "E2E_GITEA_TOKEN="+gitea.Token)
+	out, err := cmd.Output()
+	if err != nil {
+		f.t.Fatalf("status: %v\n%s", err, out)
+	}
+	var doc statusDoc
+	if err := json.Unmarshal(out, &doc); err != nil || len(doc.Pools) != 1 {
+		f.t.Fatalf("status output: %v\n%s", err, out)
+	}
+	return doc
+}
+
+func (f *fleet) statusTable() string {
+	f.t.Helper()
+	cmd := exec.Command(fleetBin, "status", "-c", f.config)
+	cmd.Env = append(os.Environ(), "E2E_GITEA_TOKEN="+gitea.Token)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		f.t.Fatalf("status: %v\n%s", err, out)
+	}
+	return string(out)
+}

@@ -1,12 +1,17 @@
 package e2e
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/runfleet/runfleet/forge"
+	giteadrv "github.com/runfleet/runfleet/forge/gitea"
 )
 
 // A pool of 2 runs 8 matrix jobs, each on its own runner registration, and
@@ -78,6 +83,32 @@ echo done`))
 		}
 		return n == 2
 	})
+	// status shows both runners busy with their jobs.
+	st := f.status()
+	busyJobs := 0
+	for _, r := range st.Pools[0].Runners {
+		if r.State == "busy" && r.Job != nil && strings.HasPrefix(r.Job.Name, "job (") {
+			busyJobs++
+		}
+	}
+	if busyJobs != 2 {
+		t.Errorf("status shows %d busy runners with a job, want 2: %+v", busyJobs, st)
+	}
+	table := f.statusTable()
+	if !strings.Contains(table, "POOL") || strings.Count(table, " busy ") != 2 {
+		t.Errorf("status table:\n%s", table)
+	}
+
+	// The driver refuses to remove a runner that has a job.
+	drv := giteadrv.New(giteadrv.Config{URL: gitea.URL, Token: gitea.Token,
+		Scope: giteadrv.Scope{Kind: "repo", Owner: gitea.User, Repo: f.repo}})
+	for _, r := range st.Pools[0].Runners {
+		err := drv.RemoveRunner(context.Background(), r.RunnerID)
+		if !errors.Is(err, forge.ErrBusy) {
+			t.Errorf("RemoveRunner(%s, busy) = %v, want ErrBusy", r.Name, err)
+		}
+	}
+
 	f.kill9()
 	busy := f.runnerPIDs()
 	if len(busy) < 2 {
