@@ -183,6 +183,27 @@ func (f *fleet) stop(timeout time.Duration) error {
 	}
 }
 
+// stopLeavesNothing drains the manager with SIGTERM and checks that no
+// registration, runner process, working directory or record is left.
+func (f *fleet) stopLeavesNothing() {
+	f.t.Helper()
+	if err := f.stop(time.Minute); err != nil {
+		f.t.Fatalf("manager exit after SIGTERM: %v", err)
+	}
+	if r := f.runners(); len(r) != 0 {
+		f.t.Errorf("%d registrations left after shutdown", len(r))
+	}
+	if p := f.runnerPIDs(); len(p) != 0 {
+		f.t.Errorf("runner processes left after shutdown: %v", p)
+	}
+	if left, _ := os.ReadDir(f.work); len(left) != 0 {
+		f.t.Errorf("workdirs left after shutdown: %d", len(left))
+	}
+	if recs := f.records(); len(recs) != 0 {
+		f.t.Errorf("runner records left after shutdown: %v", recs)
+	}
+}
+
 // kill9 kills the manager as a crash would.
 func (f *fleet) kill9() {
 	f.t.Helper()

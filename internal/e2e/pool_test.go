@@ -49,21 +49,7 @@ sleep 1`))
 		t.Errorf("%d runner processes, want 2", n)
 	}
 
-	if err := f.stop(time.Minute); err != nil {
-		t.Fatalf("manager exit after SIGTERM: %v", err)
-	}
-	if r := f.runners(); len(r) != 0 {
-		t.Errorf("%d registrations left after shutdown", len(r))
-	}
-	if p := f.runnerPIDs(); len(p) != 0 {
-		t.Errorf("runner processes left after shutdown: %v", p)
-	}
-	if left, _ := os.ReadDir(f.work); len(left) != 0 {
-		t.Errorf("workdirs left after shutdown: %d", len(left))
-	}
-	if recs := f.records(); len(recs) != 0 {
-		t.Errorf("runner records left after shutdown: %v", recs)
-	}
+	f.stopLeavesNothing()
 }
 
 // Kill -9 the manager while 2 jobs run: the jobs finish, and a restarted
@@ -125,18 +111,7 @@ echo done`))
 	eventually(t, time.Minute, "the pool back at 2 idle runners, nothing stale", func() bool {
 		return len(f.runners()) == 2 && f.idleOnline() == 2 && len(f.records()) == 2
 	})
-	if err := f.stop(time.Minute); err != nil {
-		t.Fatalf("manager exit after SIGTERM: %v", err)
-	}
-	if r := f.runners(); len(r) != 0 {
-		t.Errorf("%d registrations left", len(r))
-	}
-	if p := f.runnerPIDs(); len(p) != 0 {
-		t.Errorf("runner processes left: %v", p)
-	}
-	if left, _ := os.ReadDir(f.work); len(left) != 0 {
-		t.Errorf("workdirs left: %d", len(left))
-	}
+	f.stopLeavesNothing()
 }
 
 // The forge token reaches no runner: not its environment, its command
