@@ -115,10 +115,6 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "runfleet: error:")
 		indent(stderr, err)
-		if e, ok := errors.AsType[*ExitError](err); !ok || e.Code != ExitUsage {
-			return ExitCode(err)
-		}
-		return ExitUsage
 	}
-	return 0
+	return ExitCode(err)
 }

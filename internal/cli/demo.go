@@ -53,7 +53,6 @@ It needs Go and git on PATH.`,
 	cmd.Flags().IntVar(&size, "size", 2, "warm runners to keep in the pool")
 	cmd.Flags().BoolVar(&keep, "keep", false, "keep Gitea and the pool running after the jobs, until Ctrl-C")
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "give up if the jobs have not finished by then")
-	cmd.SetContext(context.Background())
 	return cmd
 }
 

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"log/slog"
 	"os/signal"
 	"syscall"
@@ -37,6 +36,5 @@ registrations, waits for busy runners (up to drain_timeout) and exits 0.`,
 		},
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "", "config file (YAML)")
-	cmd.SetContext(context.Background())
 	return cmd
 }

@@ -8,7 +8,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -181,5 +180,3 @@ func goCmd(ctx context.Context, w io.Writer, dir string, env []string, args ...s
 	}
 	return nil
 }
-
-var errNotReady = errors.New("not ready")

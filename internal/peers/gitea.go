@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -178,6 +179,8 @@ ENABLED = false
 	}
 	return g, nil
 }
+
+var errNotReady = errors.New("not ready")
 
 var tokenRE = regexp.MustCompile(`Access token was successfully created\.\.\. ([0-9a-f]{40})`)
 

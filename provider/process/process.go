@@ -50,13 +50,8 @@ type Provider struct {
 	log *slog.Logger
 
 	mu       sync.Mutex
-	watched  map[string]*watch // by name: processes whose exit is being watched
+	watched  map[string]record // by name: processes whose exit is being watched
 	watchers []func(string)
-}
-
-type watch struct {
-	rec  record
-	done chan struct{} // closed when the process has exited
 }
 
 // record is what is kept on disk per runner.
@@ -85,7 +80,7 @@ func New(opt Options) (*Provider, error) {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
-	p := &Provider{opt: opt, log: opt.Logger, watched: map[string]*watch{}}
+	p := &Provider{opt: opt, log: opt.Logger, watched: map[string]record{}}
 	for _, d := range []string{p.recordDir(), p.logDir(), opt.WorkRoot} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("process provider: %w", err)
@@ -180,9 +175,8 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	}
 	// Watched before the record names the pid, so that a List in between
 	// does not adopt this child as if a previous manager had started it.
-	w := &watch{rec: rec, done: make(chan struct{})}
 	p.mu.Lock()
-	p.watched[rec.Name] = w
+	p.watched[rec.Name] = rec
 	p.mu.Unlock()
 	if err := p.writeRecord(rec); err != nil {
 		_ = unix.Kill(-rec.PID, unix.SIGKILL)
@@ -194,7 +188,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	}
 	go func() {
 		_ = cmd.Wait()
-		p.exited(w)
+		p.exited(rec)
 	}()
 	p.pruneLogs()
 	return instance(rec, provider.StateRunning), nil
@@ -202,14 +196,13 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 
 // exited runs once a watched process has ended: the job's leftover
 // processes in its group are killed, and watchers are told.
-func (p *Provider) exited(w *watch) {
-	_ = unix.Kill(-w.rec.PID, unix.SIGKILL)
-	close(w.done)
+func (p *Provider) exited(rec record) {
+	_ = unix.Kill(-rec.PID, unix.SIGKILL)
 	p.mu.Lock()
 	fns := slices.Clone(p.watchers)
 	p.mu.Unlock()
 	for _, fn := range fns {
-		fn(w.rec.Name)
+		fn(rec.Name)
 	}
 }
 
@@ -271,14 +264,13 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 func (p *Provider) adopt(rec record) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if w, ok := p.watched[rec.Name]; ok && w.rec.PID == rec.PID {
+	if w, ok := p.watched[rec.Name]; ok && w.PID == rec.PID {
 		return
 	}
-	w := &watch{rec: rec, done: make(chan struct{})}
-	p.watched[rec.Name] = w
+	p.watched[rec.Name] = rec
 	go func() {
 		waitExit(rec)
-		p.exited(w)
+		p.exited(rec)
 	}()
 }
 
@@ -333,7 +325,7 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 		return fmt.Errorf("delete runner %s: %w", name, err)
 	}
 	p.mu.Lock()
-	if w, ok := p.watched[name]; ok && w.rec.PID == rec.PID {
+	if w, ok := p.watched[name]; ok && w.PID == rec.PID {
 		delete(p.watched, name)
 	}
 	p.mu.Unlock()
