@@ -3,19 +3,41 @@ module github.com/runfleet/runfleet
 go 1.26
 
 require (
-	code.gitea.io/actions-proto-go v0.4.1 // indirect
-	code.gitea.io/sdk/gitea v0.25.1 // indirect
-	connectrpc.com/connect v1.20.0 // indirect
+	code.gitea.io/actions-proto-go v0.4.1
+	code.gitea.io/sdk/gitea v0.25.1
+	connectrpc.com/connect v1.20.0
+	github.com/containerd/errdefs v1.0.0
+	github.com/docker/go-units v0.5.0
+	github.com/moby/moby/api v1.56.1
+	github.com/moby/moby/client v0.6.2
+	github.com/spf13/cobra v1.10.2
+	golang.org/x/sys v0.43.0
+	sigs.k8s.io/yaml v1.6.0
+)
+
+require (
 	github.com/42wim/httpsig v1.2.4 // indirect
+	github.com/Microsoft/go-winio v0.6.2 // indirect
+	github.com/containerd/errdefs/pkg v0.3.0 // indirect
 	github.com/davidmz/go-pageant v1.0.2 // indirect
+	github.com/distribution/reference v0.6.0 // indirect
+	github.com/docker/go-connections v0.8.2 // indirect
+	github.com/felixge/httpsnoop v1.0.4 // indirect
 	github.com/go-fed/httpsig v1.1.0 // indirect
+	github.com/go-logr/logr v1.4.2 // indirect
+	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/hashicorp/go-version v1.9.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
-	github.com/spf13/cobra v1.10.2 // indirect
+	github.com/moby/docker-image-spec v1.3.1 // indirect
+	github.com/opencontainers/go-digest v1.0.0 // indirect
+	github.com/opencontainers/image-spec v1.1.1 // indirect
 	github.com/spf13/pflag v1.0.9 // indirect
+	go.opentelemetry.io/auto/sdk v1.1.0 // indirect
+	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.60.0 // indirect
+	go.opentelemetry.io/otel v1.35.0 // indirect
+	go.opentelemetry.io/otel/metric v1.35.0 // indirect
+	go.opentelemetry.io/otel/trace v1.35.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.2 // indirect
 	golang.org/x/crypto v0.50.0 // indirect
-	golang.org/x/sys v0.43.0 // indirect
 	google.golang.org/protobuf v1.36.11 // indirect
-	sigs.k8s.io/yaml v1.6.0 // indirect
 )

@@ -53,6 +53,9 @@ type GiteaRunner struct {
 	Path string
 	// FetchInterval is how often the idle runner asks Gitea for a job.
 	FetchInterval time.Duration
+	// InContainer is set when the agent runs in a container image, whose
+	// own PATH and locale apply: the manager's PATH means nothing there.
+	InContainer bool
 }
 
 // ConfigFile is the config file written next to the registration.
@@ -93,6 +96,13 @@ func (g GiteaRunner) Spec(r Runner, cred forge.Credential) (provider.Spec, error
 	if err != nil {
 		return provider.Spec{}, fmt.Errorf("gitea-runner config: %w", err)
 	}
+	env := baseEnv(r.Env)
+	if g.InContainer {
+		env = maps.Clone(r.Env)
+		if env == nil {
+			env = map[string]string{}
+		}
+	}
 	files := maps.Clone(cred.Files)
 	files[ConfigFile] = data
 	return provider.Spec{
@@ -101,7 +111,7 @@ func (g GiteaRunner) Spec(r Runner, cred forge.Credential) (provider.Spec, error
 		Pool:    r.Pool,
 		Command: g.Path,
 		Args:    []string{"daemon", "--config", ConfigFile},
-		Env:     baseEnv(r.Env),
+		Env:     env,
 		Files:   files,
 	}, nil
 }

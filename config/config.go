@@ -50,6 +50,10 @@ type Forge struct {
 	Scope string `json:"scope"`
 	Repo  string `json:"repo"` // owner/name, with scope repo
 	Org   string `json:"org"`  // with scope org
+	// RunnerURL is the forge's address as runners see it, when it differs
+	// from URL: a container reaches a forge on the host through the
+	// bridge, not through 127.0.0.1. It defaults to URL.
+	RunnerURL string `json:"runner_url"`
 }
 
 // Pool is a set of identical single-job runners.
@@ -57,7 +61,7 @@ type Pool struct {
 	Name     string   `json:"name"`
 	Forge    string   `json:"forge"`
 	Labels   []string `json:"labels"`
-	Provider string   `json:"provider"` // process
+	Provider string   `json:"provider"` // process or docker
 	// Size is the number of idle runners kept ready.
 	Size int `json:"size"`
 	// Max caps the number of runners, busy ones included. It defaults to
@@ -76,6 +80,9 @@ type Pool struct {
 	// jobs can read it.
 	Env   map[string]string `json:"env"`
 	Agent Agent             `json:"agent"`
+	// Docker configures the runner containers of a pool whose provider is
+	// docker.
+	Docker *Docker `json:"docker,omitempty"`
 }
 
 // Agent configures the forge's runner agent.
@@ -100,7 +107,7 @@ const (
 // Forge types and providers known to this build.
 var (
 	ForgeTypes = []string{"gitea"}
-	Providers  = []string{"process"}
+	Providers  = []string{"process", "docker"}
 	Scopes     = []string{"repo", "org", "instance"}
 )
 
@@ -171,6 +178,9 @@ func (c *Config) resolve() error {
 		if f.URL, err = expand(f.URL); err != nil {
 			errs = append(errs, fmt.Errorf("%s.url: %w", field, err))
 		}
+		if f.RunnerURL, err = expand(f.RunnerURL); err != nil {
+			errs = append(errs, fmt.Errorf("%s.runner_url: %w", field, err))
+		}
 		tok, err := expand(string(f.Token))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s.token: %w", field, err))
@@ -238,6 +248,10 @@ func (c *Config) setDefaults() {
 	for i := range c.Forges {
 		f := &c.Forges[i]
 		f.URL = strings.TrimRight(f.URL, "/")
+		f.RunnerURL = strings.TrimRight(f.RunnerURL, "/")
+		if f.RunnerURL == "" {
+			f.RunnerURL = f.URL
+		}
 		if f.Scope == "" {
 			switch {
 			case f.Repo != "":
@@ -254,6 +268,9 @@ func (c *Config) setDefaults() {
 		}
 		if p.Provider == "" {
 			p.Provider = "process"
+			if p.Docker != nil {
+				p.Provider = "docker"
+			}
 		}
 		if p.Max == 0 {
 			p.Max = p.Size
@@ -272,6 +289,9 @@ func (c *Config) setDefaults() {
 		}
 		if p.Workdir == "" {
 			p.Workdir = filepath.Join(c.StateDir, "work")
+		}
+		if p.Provider == "docker" && p.Docker != nil {
+			p.Docker.setDefaults()
 		}
 	}
 }
@@ -334,6 +354,11 @@ func (c *Config) Validate() error {
 		}
 		if err := checkURL(f.URL); err != nil {
 			bad(field+".url", "%v", err)
+		}
+		if f.RunnerURL != "" {
+			if err := checkURL(f.RunnerURL); err != nil {
+				bad(field+".runner_url", "%v", err)
+			}
 		}
 		if f.Token == "" {
 			bad(field+".token", "is required (a token, \"${ENV_VAR}\", or token_file)")
@@ -412,6 +437,16 @@ func (c *Config) Validate() error {
 			if !envName.MatchString(k) {
 				bad(field+".env", "%q is not a valid environment variable name", k)
 			}
+		}
+		switch {
+		case p.Provider == "docker" && p.Docker == nil:
+			bad(field+".docker", "is required with provider docker (at least docker.image)")
+		case p.Provider == "docker":
+			for _, err := range p.Docker.validate() {
+				errs = append(errs, fmt.Errorf("%s.docker.%w", field, err))
+			}
+		case p.Docker != nil:
+			bad(field+".docker", "is set but provider is %q; set provider: docker", p.Provider)
 		}
 	}
 	// Sort for a stable message: map iteration above may reorder them.

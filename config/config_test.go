@@ -42,6 +42,50 @@ func TestGoodConfigDefaults(t *testing.T) {
 	}
 }
 
+func TestDockerPool(t *testing.T) {
+	t.Setenv("TEST_GITEA_TOKEN", "s3cret-token")
+	c, err := Parse([]byte(good + `    docker:
+      image: runfleet/gitea-runner:cuda
+      memory: 8g
+      cpus: 2.5
+      volumes: ["/data/imagenet:/data", "/scratch:/scratch:rw", "cache:/cache:ro"]
+      gpus: [0, "GPU-1234"]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := c.Pools[0]
+	d := p.Docker
+	if p.Provider != "docker" || d.Pull != "missing" || *d.OOMScoreAdj != 1000 || d.Workdir != "/runner" {
+		t.Errorf("docker defaults: provider %q pull %q oom %d workdir %q", p.Provider, d.Pull, *d.OOMScoreAdj, d.Workdir)
+	}
+	if m, _ := d.MemoryBytes(); m != 8<<30 {
+		t.Errorf("memory = %d", m)
+	}
+	if len(d.GPUs.IDs) != 2 || d.GPUs.IDs[0] != "0" || d.GPUs.IDs[1] != "GPU-1234" || d.GPUs.All {
+		t.Errorf("gpus = %+v", d.GPUs)
+	}
+	var ro []bool
+	for _, v := range d.Volumes {
+		m, err := ParseVolume(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ro = append(ro, m.ReadOnly)
+	}
+	// Read-only unless rw is written out.
+	if fmt.Sprint(ro) != "[true false true]" {
+		t.Errorf("read-only = %v", ro)
+	}
+	if c.Forges[0].RunnerURL != c.Forges[0].URL {
+		t.Errorf("runner_url = %q, want the url", c.Forges[0].RunnerURL)
+	}
+	all, err := Parse([]byte(good + "    docker: {image: x, gpus: all, oom_score_adj: 0}\n"))
+	if err != nil || !all.Pools[0].Docker.GPUs.All || *all.Pools[0].Docker.OOMScoreAdj != 0 {
+		t.Errorf("gpus: all / oom_score_adj 0: %+v, %v", all.Pools[0].Docker, err)
+	}
+}
+
 func TestTokenFile(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "tok")
 	os.WriteFile(file, []byte("from-file\n"), 0o600)
@@ -94,6 +138,17 @@ func TestInvalidConfigsNameTheField(t *testing.T) {
 		{"bad env name", edit("size: 2", "size: 2\n    env: {'BAD-NAME': x}"), []string{"pools[0].env", `"BAD-NAME"`}},
 		{"no pools", "forges:\n  - {name: a, type: gitea, url: 'http://a', token: t, repo: a/b}\n", []string{"pools", "at least one"}},
 		{"resync too short", "resync: 1ms\n" + good, []string{"resync", "too short"}},
+		{"docker without section", edit("size: 2", "size: 2\n    provider: docker"), []string{"pools[0].docker", "is required"}},
+		{"docker section on process pool", edit("size: 2", "size: 2\n    provider: process\n    docker: {image: x}"), []string{"pools[0].docker", `"process"`}},
+		{"docker without image", edit("size: 2", "size: 2\n    docker: {network: host}"), []string{"pools[0].docker.image", "required"}},
+		{"docker bad memory", edit("size: 2", "size: 2\n    docker: {image: x, memory: lots}"), []string{"pools[0].docker.memory", `"lots"`}},
+		{"docker bad oom", edit("size: 2", "size: 2\n    docker: {image: x, oom_score_adj: 2000}"), []string{"pools[0].docker.oom_score_adj", "2000"}},
+		{"docker bad volume", edit("size: 2", "size: 2\n    docker: {image: x, volumes: ['/data']}"), []string{"pools[0].docker.volumes[0]", `"/data"`}},
+		{"docker bad volume mode", edit("size: 2", "size: 2\n    docker: {image: x, volumes: ['/data:/data:rx']}"), []string{"pools[0].docker.volumes[0]", `"rx"`}},
+		{"docker socket by volume", edit("size: 2", "size: 2\n    docker: {image: x, volumes: ['/var/run/docker.sock:/var/run/docker.sock']}"), []string{"pools[0].docker.volumes[0]", "mount_docker_socket"}},
+		{"docker bad gpus", edit("size: 2", "size: 2\n    docker: {image: x, gpus: some}"), []string{"pools[0].docker.gpus", `"some"`}},
+		{"docker bad pull", edit("size: 2", "size: 2\n    docker: {image: x, pull: sometimes}"), []string{"pools[0].docker.pull", `"sometimes"`}},
+		{"runner url without scheme", edit("repo: ml/models", "repo: ml/models\n    runner_url: gitea:3000"), []string{"forges[0].runner_url", `"gitea:3000"`}},
 	}
 	if len(cases) < 10 {
 		t.Fatal("at least 10 cases")

@@ -145,7 +145,8 @@ func (p *Pool) Owns(name string) bool { return p.names.MatchString(name) }
 func (p *Pool) Run(ctx context.Context) {
 	if w, ok := p.prov.(provider.Watcher); ok {
 		w.Watch(ctx, func(name string) {
-			if p.Owns(name) {
+			// "" means events may have been missed: re-read everything.
+			if name == "" || p.Owns(name) {
 				p.Trigger()
 			}
 		})

@@ -66,6 +66,8 @@ type Provider interface {
 // slot at once instead of at its next periodic pass.
 type Watcher interface {
 	// Watch calls changed with the instance name whenever an instance's
-	// state changes, until ctx ends.
+	// state changes, until ctx ends. An empty name means that changes may
+	// have been missed (the event source reconnected), so everything
+	// should be re-read.
 	Watch(ctx context.Context, changed func(name string))
 }

@@ -8,6 +8,7 @@
 package gitea
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -35,9 +36,12 @@ type Scope struct {
 
 // Config configures a Driver.
 type Config struct {
-	URL   string
-	Token string // API token of a user allowed to manage runners in Scope
-	Scope Scope
+	URL string
+	// RunnerURL is Gitea's address as the runners see it (from inside a
+	// container, say); URL when empty.
+	RunnerURL string
+	Token     string // API token of a user allowed to manage runners in Scope
+	Scope     Scope
 	// HTTPClient is used for every call; a client with a 30s timeout
 	// when nil.
 	HTTPClient *http.Client
@@ -210,7 +214,7 @@ func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.C
 		UUID:      r.GetUuid(),
 		Name:      r.GetName(),
 		Token:     r.GetToken(),
-		Address:   d.cfg.URL,
+		Address:   cmp.Or(d.cfg.RunnerURL, d.cfg.URL),
 		Labels:    req.Labels,
 		Ephemeral: true,
 	}, "", "  ")

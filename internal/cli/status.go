@@ -64,6 +64,7 @@ is running, and changes nothing.`,
 			if err != nil {
 				return &ExitError{ExitUsage, err}
 			}
+			defer fleet.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 			defer cancel()
 			pools := collect(ctx, fleet)

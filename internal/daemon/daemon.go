@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -17,7 +18,11 @@ import (
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/forge/gitea"
 	"github.com/runfleet/runfleet/pool"
+	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/provider/docker"
 	"github.com/runfleet/runfleet/provider/process"
+
+	dockerclient "github.com/moby/moby/client"
 )
 
 // Version is the runfleet version, set by the build.
@@ -30,6 +35,9 @@ type Fleet struct {
 	// Forges by pool name, for reading jobs.
 	Forges map[string]forge.Forge
 	log    *slog.Logger
+
+	docker  *dockerclient.Client
+	closers []func()
 }
 
 // New builds the fleet for a validated config. It makes no network call;
@@ -46,11 +54,12 @@ func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
 				owner = fc.Org
 			}
 			drivers[fc.Name] = gitea.New(gitea.Config{
-				URL:     fc.URL,
-				Token:   fc.Token.Reveal(),
-				Scope:   gitea.Scope{Kind: fc.Scope, Owner: owner, Repo: repo},
-				Version: "runfleet-" + Version,
-				Logger:  log.With("forge", fc.Name),
+				URL:       fc.URL,
+				RunnerURL: fc.RunnerURL,
+				Token:     fc.Token.Reveal(),
+				Scope:     gitea.Scope{Kind: fc.Scope, Owner: owner, Repo: repo},
+				Version:   "runfleet-" + Version,
+				Logger:    log.With("forge", fc.Name),
 			})
 		default:
 			return nil, fmt.Errorf("forges: type %q is not supported by this build", fc.Type)
@@ -58,18 +67,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
 	}
 	var errs []error
 	for i, pc := range cfg.Pools {
-		path := pc.Agent.Path
-		if path == "" {
-			path = "gitea-runner"
-		}
-		abs, err := exec.LookPath(path)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("pools[%d].agent.path: %q: %w", i, path, err))
-			continue
-		}
-		prov, err := process.New(process.Options{
-			StateDir: cfg.StateDir, WorkRoot: pc.Workdir, Logger: log.With("provider", "process"),
-		})
+		prov, ag, err := f.provider(pc)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pools[%d]: %w", i, err))
 			continue
@@ -87,12 +85,110 @@ func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
 			MaxLifetime:      pc.MaxLifetime.Duration,
 			BootstrapTimeout: pc.BootstrapTimeout.Duration,
 			Resync:           cfg.Resync.Duration,
-		}, fd, prov, agent.GiteaRunner{Path: abs, FetchInterval: pc.Agent.FetchInterval.Duration}, pool.WithLogger(log)))
+		}, fd, prov, ag, pool.WithLogger(log)))
 	}
 	if err := errors.Join(errs...); err != nil {
+		f.Close()
 		return nil, err
 	}
 	return f, nil
+}
+
+// provider makes a pool's provider and agent.
+func (f *Fleet) provider(pc config.Pool) (provider.Provider, agent.Agent, error) {
+	path := pc.Agent.Path
+	if path == "" {
+		path = "gitea-runner"
+	}
+	ag := agent.GiteaRunner{Path: path, FetchInterval: pc.Agent.FetchInterval.Duration}
+	switch pc.Provider {
+	case "docker":
+		// The agent runs from the image's PATH: nothing to look up here.
+		ag.InContainer = true
+		if f.docker == nil {
+			c, err := docker.NewClient()
+			if err != nil {
+				return nil, nil, err
+			}
+			f.docker = c
+		}
+		opt, err := dockerOptions(pc.Docker)
+		if err != nil {
+			return nil, nil, fmt.Errorf("docker: %w", err)
+		}
+		opt.Client = f.docker
+		opt.Manager = f.Config.ID
+		opt.Pool = pc.Name
+		opt.LogDir = filepath.Join(f.Config.StateDir, "logs")
+		opt.Logger = f.log.With("provider", "docker", "pool", pc.Name)
+		prov, err := docker.New(opt)
+		if err != nil {
+			return nil, nil, err
+		}
+		f.closers = append(f.closers, prov.Close)
+		return prov, ag, nil
+	default:
+		abs, err := exec.LookPath(path)
+		if err != nil {
+			return nil, nil, fmt.Errorf("agent.path: %q: %w", path, err)
+		}
+		ag.Path = abs
+		prov, err := process.New(process.Options{
+			StateDir: f.Config.StateDir, WorkRoot: pc.Workdir, Logger: f.log.With("provider", "process"),
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		return prov, ag, nil
+	}
+}
+
+// dockerOptions turns a validated docker section into provider options.
+func dockerOptions(d *config.Docker) (docker.Options, error) {
+	mem, err := d.MemoryBytes()
+	if err != nil {
+		return docker.Options{}, fmt.Errorf("memory: %w", err)
+	}
+	shm, err := d.ShmBytes()
+	if err != nil {
+		return docker.Options{}, fmt.Errorf("shm_size: %w", err)
+	}
+	opt := docker.Options{
+		Image:             d.Image,
+		Pull:              d.Pull,
+		Network:           d.Network,
+		User:              d.User,
+		Workdir:           d.Workdir,
+		NanoCPUs:          int64(d.CPUs * 1e9),
+		Memory:            mem,
+		ShmSize:           shm,
+		OOMScoreAdj:       config.DefaultOOMScoreAdj,
+		GPUs:              docker.GPUs{All: d.GPUs.All, IDs: d.GPUs.IDs},
+		ExtraHosts:        d.ExtraHosts,
+		MountDockerSocket: d.MountDockerSocket,
+	}
+	if d.OOMScoreAdj != nil {
+		opt.OOMScoreAdj = *d.OOMScoreAdj
+	}
+	for _, v := range d.Volumes {
+		m, err := config.ParseVolume(v)
+		if err != nil {
+			return docker.Options{}, err
+		}
+		opt.Mounts = append(opt.Mounts, docker.Mount{Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
+	}
+	return opt, nil
+}
+
+// Close releases what the fleet holds (event streams, output copies, the
+// Docker connection). Runners keep running.
+func (f *Fleet) Close() {
+	for _, c := range f.closers {
+		c()
+	}
+	if f.docker != nil {
+		_ = f.docker.Close()
+	}
 }
 
 // Run reconciles every pool until ctx ends, then drains them: no new
@@ -109,6 +205,7 @@ func (f *Fleet) Run(ctx context.Context) []pool.Runner {
 	<-ctx.Done()
 	stop()
 	wg.Wait()
+	defer f.Close()
 	return f.Drain(context.Background(), f.Config.DrainTimeout.Duration)
 }
 

@@ -2,6 +2,7 @@ package peers
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -34,8 +35,12 @@ type Gitea struct {
 type GiteaOptions struct {
 	// Dir holds the server's data; a temporary directory when empty.
 	Dir string
-	// Port to listen on, on 127.0.0.1; a free one when 0.
+	// Port to listen on; a free one when 0.
 	Port int
+	// ListenAddr is the address to listen on, 127.0.0.1 by default;
+	// 0.0.0.0 lets containers reach it through the bridge. The URL stays
+	// on 127.0.0.1.
+	ListenAddr string
 	// Progress receives build progress on first use.
 	Progress io.Writer
 }
@@ -77,7 +82,7 @@ I_AM_BEING_UNSAFE_RUNNING_AS_ROOT = true
 
 [server]
 PROTOCOL = http
-HTTP_ADDR = 127.0.0.1
+HTTP_ADDR = %[5]s
 HTTP_PORT = %[2]d
 ROOT_URL = %[3]s/
 OFFLINE_MODE = true
@@ -123,7 +128,7 @@ ENABLED = false
 
 [cron.update_checker]
 ENABLED = false
-`, dir, port, url, modDir)
+`, dir, port, url, modDir, cmp.Or(opt.ListenAddr, "127.0.0.1"))
 	if err := os.MkdirAll(filepath.Join(dir, "custom", "conf"), 0o755); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,243 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/docker/go-units"
+)
+
+// Docker configures a pool's runner containers.
+type Docker struct {
+	// Image runs the agent; it must hold the agent binary and whatever the
+	// jobs need. Required.
+	Image string `json:"image"`
+	// Pull is when the image is pulled: missing (the default), always or
+	// never.
+	Pull string `json:"pull"`
+	// Network is the network mode or the name of a network; Docker's
+	// default bridge when empty.
+	Network string `json:"network"`
+	// CPUs limits the container's CPU time, in CPUs ("1.5").
+	CPUs float64 `json:"cpus"`
+	// Memory limits the container's memory ("8g", "512m").
+	Memory string `json:"memory"`
+	// ShmSize sizes /dev/shm ("2g"); data loaders that share tensors
+	// through it need more than Docker's 64m.
+	ShmSize string `json:"shm_size"`
+	// OOMScoreAdj is the containers' oom_score_adj, 1000 by default, so
+	// that the kernel kills a job before the host's own services when
+	// memory runs out.
+	OOMScoreAdj *int `json:"oom_score_adj"`
+	// Volumes are bind mounts "source:target[:ro|rw]", read-only unless
+	// ":rw" is written out. A source that is not an absolute path names
+	// a Docker volume.
+	Volumes []string `json:"volumes"`
+	// GPUs asks for GPUs: "all", or a list of device indexes or UUIDs.
+	GPUs GPUs `json:"gpus"`
+	// ExtraHosts are added to the container's /etc/hosts ("name:ip").
+	// host.docker.internal always points at the host.
+	ExtraHosts []string `json:"extra_hosts"`
+	// MountDockerSocket gives jobs the host's Docker socket. Any job can
+	// then take over the host; it is off unless set here.
+	MountDockerSocket bool `json:"mount_docker_socket"`
+	// Workdir is where the agent runs inside the container.
+	Workdir string `json:"workdir"`
+	// User runs the agent ("uid[:gid]" or a name known to the image); the
+	// image's user when empty.
+	User string `json:"user"`
+}
+
+// Docker defaults.
+const (
+	DefaultOOMScoreAdj      = 1000
+	DefaultContainerWorkdir = "/runner"
+)
+
+// Pull policies.
+var PullPolicies = []string{"missing", "always", "never"}
+
+func (d *Docker) setDefaults() {
+	if d.Pull == "" {
+		d.Pull = "missing"
+	}
+	if d.OOMScoreAdj == nil {
+		v := DefaultOOMScoreAdj
+		d.OOMScoreAdj = &v
+	}
+	if d.Workdir == "" {
+		d.Workdir = DefaultContainerWorkdir
+	}
+}
+
+// MemoryBytes is the memory limit in bytes; 0 when unset.
+func (d *Docker) MemoryBytes() (int64, error) { return bytesize(d.Memory) }
+
+// ShmBytes is the /dev/shm size in bytes; 0 when unset.
+func (d *Docker) ShmBytes() (int64, error) { return bytesize(d.ShmSize) }
+
+func bytesize(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	n, err := units.RAMInBytes(s)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%q is not a size (write \"512m\", \"8g\")", s)
+	}
+	return n, nil
+}
+
+// validate returns each problem as "field: message", relative to the
+// docker section.
+func (d *Docker) validate() []error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if d.Image == "" {
+		bad("image", "is required")
+	} else if strings.ContainsAny(d.Image, " \t\n") {
+		bad("image", "%q is not an image reference", d.Image)
+	}
+	if !slices.Contains(PullPolicies, d.Pull) {
+		bad("pull", "unknown policy %q (known: %s)", d.Pull, strings.Join(PullPolicies, ", "))
+	}
+	if d.CPUs < 0 {
+		bad("cpus", "must not be negative, got %g", d.CPUs)
+	}
+	if _, err := d.MemoryBytes(); err != nil {
+		bad("memory", "%v", err)
+	}
+	if _, err := d.ShmBytes(); err != nil {
+		bad("shm_size", "%v", err)
+	}
+	if d.OOMScoreAdj != nil && (*d.OOMScoreAdj < -1000 || *d.OOMScoreAdj > 1000) {
+		bad("oom_score_adj", "%d is outside -1000..1000", *d.OOMScoreAdj)
+	}
+	for i, v := range d.Volumes {
+		m, err := ParseVolume(v)
+		if err != nil {
+			bad(fmt.Sprintf("volumes[%d]", i), "%v", err)
+			continue
+		}
+		if IsDockerSocket(m.Source) && !d.MountDockerSocket {
+			bad(fmt.Sprintf("volumes[%d]", i), "%q mounts the Docker socket, which gives every job the host; set mount_docker_socket: true if that is meant", v)
+		}
+	}
+	if d.GPUs.invalid != "" {
+		bad("gpus", "%s is not \"all\" or a list of GPU indexes or UUIDs", d.GPUs.invalid)
+	}
+	for i, id := range d.GPUs.IDs {
+		if id == "" || strings.ContainsAny(id, ", \t") {
+			bad(fmt.Sprintf("gpus[%d]", i), "%q is not a GPU index or UUID", id)
+		}
+	}
+	for i, h := range d.ExtraHosts {
+		if name, ip, ok := strings.Cut(h, ":"); !ok || name == "" || ip == "" {
+			bad(fmt.Sprintf("extra_hosts[%d]", i), "%q is not name:ip", h)
+		}
+	}
+	if !path.IsAbs(d.Workdir) || path.Clean(d.Workdir) == "/" {
+		bad("workdir", "%q must be an absolute path below /", d.Workdir)
+	}
+	return errs
+}
+
+// Volume is a parsed mount.
+type Volume struct {
+	Source   string // a host path, or the name of a Docker volume
+	Target   string
+	ReadOnly bool
+}
+
+// ParseVolume parses "source:target[:ro|rw]". A mount is read-only unless
+// it says rw: datasets must not be changed by a job.
+func ParseVolume(s string) (Volume, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) < 2 || len(parts) > 3 {
+		return Volume{}, fmt.Errorf("%q is not source:target[:ro|rw]", s)
+	}
+	v := Volume{Source: parts[0], Target: parts[1], ReadOnly: true}
+	if len(parts) == 3 {
+		switch parts[2] {
+		case "ro":
+		case "rw":
+			v.ReadOnly = false
+		default:
+			return Volume{}, fmt.Errorf("%q: mode %q is not ro or rw", s, parts[2])
+		}
+	}
+	if v.Source == "" {
+		return Volume{}, fmt.Errorf("%q has no source", s)
+	}
+	if !path.IsAbs(v.Target) {
+		return Volume{}, fmt.Errorf("%q: target %q must be an absolute path", s, v.Target)
+	}
+	if !strings.HasPrefix(v.Source, "/") && strings.Contains(v.Source, "/") {
+		return Volume{}, fmt.Errorf("%q: source %q must be an absolute path or a volume name", s, v.Source)
+	}
+	return v, nil
+}
+
+// IsDockerSocket reports whether a mount source is the Docker socket or
+// the directory holding it.
+func IsDockerSocket(src string) bool {
+	src = path.Clean(src)
+	return strings.HasSuffix(src, "/docker.sock") || src == "/var/run" || src == "/run" || src == "/run/docker" || src == "/var/run/docker"
+}
+
+// GPUs is "all" or a list of device indexes or UUIDs.
+type GPUs struct {
+	All bool
+	IDs []string
+	// invalid keeps what did not parse, for Validate to name.
+	invalid string
+}
+
+// Any reports whether GPUs were asked for.
+func (g GPUs) Any() bool { return g.All || len(g.IDs) > 0 }
+
+func (g GPUs) MarshalJSON() ([]byte, error) {
+	if g.All {
+		return json.Marshal("all")
+	}
+	return json.Marshal(g.IDs)
+}
+
+func (g *GPUs) UnmarshalJSON(b []byte) error {
+	*g = GPUs{}
+	b = bytes.TrimSpace(b)
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		if s == "all" {
+			g.All = true
+		} else {
+			g.invalid = strconv.Quote(s)
+		}
+		return nil
+	}
+	var list []json.RawMessage
+	if err := json.Unmarshal(b, &list); err != nil {
+		g.invalid = string(b)
+		return nil
+	}
+	for _, raw := range list {
+		var id string
+		var n int
+		switch {
+		case json.Unmarshal(raw, &id) == nil:
+		case json.Unmarshal(raw, &n) == nil && n >= 0:
+			id = strconv.Itoa(n)
+		default:
+			g.invalid = string(b)
+			return nil
+		}
+		g.IDs = append(g.IDs, id)
+	}
+	return nil
+}

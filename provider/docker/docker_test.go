@@ -1,0 +1,397 @@
+package docker
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
+
+	"github.com/runfleet/runfleet/internal/peers"
+	"github.com/runfleet/runfleet/provider"
+)
+
+var (
+	imageOnce sync.Once
+	image     string
+	imageErr  error
+)
+
+// engine returns a client of the local Docker engine and a FROM scratch
+// busybox image. Without an engine the test is skipped, or fails in CI.
+func engine(t *testing.T) (*client.Client, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs Docker: skipped with -short")
+	}
+	cli, err := NewClient()
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err = cli.Ping(ctx, client.PingOptions{})
+	}
+	if err == nil {
+		imageOnce.Do(func() { image, imageErr = peers.RunnerImage(context.Background(), cli, "") })
+		err = imageErr
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("Docker is required in CI: %v", err)
+		}
+		t.Skipf("needs Docker: %v", err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli, image
+}
+
+// newProvider makes a provider for a manager id unique to the test, and
+// removes whatever the test left.
+func newProvider(t *testing.T, opt Options) *Provider {
+	t.Helper()
+	cli, img := engine(t)
+	opt.Client = cli
+	if opt.Image == "" {
+		opt.Image = img
+	}
+	if opt.Manager == "" {
+		opt.Manager = fmt.Sprintf("t%d", time.Now().UnixNano())
+	}
+	if opt.Pool == "" {
+		opt.Pool = "p"
+	}
+	opt.OOMScoreAdj = 1000
+	p, err := New(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		res, _ := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: make(client.Filters).Add("label", LabelManager+"="+opt.Manager)})
+		for _, c := range res.Items {
+			_, _ = cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true})
+		}
+		p.Close()
+	})
+	return p
+}
+
+func sleeper(p *Provider, name string, script string) provider.Spec {
+	return provider.Spec{
+		Name: name, Manager: p.opt.Manager, Pool: p.opt.Pool,
+		Command: "/bin/sh", Args: []string{"-c", script},
+		Env:   map[string]string{"RUNNER_NAME": name},
+		Files: map[string][]byte{".runner": []byte("credential-of-" + name), "sub/runner.yaml": []byte("x: 1")},
+	}
+}
+
+func TestCreateInspectListDelete(t *testing.T) {
+	data := t.TempDir()
+	p := newProvider(t, Options{
+		NanoCPUs: 500_000_000, Memory: 64 << 20, ShmSize: 32 << 20,
+		Mounts:     []Mount{{Source: data, Target: "/data", ReadOnly: true}},
+		ExtraHosts: []string{"forge.test:10.1.2.3"},
+		LogDir:     t.TempDir(),
+	})
+	ctx := context.Background()
+	spec := sleeper(p, "p-1", `cat .runner; echo; cat sub/runner.yaml; echo; ls -ln .runner; touch /data/x 2>/dev/null && echo data-writable || echo data-readonly; sleep 60`)
+	inst, err := p.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inst.State != provider.StateRunning || inst.Name != "p-1" || inst.ID == "" {
+		t.Fatalf("instance = %+v", inst)
+	}
+
+	// Create again: the same container, not a second one.
+	again, err := p.Create(ctx, spec)
+	if err != nil || again.ID != inst.ID {
+		t.Fatalf("second Create = %v, %v; want the same container %s", again.ID, err, inst.ID)
+	}
+
+	res, err := p.cli.ContainerInspect(ctx, inst.ID, client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := res.Container
+	hc := c.HostConfig
+	if !hc.AutoRemove || hc.OomScoreAdj != 1000 || hc.NanoCPUs != 500_000_000 || hc.Memory != 64<<20 || hc.ShmSize != 32<<20 {
+		t.Errorf("host config: AutoRemove=%v OomScoreAdj=%d NanoCPUs=%d Memory=%d ShmSize=%d", hc.AutoRemove, hc.OomScoreAdj, hc.NanoCPUs, hc.Memory, hc.ShmSize)
+	}
+	want := map[string]string{LabelManager: p.opt.Manager, LabelPool: "p", LabelRunner: "p-1", LabelSlot: "1"}
+	for k, v := range want {
+		if c.Config.Labels[k] != v {
+			t.Errorf("label %s = %q, want %q", k, c.Config.Labels[k], v)
+		}
+	}
+	if len(hc.Mounts) != 1 || !hc.Mounts[0].ReadOnly || hc.Mounts[0].Target != "/data" {
+		t.Errorf("mounts = %+v, want /data read-only", hc.Mounts)
+	}
+	if !slices.Contains(hc.ExtraHosts, "forge.test:10.1.2.3") || !slices.Contains(hc.ExtraHosts, "host.docker.internal:host-gateway") {
+		t.Errorf("extra hosts = %v", hc.ExtraHosts)
+	}
+	if len(hc.DeviceRequests) != 0 {
+		t.Errorf("device requests without GPUs asked: %+v", hc.DeviceRequests)
+	}
+	for _, e := range c.Config.Env {
+		if strings.HasPrefix(e, "PATH=") && strings.Contains(e, os.Getenv("HOME")) {
+			t.Errorf("manager's PATH leaked into container: %s", e)
+		}
+	}
+	for _, m := range hc.Mounts {
+		if strings.Contains(m.Source, "docker.sock") {
+			t.Errorf("docker socket mounted without being asked: %+v", m)
+		}
+	}
+
+	// The files were copied in before start; the output reaches the log.
+	var log string
+	eventually(t, 10*time.Second, "container output in the log dir", func() bool {
+		files, _ := filepath.Glob(filepath.Join(p.opt.LogDir, "p-1-*.log"))
+		if len(files) != 1 {
+			return false
+		}
+		b, _ := os.ReadFile(files[0])
+		log = string(b)
+		return strings.Contains(log, "data-")
+	})
+	for _, w := range []string{"credential-of-p-1", "x: 1", "-rw-------", "data-readonly"} {
+		if !strings.Contains(log, w) {
+			t.Errorf("container output lacks %q:\n%s", w, log)
+		}
+	}
+
+	list, err := p.List(ctx, p.opt.Manager)
+	if err != nil || len(list) != 1 || list[0].Name != "p-1" || list[0].State != provider.StateRunning {
+		t.Fatalf("List = %+v, %v", list, err)
+	}
+	if other, _ := p.List(ctx, "another-manager"); len(other) != 0 {
+		t.Errorf("another manager sees %d containers", len(other))
+	}
+
+	if err := p.Delete(ctx, "p-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.cli.ContainerInspect(ctx, inst.ID, client.ContainerInspectOptions{}); !cerrdefs.IsNotFound(err) {
+		t.Errorf("container still there after Delete: %v", err)
+	}
+	if err := p.Delete(ctx, "p-1"); err != nil {
+		t.Errorf("Delete of a missing container: %v", err)
+	}
+	// The name is free again at once.
+	if _, err := p.Create(ctx, spec); err != nil {
+		t.Errorf("Create after Delete: %v", err)
+	}
+}
+
+// Exits are reported as they happen, and AutoRemove leaves nothing.
+func TestWatchReportsExit(t *testing.T) {
+	p := newProvider(t, Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	names := make(chan string, 16)
+	p.Watch(ctx, func(n string) { names <- n })
+	time.Sleep(200 * time.Millisecond)
+
+	if _, err := p.Create(ctx, sleeper(p, "p-2", "sleep 0.3; exit 3")); err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	timeout := time.After(15 * time.Second)
+	for seen < 2 { // start, then die or destroy
+		select {
+		case n := <-names:
+			if n == "p-2" {
+				seen++
+			}
+		case <-timeout:
+			t.Fatalf("saw %d events for p-2, want at least 2", seen)
+		}
+	}
+	eventually(t, 10*time.Second, "the exited container to be removed", func() bool {
+		l, err := p.List(ctx, p.opt.Manager)
+		return err == nil && len(l) == 0
+	})
+}
+
+// A container that is not this manager's is never touched, even when it
+// has the name runfleet would use.
+func TestForeignContainerLeftAlone(t *testing.T) {
+	p := newProvider(t, Options{})
+	ctx := context.Background()
+	name := ContainerName(p.opt.Manager, "p-3")
+	res, err := p.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+		Name: name, Config: &container.Config{Image: p.opt.Image, Cmd: []string{"sleep", "30"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.cli.ContainerRemove(ctx, res.ID, client.ContainerRemoveOptions{Force: true})
+
+	if _, err := p.Create(ctx, sleeper(p, "p-3", "sleep 30")); err == nil || !strings.Contains(err.Error(), "does not own") {
+		t.Errorf("Create over a foreign container: %v", err)
+	}
+	if err := p.Delete(ctx, "p-3"); err == nil {
+		t.Error("Delete of a foreign container succeeded")
+	}
+	if l, _ := p.List(ctx, p.opt.Manager); len(l) != 0 {
+		t.Errorf("List shows a foreign container: %+v", l)
+	}
+	if _, err := p.cli.ContainerInspect(ctx, res.ID, client.ContainerInspectOptions{}); err != nil {
+		t.Errorf("foreign container was removed: %v", err)
+	}
+}
+
+// A container left created but never started (a crash between the two)
+// is reported as exited, and Create replaces it.
+func TestCreatedButNotStartedIsReplaced(t *testing.T) {
+	p := newProvider(t, Options{})
+	ctx := context.Background()
+	id, err := p.create(ctx, sleeper(p, "p-4", "sleep 30"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := p.List(ctx, p.opt.Manager)
+	if err != nil || len(l) != 1 || l[0].State != provider.StateExited {
+		t.Fatalf("List = %+v, %v; want one exited", l, err)
+	}
+	inst, err := p.Create(ctx, sleeper(p, "p-4", "sleep 30"))
+	if err != nil || inst.ID == id {
+		t.Fatalf("Create = %v, %v; want a new container", inst.ID, err)
+	}
+}
+
+// GPU requests reach the container's HostConfig exactly: all GPUs as
+// Count -1, given devices as DeviceIDs, never both. The containers are
+// created but not started, since this host may have no GPU.
+func TestGPUDeviceRequests(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		gpus GPUs
+		want container.DeviceRequest
+	}{
+		{"all", GPUs{All: true}, container.DeviceRequest{Driver: "nvidia", Count: -1, Capabilities: [][]string{{"gpu"}}}},
+		{"ids", GPUs{IDs: []string{"0", "GPU-8d5e5d0a-3c1b-4f6e-9a57-111111111111"}}, container.DeviceRequest{Driver: "nvidia", DeviceIDs: []string{"0", "GPU-8d5e5d0a-3c1b-4f6e-9a57-111111111111"}, Capabilities: [][]string{{"gpu"}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newProvider(t, Options{GPUs: tc.gpus})
+			ctx := context.Background()
+			id, err := p.create(ctx, sleeper(p, "p-1", "true"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := p.cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := res.Container.HostConfig.DeviceRequests
+			if len(got) != 1 || fmt.Sprintf("%+v", got[0]) != fmt.Sprintf("%+v", tc.want) {
+				t.Errorf("device requests = %+v, want [%+v]", got, tc.want)
+			}
+		})
+	}
+}
+
+// The Docker socket is mounted only when asked for.
+func TestDockerSocketOnlyWhenAsked(t *testing.T) {
+	var logs bytes.Buffer
+	p := newProvider(t, Options{MountDockerSocket: true, Logger: slogTo(&logs)})
+	_, hc := p.ContainerConfig(sleeper(p, "p-1", "true"))
+	if len(hc.Mounts) != 1 || hc.Mounts[0].Source != "/var/run/docker.sock" {
+		t.Errorf("mounts = %+v", hc.Mounts)
+	}
+	if !strings.Contains(logs.String(), "Docker socket") {
+		t.Errorf("no warning logged: %q", logs.String())
+	}
+}
+
+// When the event stream breaks, Watch reconnects, asks for what it
+// missed, and reports "" so the pool re-reads everything. The engine here
+// is a stand-in that drops the first stream.
+func TestWatchReconnects(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		calls  int
+		sinces []string
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Api-Version", "1.41")
+		if strings.HasSuffix(r.URL.Path, "/_ping") {
+			w.Write([]byte("OK"))
+			return
+		}
+		if !strings.HasSuffix(r.URL.Path, "/events") {
+			http.NotFound(w, r)
+			return
+		}
+		mu.Lock()
+		calls++
+		n := calls
+		sinces = append(sinces, r.URL.Query().Get("since"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		if n == 1 {
+			return // the engine went away
+		}
+		fmt.Fprintf(w, `{"Type":"container","Action":"die","Actor":{"ID":"abc","Attributes":{"%s":"p-7","exitCode":"0"}},"time":%d,"timeNano":%d}`+"\n", LabelRunner, time.Now().Unix(), time.Now().UnixNano())
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	defer srv.Close()
+	cli, err := client.New(client.WithHost("tcp://"+strings.TrimPrefix(srv.URL, "http://")), client.WithAPIVersion("1.41"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Options{Client: cli, Manager: "m", Pool: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	names := make(chan string, 8)
+	p.Watch(ctx, func(n string) { names <- n })
+	var got []string
+	timeout := time.After(10 * time.Second)
+	for len(got) < 2 {
+		select {
+		case n := <-names:
+			got = append(got, n)
+		case <-timeout:
+			t.Fatalf("events after reconnect: %q", got)
+		}
+	}
+	cancel()
+	p.Close()
+	if got[0] != "" || got[1] != "p-7" {
+		t.Errorf("events = %q, want a resync (\"\") then p-7", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls != 2 || sinces[0] == "" || sinces[1] == "" {
+		t.Errorf("event stream requests = %d with since %q", calls, sinces)
+	}
+}
+
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func slogTo(w *bytes.Buffer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
