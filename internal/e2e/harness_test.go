@@ -19,6 +19,7 @@ import (
 	"time"
 
 	sdk "code.gitea.io/sdk/gitea"
+	"github.com/moby/moby/client"
 
 	"github.com/runfleet/runfleet/internal/peers"
 )
@@ -52,7 +53,9 @@ func TestMain(m *testing.M) {
 			runnerBin, setupErr = peers.RunnerBinary(ctx, progress)
 		}
 		if setupErr == nil {
-			gitea, setupErr = peers.StartGitea(ctx, peers.GiteaOptions{Progress: progress})
+			// On all addresses, so that runner containers reach it
+			// through the bridge.
+			gitea, setupErr = peers.StartGitea(ctx, peers.GiteaOptions{Progress: progress, ListenAddr: "0.0.0.0"})
 		}
 		if gitea != nil {
 			defer gitea.Stop()
@@ -89,12 +92,16 @@ type fleet struct {
 	cmd      *exec.Cmd
 	waitErr  chan error
 	startCnt int
+	docker   bool
 }
 
 type fleetOptions struct {
 	Size, Max int
 	Extra     string // appended to the pool
 	Drain     string
+	// Docker, when set, is the pool's docker section (indented by six
+	// spaces) and makes it a Docker pool.
+	Docker string
 }
 
 func newFleet(t testing.TB, name string, opt fleetOptions) *fleet {
@@ -131,7 +138,15 @@ pools:
     agent:
       path: %[8]s
       fetch_interval: 1s
-`, name, f.state, gitea.URL, gitea.User, opt.Size, opt.Max, f.work, runnerBin, opt.Drain) + opt.Extra
+`, name, f.state, gitea.URL, gitea.User, opt.Size, opt.Max, f.work, runnerBin, opt.Drain)
+	if opt.Docker != "" {
+		f.docker = true
+		// The agent is the image's; the forge is reached from the bridge.
+		cfg = strings.Replace(cfg, "      path: "+runnerBin+"\n", "", 1)
+		cfg = strings.Replace(cfg, "    repo: ", "    runner_url: "+dockerForgeURL()+"\n    repo: ", 1)
+		cfg += "    docker:\n" + opt.Docker
+	}
+	cfg += opt.Extra
 	f.config = filepath.Join(dir, "fleet.yaml")
 	if err := os.WriteFile(f.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -147,6 +162,11 @@ pools:
 		// Whatever a failed test left, no runner process may outlive it.
 		for _, p := range f.runnerPIDs() {
 			_ = syscall.Kill(-p, syscall.SIGKILL)
+		}
+		if f.docker {
+			for _, c := range f.containers() {
+				_, _ = dockerCli.ContainerRemove(context.Background(), c.ID, client.ContainerRemoveOptions{Force: true})
+			}
 		}
 	})
 	return f
@@ -201,6 +221,11 @@ func (f *fleet) stopLeavesNothing() {
 	}
 	if recs := f.records(); len(recs) != 0 {
 		f.t.Errorf("runner records left after shutdown: %v", recs)
+	}
+	if f.docker {
+		if c := f.containers(); len(c) != 0 {
+			f.t.Errorf("%d containers left after shutdown", len(c))
+		}
 	}
 }
 

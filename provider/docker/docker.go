@@ -94,10 +94,12 @@ type Provider struct {
 	cli *client.Client
 	log *slog.Logger
 
-	mu      sync.Mutex
-	pulled  bool
-	logging map[string]bool // container ids whose output is being copied
-	wg      sync.WaitGroup
+	mu     sync.Mutex
+	pulled bool
+	// followed holds the containers whose output this provider copies
+	// (true) or has copied (false), until they are gone.
+	followed map[string]bool
+	wg       sync.WaitGroup
 	// bg bounds the output copies, which outlive the calls that start
 	// them; Close ends it.
 	bg     context.Context
@@ -130,7 +132,7 @@ func New(opt Options) (*Provider, error) {
 		opt.Logger.Warn("pool mounts the Docker socket: every job can control the host's Docker engine, and so the host", "pool", opt.Pool)
 	}
 	bg, cancel := context.WithCancel(context.Background())
-	return &Provider{opt: opt, cli: opt.Client, log: opt.Logger, logging: map[string]bool{}, bg: bg, cancel: cancel}, nil
+	return &Provider{opt: opt, cli: opt.Client, log: opt.Logger, followed: map[string]bool{}, bg: bg, cancel: cancel}, nil
 }
 
 // NewClient connects to the engine named by DOCKER_HOST (the local socket
@@ -363,7 +365,7 @@ func (p *Provider) start(ctx context.Context, id, runner string) error {
 	if _, err := p.cli.ContainerStart(ctx, id, client.ContainerStartOptions{}); err != nil {
 		return fmt.Errorf("start container for %s: %w", runner, err)
 	}
-	p.follow(id, runner, time.Time{})
+	p.follow(id, runner, false)
 	return nil
 }
 
@@ -430,13 +432,15 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 		return nil, fmt.Errorf("list containers: %w", err)
 	}
 	out := make([]provider.Instance, 0, len(res.Items))
+	present := make(map[string]bool, len(res.Items))
 	for _, c := range res.Items {
+		present[c.ID] = true
 		st := provider.StateExited
 		switch c.State {
 		case container.StateRunning, container.StatePaused, container.StateRestarting:
 			st = provider.StateRunning
 			// Adopted after a restart: keep copying its output.
-			p.follow(c.ID, c.Labels[LabelRunner], time.Now())
+			p.follow(c.ID, c.Labels[LabelRunner], true)
 		}
 		out = append(out, provider.Instance{
 			Name:    c.Labels[LabelRunner],
@@ -446,6 +450,9 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 			Created: time.Unix(c.Created, 0),
 			ID:      c.ID,
 		})
+	}
+	if manager == p.opt.Manager {
+		p.forget(present)
 	}
 	return out, nil
 }
@@ -518,35 +525,79 @@ func (p *Provider) watchOnce(ctx context.Context, since time.Time, changed func(
 }
 
 // follow copies a container's output to the pool's log directory, once
-// per container. since is the zero time for a new container (everything
-// from its start), or now for one adopted after a restart (what an
-// earlier manager copied is already in the file).
-func (p *Provider) follow(id, runner string, since time.Time) {
+// per container and provider. Lines carry the engine's timestamps, so that
+// the copy of a container adopted after a restart goes on exactly after
+// the last line an earlier manager wrote: nothing written while no manager
+// ran is lost, and nothing is copied twice.
+func (p *Provider) follow(id, runner string, adopted bool) {
 	if p.opt.LogDir == "" || runner == "" {
 		return
 	}
 	p.mu.Lock()
-	if p.logging[id] {
+	if _, seen := p.followed[id]; seen {
 		p.mu.Unlock()
 		return
 	}
-	p.logging[id] = true
+	p.followed[id] = true
 	p.mu.Unlock()
 	short := id
 	if len(short) > 12 {
 		short = short[:12]
 	}
 	file := filepath.Join(p.opt.LogDir, runner+"-"+short+".log")
+	var since time.Time
+	if adopted {
+		since = lastTimestamp(file)
+	}
 	p.wg.Go(func() {
-		defer func() {
-			p.mu.Lock()
-			delete(p.logging, id)
-			p.mu.Unlock()
-		}()
-		if err := p.copyLogs(id, file, since); err != nil && !cerrdefs.IsNotFound(err) {
+		err := p.copyLogs(id, file, since)
+		if err != nil && !cerrdefs.IsNotFound(err) && p.bg.Err() == nil {
 			p.log.Debug("container output copy ended", "runner", runner, "err", err)
 		}
+		p.mu.Lock()
+		p.followed[id] = false
+		p.mu.Unlock()
 	})
+}
+
+// forget drops what follow remembers of containers that are gone and
+// whose copy has ended.
+func (p *Provider) forget(present map[string]bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id, copying := range p.followed {
+		if !present[id] && !copying {
+			delete(p.followed, id)
+		}
+	}
+}
+
+// lastTimestamp reads the engine timestamp that starts the last complete
+// line of a log copy; the zero time when there is none.
+func lastTimestamp(file string) time.Time {
+	f, err := os.Open(file)
+	if err != nil {
+		return time.Time{}
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return time.Time{}
+	}
+	const tailSize = 64 << 10
+	off := max(st.Size()-tailSize, 0)
+	buf := make([]byte, st.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil && err != io.EOF {
+		return time.Time{}
+	}
+	lines := bytes.Split(bytes.TrimSuffix(buf, []byte("\n")), []byte("\n"))
+	for i := len(lines) - 1; i >= 0; i-- {
+		stamp, _, _ := bytes.Cut(lines[i], []byte(" "))
+		if t, err := time.Parse(time.RFC3339Nano, string(stamp)); err == nil {
+			return t
+		}
+	}
+	return time.Time{}
 }
 
 func (p *Provider) copyLogs(id, file string, since time.Time) error {
@@ -555,9 +606,9 @@ func (p *Provider) copyLogs(id, file string, since time.Time) error {
 		return err
 	}
 	defer f.Close()
-	opts := client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true, Follow: true}
+	opts := client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true, Follow: true, Timestamps: true}
 	if !since.IsZero() {
-		opts.Since = fmt.Sprintf("%d", since.Unix())
+		opts.Since = since.Add(time.Nanosecond).UTC().Format(time.RFC3339Nano)
 	}
 	// Not tied to any request: the copy runs as long as the container,
 	// and ends when the engine closes the stream at its exit.

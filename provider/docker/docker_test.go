@@ -395,3 +395,44 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 }
 
 func slogTo(w *bytes.Buffer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
+
+// A restarted manager copies an adopted container's output on from where
+// the first one stopped: every line once, including those printed while
+// no manager ran.
+func TestAdoptedOutputCopiedOnce(t *testing.T) {
+	logDir := t.TempDir()
+	a := newProvider(t, Options{LogDir: logDir})
+	ctx := context.Background()
+	if _, err := a.Create(ctx, sleeper(a, "p-1", `for i in $(seq 1 30); do echo "line $i"; echo "burst $i"; sleep 0.1; done; sleep 30`)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	a.cancel() // the manager dies: its copy stops mid-stream
+	a.wg.Wait()
+	time.Sleep(time.Second)
+	b, err := New(Options{Client: a.cli, Manager: a.opt.Manager, Pool: a.opt.Pool, LogDir: logDir, Image: a.opt.Image})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if l, err := b.List(ctx, a.opt.Manager); err != nil || len(l) != 1 {
+		t.Fatalf("List = %v, %v", l, err)
+	}
+	var out string
+	eventually(t, 10*time.Second, "all 30 lines", func() bool {
+		files, _ := filepath.Glob(filepath.Join(logDir, "p-1-*.log"))
+		if len(files) != 1 {
+			return false
+		}
+		data, _ := os.ReadFile(files[0])
+		out = string(data)
+		return strings.Contains(out, "burst 30\n")
+	})
+	for i := 1; i <= 30; i++ {
+		for _, w := range []string{"line", "burst"} {
+			if n := strings.Count(out, fmt.Sprintf("%s %d\n", w, i)); n != 1 {
+				t.Errorf("%q copied %d times", fmt.Sprintf("%s %d", w, i), n)
+			}
+		}
+	}
+}

@@ -1,0 +1,77 @@
+package e2e
+
+import (
+	"context"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
+
+	"github.com/runfleet/runfleet/internal/peers"
+	"github.com/runfleet/runfleet/provider/docker"
+)
+
+var (
+	dockerOnce  sync.Once
+	dockerCli   *client.Client
+	runnerImage string
+	dockerErr   error
+)
+
+// needDocker returns the test runner image, built FROM scratch through
+// the Engine API on first use. Without Docker the test is skipped, or
+// fails in CI.
+func needDocker(t testing.TB) string {
+	t.Helper()
+	need(t)
+	dockerOnce.Do(func() {
+		dockerCli, dockerErr = docker.NewClient()
+		if dockerErr != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if _, dockerErr = dockerCli.Ping(ctx, client.PingOptions{}); dockerErr != nil {
+			return
+		}
+		runnerImage, dockerErr = peers.RunnerImage(ctx, dockerCli, runnerBin)
+	})
+	if dockerErr != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("Docker is required in CI: %v", dockerErr)
+		}
+		t.Skipf("needs Docker: %v", dockerErr)
+	}
+	return runnerImage
+}
+
+// dockerForgeURL is Gitea as a runner container reaches it.
+func dockerForgeURL() string {
+	u, _ := url.Parse(gitea.URL)
+	return "http://host.docker.internal:" + u.Port()
+}
+
+// containers lists this fleet's containers, running or not.
+func (f *fleet) containers() []container.Summary {
+	f.t.Helper()
+	res, err := dockerCli.ContainerList(context.Background(), client.ContainerListOptions{
+		All: true, Filters: make(client.Filters).Add("label", docker.LabelManager+"=e2e-"+f.repo),
+	})
+	if err != nil {
+		f.t.Fatalf("list containers: %v", err)
+	}
+	return res.Items
+}
+
+func (f *fleet) inspect(id string) container.InspectResponse {
+	f.t.Helper()
+	res, err := dockerCli.ContainerInspect(context.Background(), id, client.ContainerInspectOptions{})
+	if err != nil {
+		f.t.Fatalf("inspect %s: %v", id, err)
+	}
+	return res.Container
+}

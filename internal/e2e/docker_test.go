@@ -1,0 +1,285 @@
+package e2e
+
+import (
+	"archive/tar"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+	"github.com/runfleet/runfleet/forge"
+
+	giteadrv "github.com/runfleet/runfleet/forge/gitea"
+	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/provider/docker"
+)
+
+// A Docker pool of 2 runs 10 jobs, each in its own fresh container: every
+// job sees a different hostname, none sees what an earlier job wrote, and
+// the dataset mount is read-only. Nothing is left after shutdown.
+func TestDockerJobsEachInFreshContainer(t *testing.T) {
+	img := needDocker(t)
+	data := t.TempDir()
+	if err := os.WriteFile(filepath.Join(data, "hello.txt"), []byte("dataset-content\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(data, 0o777) // even a writable host directory stays read-only in the job
+	f := newFleet(t, "dock", fleetOptions{Size: 2, Docker: fmt.Sprintf(`      image: %s
+      memory: 512m
+      cpus: 1
+      volumes: ["%s:/data"]
+`, img, data)})
+	f.start()
+	eventually(t, time.Minute, "2 idle runners", func() bool { return f.idleOnline() == 2 })
+
+	cs := f.containers()
+	if len(cs) != 2 {
+		t.Fatalf("%d containers, want 2", len(cs))
+	}
+	c := f.inspect(cs[0].ID)
+	hc := c.HostConfig
+	t.Logf("inspect %s: AutoRemove=%v OomScoreAdj=%d Memory=%d NanoCpus=%d Mounts=%+v Labels=%v",
+		c.Name, hc.AutoRemove, hc.OomScoreAdj, hc.Memory, hc.NanoCPUs, hc.Mounts, c.Config.Labels)
+	if !hc.AutoRemove || hc.OomScoreAdj != 1000 || hc.Memory != 512<<20 || hc.NanoCPUs != 1e9 {
+		t.Errorf("host config: AutoRemove=%v OomScoreAdj=%d Memory=%d NanoCPUs=%d", hc.AutoRemove, hc.OomScoreAdj, hc.Memory, hc.NanoCPUs)
+	}
+	runner := c.Config.Labels[docker.LabelRunner]
+	if c.Config.Labels[docker.LabelManager] != "e2e-dock" || c.Config.Labels[docker.LabelPool] != "dock" ||
+		!regexp.MustCompile(`^dock-[12]$`).MatchString(runner) || c.Config.Labels[docker.LabelSlot] != strings.TrimPrefix(runner, "dock-") {
+		t.Errorf("labels = %v", c.Config.Labels)
+	}
+	if len(hc.Mounts) != 1 || !hc.Mounts[0].ReadOnly {
+		t.Errorf("mounts = %+v, want one read-only", hc.Mounts)
+	}
+
+	f.push(matrix("dock", 10, `echo "host=$(hostname)"
+test ! -e /tmp/left-by-earlier-job
+test ! -e "$HOME/left-by-earlier-job"
+touch /tmp/left-by-earlier-job "$HOME/left-by-earlier-job"
+cat /data/hello.txt
+if touch /data/written-by-job 2>/dev/null; then echo "dataset is writable"; exit 1; fi
+echo "dataset is read-only"`))
+	jobs := f.waitJobs(10, 4*time.Minute)
+	hosts := map[string]string{}
+	hostRE := regexp.MustCompile(`host=([0-9a-f]{12})`)
+	for _, j := range jobs {
+		if j.Conclusion != "success" {
+			t.Errorf("job %s: %s", j.Name, j.Conclusion)
+		}
+		logs, _, err := f.client().GetRepoActionJobLogs(gitea.User, f.repo, j.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := hostRE.FindStringSubmatch(string(logs))
+		if m == nil || !strings.Contains(string(logs), "dataset-content") || !strings.Contains(string(logs), "dataset is read-only") {
+			t.Errorf("job %s log lacks its hostname, the dataset or the read-only check:\n%s", j.Name, logs)
+			continue
+		}
+		if prev, dup := hosts[m[1]]; dup {
+			t.Errorf("jobs %s and %s ran in the same container %s", prev, j.Name, m[1])
+		}
+		hosts[m[1]] = j.Name
+	}
+	t.Logf("10 jobs ran in %d distinct containers", len(hosts))
+	if len(hosts) != 10 {
+		t.Errorf("10 jobs ran in %d containers, want 10", len(hosts))
+	}
+	if _, err := os.Stat(filepath.Join(data, "written-by-job")); err == nil {
+		t.Error("a job wrote to the dataset")
+	}
+
+	eventually(t, time.Minute, "2 idle registrations, 2 containers", func() bool {
+		return len(f.runners()) == 2 && f.idleOnline() == 2 && len(f.containers()) == 2
+	})
+	f.stopLeavesNothing()
+}
+
+// Kill -9 the manager while two job containers run; a restarted manager
+// adopts them by label, lets the jobs finish, removes a container without
+// a registration and a registration without a container, and restores
+// the pool without duplicates.
+func TestDockerCrashAdopts(t *testing.T) {
+	img := needDocker(t)
+	f := newFleet(t, "dockcrash", fleetOptions{Size: 2, Max: 3, Docker: "      image: " + img + "\n"})
+	f.start()
+	eventually(t, time.Minute, "2 idle runners", func() bool { return f.idleOnline() == 2 })
+	f.push(matrix("dockcrash", 2, "sleep 15\necho done"))
+	eventually(t, time.Minute, "2 jobs in progress", func() bool {
+		n := 0
+		for _, j := range f.jobs() {
+			if j.Status == "in_progress" {
+				n++
+			}
+		}
+		return n == 2
+	})
+	f.kill9()
+	before := map[string]string{} // container id -> runner
+	for _, c := range f.containers() {
+		if c.State == "running" {
+			before[c.ID] = c.Labels[docker.LabelRunner]
+		}
+	}
+	if len(before) < 2 {
+		t.Fatalf("containers died with the manager: %v", before)
+	}
+
+	// What a crash could leave: a container of this manager that has no
+	// registration, and a registration that has no container.
+	prov, err := docker.New(docker.Options{Client: dockerCli, Manager: "e2e-dockcrash", Pool: "dockcrash", Image: img})
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan, err := prov.Create(context.Background(), provider.Spec{
+		Name: "dockcrash-3", Manager: "e2e-dockcrash", Pool: "dockcrash", Command: "sleep", Args: []string{"600"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drv := giteadrv.New(giteadrv.Config{URL: gitea.URL, Token: gitea.Token,
+		Scope: giteadrv.Scope{Kind: "repo", Owner: gitea.User, Repo: f.repo}})
+	stray, err := drv.Register(context.Background(), forge.RunnerRequest{Name: "dockcrash-7", Labels: []string{"dockcrash"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	f.start()
+	// Adopted, not replaced: the busy containers are the same ones.
+	time.Sleep(3 * time.Second)
+	for id, runner := range before {
+		found := false
+		for _, c := range f.containers() {
+			if c.ID == id {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("busy container of %s (%s) was not adopted", runner, id[:12])
+		}
+	}
+	maxSeen := 0
+	jobs := f.waitJobs(2, 2*time.Minute)
+	for _, j := range jobs {
+		if j.Conclusion != "success" {
+			t.Errorf("job %s: %s", j.Name, j.Conclusion)
+		}
+	}
+	eventually(t, time.Minute, "the pool back at 2 idle runners, no orphan, no duplicate", func() bool {
+		cs := f.containers()
+		maxSeen = max(maxSeen, len(cs))
+		names := map[string]bool{}
+		for _, c := range cs {
+			if names[c.Labels[docker.LabelRunner]] {
+				t.Errorf("two containers for %s", c.Labels[docker.LabelRunner])
+			}
+			names[c.Labels[docker.LabelRunner]] = true
+		}
+		regs := f.runners()
+		for _, r := range regs {
+			if r.ID == stray.RunnerID {
+				return false
+			}
+		}
+		return len(regs) == 2 && f.idleOnline() == 2 && len(cs) == 2
+	})
+	for _, c := range f.containers() {
+		if c.ID == orphan.ID {
+			t.Error("the container without a registration was not removed")
+		}
+	}
+	if maxSeen > 3 {
+		t.Errorf("saw %d containers, more than max 3", maxSeen)
+	}
+	f.stopLeavesNothing()
+	// The adopted runners' output was copied on from where the first
+	// manager stopped: nothing twice, the end of the job not lost.
+	for _, runner := range before {
+		logs, _ := filepath.Glob(filepath.Join(f.state, "logs", runner+"-*.log"))
+		for _, l := range logs {
+			b, _ := os.ReadFile(l)
+			if strings.Count(string(b), "Starting runner daemon") != 1 || strings.Count(string(b), "Running job") > 1 {
+				t.Errorf("agent log %s repeats or lacks lines:\n%s", filepath.Base(l), b)
+			}
+		}
+	}
+}
+
+// The forge token enters no container: not its environment, command,
+// labels or files, nor a job's output, nor the copies of agent logs.
+func TestDockerTokenReachesNoContainer(t *testing.T) {
+	img := needDocker(t)
+	f := newFleet(t, "docksecret", fleetOptions{Size: 1, Docker: "      image: " + img + "\n"})
+	f.start()
+	eventually(t, time.Minute, "1 idle runner", func() bool { return f.idleOnline() == 1 })
+	tok := gitea.Token
+	cs := f.containers()
+	if len(cs) != 1 {
+		t.Fatalf("%d containers", len(cs))
+	}
+	c := f.inspect(cs[0].ID)
+	seen := strings.Join(append(append(append([]string{}, c.Config.Env...), c.Config.Cmd...), c.Config.Entrypoint...), "\n") + fmt.Sprint(c.Config.Labels)
+	if !strings.Contains(seen, "daemon") {
+		t.Fatalf("inspect shows no command: the check looked at nothing: %s", seen)
+	}
+	if strings.Contains(seen, tok) {
+		t.Error("token in the container's environment, command or labels")
+	}
+	// The files runfleet copied in.
+	rc, err := dockerCli.CopyFromContainer(context.Background(), cs[0].ID, client.CopyFromContainerOptions{SourcePath: "/runner"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(rc.Content)
+	files := 0
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			break
+		}
+		b, _ := io.ReadAll(tr)
+		if h.Typeflag == tar.TypeReg {
+			files++
+		}
+		if strings.Contains(string(b), tok) {
+			t.Errorf("token in the container's %s", h.Name)
+		}
+	}
+	rc.Content.Close()
+	if files < 2 {
+		t.Errorf("found %d files in /runner: the check looked at nothing", files)
+	}
+
+	f.push(matrix("docksecret", 1, "env | sort\ncat /runner/.runner /runner/runner.yaml"))
+	jobs := f.waitJobs(1, 2*time.Minute)
+	logs, _, err := f.client().GetRepoActionJobLogs(gitea.User, f.repo, jobs[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(logs), "PATH=") || !strings.Contains(string(logs), "\"address\"") {
+		t.Fatalf("job log does not show the environment and files: the check looked at nothing\n%s", logs)
+	}
+	if strings.Contains(string(logs), tok) {
+		t.Error("token in the job's log")
+	}
+	if err := f.stop(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	agentLogs, _ := filepath.Glob(filepath.Join(f.state, "logs", "*.log"))
+	if len(agentLogs) == 0 {
+		t.Error("no agent log copied: the check looked at nothing")
+	}
+	for _, l := range agentLogs {
+		if b, _ := os.ReadFile(l); strings.Contains(string(b), tok) {
+			t.Errorf("token in agent log %s", l)
+		}
+	}
+	if b, _ := os.ReadFile(f.logPath); len(b) == 0 || strings.Contains(string(b), tok) {
+		t.Errorf("manager log empty (%d bytes) or holds the token", len(b))
+	}
+}
