@@ -120,6 +120,12 @@ func (f *Fleet) provider(pc config.Pool) (provider.Provider, agent.Agent, error)
 		opt.Manager = f.Config.ID
 		opt.Pool = pc.Name
 		opt.LogDir = filepath.Join(f.Config.StateDir, "logs")
+		// The runners' files are bind-mounted where the engine shares
+		// this host's filesystem, and copied into the container where it
+		// does not (a remote engine).
+		if strings.HasPrefix(f.docker.DaemonHost(), "unix://") {
+			opt.FilesDir = filepath.Join(f.Config.StateDir, "docker")
+		}
 		opt.Logger = f.log.With("provider", "docker", "pool", pc.Name)
 		prov, err := docker.New(opt)
 		if err != nil {

@@ -104,6 +104,7 @@ func BenchmarkReplenishDocker(b *testing.B) {
 	b.ReportMetric(float64(p50(floor).Milliseconds()), "floor-p50-ms")
 	b.ReportMetric(float64(p50(api).Milliseconds()), "api-p50-ms")
 	target := time.Duration(1.2*float64(p50(floor))) + p50(api)
+	b.Logf("latencies: %v", lat)
 	b.Logf("replenish over %d jobs: p50 %s p95 %s; floor (create+start, AutoRemove) p50 %s p95 %s; forge call p50 %s; target 1.2×floor+call = %s",
 		len(lat), p50(lat), p95(lat), p50(floor), p95(floor), p50(api), target)
 }

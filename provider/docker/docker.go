@@ -12,6 +12,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -29,7 +30,7 @@ import (
 	"github.com/moby/moby/api/pkg/stdcopy"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/events"
-	"github.com/moby/moby/api/types/mount"
+	mountpkg "github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/client"
 
 	"github.com/runfleet/runfleet/provider"
@@ -85,7 +86,11 @@ type Options struct {
 	// LogDir receives a copy of each agent's output, which AutoRemove
 	// would otherwise delete with its container.
 	LogDir string
-	Logger *slog.Logger
+	// FilesDir, when set, holds each container's files (the runner's
+	// registration), bind-mounted as its workdir. It must be on
+	// the engine's host. Without it, files are copied into the container.
+	FilesDir string
+	Logger   *slog.Logger
 }
 
 // Provider runs runners as Docker containers.
@@ -96,6 +101,10 @@ type Provider struct {
 
 	mu     sync.Mutex
 	pulled bool
+	// The image's user, read once to choose between mounting and
+	// copying files.
+	imageUserKnown bool
+	imageUser      string
 	// followed holds the containers whose output this provider copies
 	// (true) or has copied (false), until they are gone.
 	followed map[string]bool
@@ -123,9 +132,12 @@ func New(opt Options) (*Provider, error) {
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opt.LogDir != "" {
-		if err := os.MkdirAll(opt.LogDir, 0o700); err != nil {
-			return nil, fmt.Errorf("docker provider: log dir: %w", err)
+	for _, d := range []string{opt.LogDir, opt.FilesDir} {
+		if d == "" {
+			continue
+		}
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("docker provider: %w", err)
 		}
 	}
 	if opt.MountDockerSocket {
@@ -145,25 +157,38 @@ func NewClient() (*client.Client, error) {
 	return c, nil
 }
 
-// ContainerName is the container's name for a runner: the manager id
-// first, so that two managers on one engine never collide.
-func ContainerName(manager, runner string) string { return manager + "-" + runner }
+// containerName names a new container for a runner: the manager id
+// first, so that two managers on one engine never collide, and a random
+// suffix, so that a runner's replacement need not wait for the engine to
+// finish removing the container it replaces.
+func containerName(manager, runner string) string {
+	return manager + "-" + runner + "-" + strings.ToLower(rand.Text()[:8])
+}
 
 // Create starts a container for spec. It is idempotent: a running
-// container of this manager with the same name is returned as it is; a
-// stopped one is removed and replaced.
+// container of this manager for the same runner is returned as it is;
+// one that is not running (left by a crash between create and start) is
+// removed and replaced.
 func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
-	name := ContainerName(spec.Manager, spec.Name)
-	if inst, ok, err := p.existing(ctx, name, spec.Manager); err != nil || ok {
-		return inst, err
+	existing, err := p.containers(ctx, spec.Manager, spec.Name)
+	if err != nil {
+		return provider.Instance{}, err
 	}
-	id, err := p.create(ctx, spec)
+	for _, c := range existing {
+		if c.State == container.StateRunning {
+			return instance(c, provider.StateRunning), nil
+		}
+	}
+	for _, c := range existing {
+		p.remove(ctx, c.ID, containerNameOf(c))
+	}
+	id, name, err := p.create(ctx, spec)
 	if err != nil {
 		return provider.Instance{}, err
 	}
 	if err := p.start(ctx, id, spec.Name); err != nil {
 		// Never half-applied: a container that did not start goes.
-		p.remove(context.WithoutCancel(ctx), id)
+		p.remove(context.WithoutCancel(ctx), id, name)
 		return provider.Instance{}, err
 	}
 	return provider.Instance{
@@ -172,34 +197,36 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	}, nil
 }
 
-// existing looks for a container of that name. It returns ok when a
-// running one of this manager can be used as it is.
-func (p *Provider) existing(ctx context.Context, name, manager string) (provider.Instance, bool, error) {
-	res, err := p.cli.ContainerInspect(ctx, name, client.ContainerInspectOptions{})
-	if cerrdefs.IsNotFound(err) {
-		return provider.Instance{}, false, nil
+// containers lists the manager's containers of one runner, or of every
+// runner of this provider's pool when runner is "".
+func (p *Provider) containers(ctx context.Context, manager, runner string) ([]container.Summary, error) {
+	f := p.filters(manager)
+	if runner != "" {
+		f.Add("label", LabelRunner+"="+runner)
 	}
+	res, err := p.cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
 	if err != nil {
-		return provider.Instance{}, false, fmt.Errorf("inspect container %s: %w", name, err)
+		return nil, fmt.Errorf("list containers: %w", err)
 	}
-	c := res.Container
-	var labels map[string]string
-	if c.Config != nil {
-		labels = c.Config.Labels
+	return res.Items, nil
+}
+
+func containerNameOf(c container.Summary) string {
+	if len(c.Names) == 0 {
+		return ""
 	}
-	if labels[LabelManager] != manager {
-		return provider.Instance{}, false, fmt.Errorf("container name %s is taken by a container that manager %q does not own", name, manager)
+	return strings.TrimPrefix(c.Names[0], "/")
+}
+
+func instance(c container.Summary, st provider.State) provider.Instance {
+	return provider.Instance{
+		Name:    c.Labels[LabelRunner],
+		Manager: c.Labels[LabelManager],
+		Pool:    c.Labels[LabelPool],
+		State:   st,
+		Created: time.Unix(c.Created, 0),
+		ID:      c.ID,
 	}
-	if c.State != nil && c.State.Running {
-		created, _ := time.Parse(time.RFC3339Nano, c.Created)
-		return provider.Instance{
-			Name: labels[LabelRunner], Manager: manager, Pool: labels[LabelPool],
-			State: provider.StateRunning, Created: created, ID: c.ID,
-		}, true, nil
-	}
-	// Left by a crash between create and start, or exiting now: replace.
-	p.remove(ctx, c.ID)
-	return provider.Instance{}, false, nil
 }
 
 // ContainerConfig is what Create asks the engine for: exported so that
@@ -240,14 +267,14 @@ func (p *Provider) ContainerConfig(spec provider.Spec) (*container.Config, *cont
 		},
 	}
 	for _, m := range p.opt.Mounts {
-		mt := mount.TypeBind
+		mt := mountpkg.TypeBind
 		if !strings.HasPrefix(m.Source, "/") {
-			mt = mount.TypeVolume
+			mt = mountpkg.TypeVolume
 		}
-		host.Mounts = append(host.Mounts, mount.Mount{Type: mt, Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
+		host.Mounts = append(host.Mounts, mountpkg.Mount{Type: mt, Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
 	}
 	if p.opt.MountDockerSocket {
-		host.Mounts = append(host.Mounts, mount.Mount{Type: mount.TypeBind, Source: "/var/run/docker.sock", Target: "/var/run/docker.sock"})
+		host.Mounts = append(host.Mounts, mountpkg.Mount{Type: mountpkg.TypeBind, Source: "/var/run/docker.sock", Target: "/var/run/docker.sock"})
 	}
 	if p.opt.GPUs.All || len(p.opt.GPUs.IDs) > 0 {
 		req := container.DeviceRequest{Driver: "nvidia", Capabilities: [][]string{{"gpu"}}}
@@ -262,13 +289,25 @@ func (p *Provider) ContainerConfig(spec provider.Spec) (*container.Config, *cont
 	return cfg, host
 }
 
-// create makes the container and copies the spec's files into it, without
-// starting it.
-func (p *Provider) create(ctx context.Context, spec provider.Spec) (string, error) {
-	name := ContainerName(spec.Manager, spec.Name)
+// create makes the container with the spec's files in its workdir,
+// without starting it. It returns the container's id and name.
+func (p *Provider) create(ctx context.Context, spec provider.Spec) (string, string, error) {
+	name := containerName(spec.Manager, spec.Name)
 	cfg, host := p.ContainerConfig(spec)
 	if err := p.pull(ctx, false); err != nil {
-		return "", err
+		return "", "", err
+	}
+	mount, err := p.mountFiles(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	if mount {
+		dir, err := p.writeFiles(name, spec.Files)
+		if err != nil {
+			return "", "", err
+		}
+		// Writable: the agent rewrites its registration file on start.
+		host.Mounts = append(host.Mounts, mountpkg.Mount{Type: mountpkg.TypeBind, Source: dir, Target: p.opt.Workdir})
 	}
 	opts := client.ContainerCreateOptions{Name: name, Config: cfg, HostConfig: host}
 	res, err := p.cli.ContainerCreate(ctx, opts)
@@ -278,15 +317,19 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec) (string, erro
 		}
 	}
 	if err != nil {
-		return "", fmt.Errorf("create container %s from %s: %w", name, p.opt.Image, err)
+		p.removeFiles(name)
+		return "", "", fmt.Errorf("create container %s from %s: %w", name, p.opt.Image, err)
 	}
 	for _, w := range res.Warnings {
 		p.log.Warn("docker warning", "container", name, "warning", w)
 	}
+	if mount {
+		return res.ID, name, nil
+	}
 	archive, err := tarFiles(path.Base(p.opt.Workdir), spec.Files)
 	if err == nil {
-		// Files go straight into the container's own layer: no host
-		// directory holds the credential, and AutoRemove deletes it.
+		// Files go straight into the container's own layer, and
+		// AutoRemove deletes them with it.
 		_, err = p.cli.CopyToContainer(ctx, res.ID, client.CopyToContainerOptions{
 			DestinationPath: path.Dir(p.opt.Workdir),
 			Content:         archive,
@@ -294,10 +337,101 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec) (string, erro
 		})
 	}
 	if err != nil {
-		p.remove(context.WithoutCancel(ctx), res.ID)
-		return "", fmt.Errorf("copy files into container %s: %w", name, err)
+		p.remove(context.WithoutCancel(ctx), res.ID, name)
+		return "", "", fmt.Errorf("copy files into container %s: %w", name, err)
 	}
-	return res.ID, nil
+	return res.ID, name, nil
+}
+
+// mountFiles reports whether the spec's files are bind-mounted from the
+// manager's host rather than copied into the container. Mounting saves a
+// copy into the container's layer, which the engine does by unpacking a
+// tar in a helper process (about 100ms). It needs a files directory on
+// the engine's own host, and an agent that runs as root, since the files
+// are the manager's and 0600; otherwise the files are copied, owned by
+// the container's user.
+func (p *Provider) mountFiles(ctx context.Context) (bool, error) {
+	if p.opt.FilesDir == "" || p.opt.User != "" {
+		return false, nil
+	}
+	p.mu.Lock()
+	known, user := p.imageUserKnown, p.imageUser
+	p.mu.Unlock()
+	if !known {
+		res, err := p.cli.ImageInspect(ctx, p.opt.Image)
+		if cerrdefs.IsNotFound(err) && p.opt.Pull != "never" {
+			if err = p.pull(ctx, true); err == nil {
+				res, err = p.cli.ImageInspect(ctx, p.opt.Image)
+			}
+		}
+		if err != nil {
+			return false, fmt.Errorf("inspect image %s: %w", p.opt.Image, err)
+		}
+		if res.Config != nil {
+			user = res.Config.User
+		}
+		p.mu.Lock()
+		p.imageUserKnown, p.imageUser = true, user
+		p.mu.Unlock()
+	}
+	return user == "" || user == "root" || user == "0" || strings.HasPrefix(user, "0:") || strings.HasPrefix(user, "root:"), nil
+}
+
+// writeFiles writes a container's files into its own directory under
+// FilesDir, readable by the manager's user only.
+func (p *Provider) writeFiles(name string, files map[string][]byte) (string, error) {
+	dir := filepath.Join(p.opt.FilesDir, name)
+	err := os.MkdirAll(dir, 0o700)
+	for _, rel := range slices.Sorted(maps.Keys(files)) {
+		if err != nil {
+			break
+		}
+		clean := filepath.Clean(rel)
+		if filepath.IsAbs(clean) || clean == ".." || strings.HasPrefix(clean, "../") {
+			err = fmt.Errorf("file %q is outside the workdir", rel)
+			break
+		}
+		target := filepath.Join(dir, clean)
+		if err = os.MkdirAll(filepath.Dir(target), 0o700); err == nil {
+			err = os.WriteFile(target, files[rel], 0o600)
+		}
+	}
+	if err != nil {
+		p.removeFiles(name)
+		return "", fmt.Errorf("write files of container %s: %w", name, err)
+	}
+	return dir, nil
+}
+
+// removeFiles deletes a container's files directory, if it has one.
+func (p *Provider) removeFiles(name string) {
+	if p.opt.FilesDir == "" || name == "" || strings.ContainsAny(name, "/\\") || name == "." || name == ".." {
+		return
+	}
+	if err := os.RemoveAll(filepath.Join(p.opt.FilesDir, name)); err != nil {
+		p.log.Warn("remove container files", "container", name, "err", err)
+	}
+}
+
+// pruneFiles deletes files directories whose container is gone. A
+// directory younger than a minute may belong to a container being
+// created now.
+func (p *Provider) pruneFiles(present map[string]bool) {
+	if p.opt.FilesDir == "" {
+		return
+	}
+	entries, err := os.ReadDir(p.opt.FilesDir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if present[e.Name()] || !strings.HasPrefix(e.Name(), p.opt.Manager+"-") {
+			continue
+		}
+		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > time.Minute {
+			p.removeFiles(e.Name())
+		}
+	}
 }
 
 // pull fetches the image per the pull policy: when always is set on the
@@ -369,50 +503,42 @@ func (p *Provider) start(ctx context.Context, id, runner string) error {
 	return nil
 }
 
-// remove deletes a container and waits until it is gone, so that its name
-// can be used again at once. AutoRemove may already be removing it.
-func (p *Provider) remove(ctx context.Context, id string) {
+// remove deletes a container, and its files. The engine may already be
+// removing it (AutoRemove); it finishes that on its own, and since names
+// are never reused there is nothing to wait for.
+func (p *Provider) remove(ctx context.Context, id, name string) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	gone := p.cli.ContainerWait(ctx, id, client.ContainerWaitOptions{Condition: container.WaitConditionRemoved})
 	_, err := p.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
 	switch {
 	case err == nil, cerrdefs.IsNotFound(err):
+		p.removeFiles(name)
 	case cerrdefs.IsConflict(err): // removal already in progress
 	default:
-		p.log.Warn("remove container", "container", id, "err", err)
-		return
-	}
-	select {
-	case <-gone.Result:
-	case <-gone.Error: // not found: already gone
-	case <-ctx.Done():
+		p.log.Warn("remove container", "container", name, "err", err)
 	}
 }
 
-// Delete kills and removes the runner's container. The pool calls it only
-// once the forge has let go of the runner (or the agent has exited), so
-// there is no job to be graceful to.
+// Delete kills and removes the runner's containers. The pool calls it
+// only once the forge has let go of the runner (or the agent has exited),
+// so there is no job to be graceful to.
 func (p *Provider) Delete(ctx context.Context, name string) error {
-	cname := ContainerName(p.opt.Manager, name)
-	res, err := p.cli.ContainerInspect(ctx, cname, client.ContainerInspectOptions{})
-	if cerrdefs.IsNotFound(err) {
-		return nil
-	}
+	cs, err := p.containers(ctx, p.opt.Manager, name)
 	if err != nil {
-		return fmt.Errorf("inspect container %s: %w", cname, err)
+		return err
 	}
-	if res.Container.Config == nil || res.Container.Config.Labels[LabelManager] != p.opt.Manager {
-		return fmt.Errorf("container %s is not owned by manager %q; left alone", cname, p.opt.Manager)
-	}
-	p.remove(ctx, res.Container.ID)
-	if _, err := p.cli.ContainerInspect(ctx, res.Container.ID, client.ContainerInspectOptions{}); !cerrdefs.IsNotFound(err) {
-		if err == nil {
-			err = errors.New("still there")
+	var errs []error
+	for _, c := range cs {
+		_, err := p.cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+		switch {
+		case err == nil, cerrdefs.IsNotFound(err):
+			p.removeFiles(containerNameOf(c))
+		case cerrdefs.IsConflict(err): // AutoRemove is removing it
+		default:
+			errs = append(errs, fmt.Errorf("remove container %s: %w", containerNameOf(c), err))
 		}
-		return fmt.Errorf("remove container %s: %w", cname, err)
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func (p *Provider) filters(manager string) client.Filters {
@@ -423,36 +549,43 @@ func (p *Provider) filters(manager string) client.Filters {
 	return f
 }
 
-// List returns the manager's containers, found by label. A container that
-// is not running (exited, created but never started after a crash, being
-// removed) is reported as exited, for the pool to delete.
+// List returns the manager's containers, found by label. A container the
+// engine is removing is left out: it is gone as far as the pool is
+// concerned. Any other container that is not running (exited, or created
+// but never started after a crash) is reported as exited, for the pool to
+// delete, unless its runner already has a running one.
 func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instance, error) {
-	res, err := p.cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: p.filters(manager)})
+	cs, err := p.containers(ctx, manager, "")
 	if err != nil {
-		return nil, fmt.Errorf("list containers: %w", err)
+		return nil, err
 	}
-	out := make([]provider.Instance, 0, len(res.Items))
-	present := make(map[string]bool, len(res.Items))
-	for _, c := range res.Items {
+	running := map[string]bool{}
+	present := make(map[string]bool, len(cs))
+	names := make(map[string]bool, len(cs))
+	for _, c := range cs {
 		present[c.ID] = true
-		st := provider.StateExited
+		names[containerNameOf(c)] = true
+		if c.State == container.StateRunning || c.State == container.StatePaused || c.State == container.StateRestarting {
+			running[c.Labels[LabelRunner]] = true
+		}
+	}
+	out := make([]provider.Instance, 0, len(cs))
+	for _, c := range cs {
 		switch c.State {
 		case container.StateRunning, container.StatePaused, container.StateRestarting:
-			st = provider.StateRunning
 			// Adopted after a restart: keep copying its output.
 			p.follow(c.ID, c.Labels[LabelRunner], true)
+			out = append(out, instance(c, provider.StateRunning))
+		case container.StateRemoving:
+		default:
+			if !running[c.Labels[LabelRunner]] {
+				out = append(out, instance(c, provider.StateExited))
+			}
 		}
-		out = append(out, provider.Instance{
-			Name:    c.Labels[LabelRunner],
-			Manager: c.Labels[LabelManager],
-			Pool:    c.Labels[LabelPool],
-			State:   st,
-			Created: time.Unix(c.Created, 0),
-			ID:      c.ID,
-		})
 	}
 	if manager == p.opt.Manager {
 		p.forget(present)
+		p.pruneFiles(names)
 	}
 	return out, nil
 }
@@ -509,6 +642,8 @@ func (p *Provider) watchOnce(ctx context.Context, since time.Time, changed func(
 			}
 			runner := m.Actor.Attributes[LabelRunner]
 			switch m.Action {
+			case events.ActionDestroy:
+				p.removeFiles(m.Actor.Attributes["name"])
 			case events.ActionDie:
 				p.log.Info("runner container exited", "runner", runner, "exit_code", m.Actor.Attributes["exitCode"])
 			case events.ActionOOM:

@@ -96,13 +96,21 @@ func sleeper(p *Provider, name string, script string) provider.Spec {
 	}
 }
 
+// Both ways of handing the runner its files: copied into the container,
+// or bind-mounted read-only from the manager's host.
 func TestCreateInspectListDelete(t *testing.T) {
+	t.Run("copy", func(t *testing.T) { testCreateInspectListDelete(t, "") })
+	t.Run("mount", func(t *testing.T) { testCreateInspectListDelete(t, t.TempDir()) })
+}
+
+func testCreateInspectListDelete(t *testing.T, filesDir string) {
 	data := t.TempDir()
 	p := newProvider(t, Options{
 		NanoCPUs: 500_000_000, Memory: 64 << 20, ShmSize: 32 << 20,
 		Mounts:     []Mount{{Source: data, Target: "/data", ReadOnly: true}},
 		ExtraHosts: []string{"forge.test:10.1.2.3"},
 		LogDir:     t.TempDir(),
+		FilesDir:   filesDir,
 	})
 	ctx := context.Background()
 	spec := sleeper(p, "p-1", `cat .runner; echo; cat sub/runner.yaml; echo; ls -ln .runner; touch /data/x 2>/dev/null && echo data-writable || echo data-readonly; sleep 60`)
@@ -135,8 +143,15 @@ func TestCreateInspectListDelete(t *testing.T) {
 			t.Errorf("label %s = %q, want %q", k, c.Config.Labels[k], v)
 		}
 	}
-	if len(hc.Mounts) != 1 || !hc.Mounts[0].ReadOnly || hc.Mounts[0].Target != "/data" {
+	wantMounts := 1
+	if filesDir != "" {
+		wantMounts = 2
+	}
+	if len(hc.Mounts) != wantMounts || !hc.Mounts[0].ReadOnly || hc.Mounts[0].Target != "/data" {
 		t.Errorf("mounts = %+v, want /data read-only", hc.Mounts)
+	}
+	if filesDir != "" && (hc.Mounts[1].Target != "/runner" || !strings.HasPrefix(hc.Mounts[1].Source, filesDir)) {
+		t.Errorf("files mount = %+v, want a directory of %s at /runner", hc.Mounts[1], filesDir)
 	}
 	if !slices.Contains(hc.ExtraHosts, "forge.test:10.1.2.3") || !slices.Contains(hc.ExtraHosts, "host.docker.internal:host-gateway") {
 		t.Errorf("extra hosts = %v", hc.ExtraHosts)
@@ -186,6 +201,11 @@ func TestCreateInspectListDelete(t *testing.T) {
 	if _, err := p.cli.ContainerInspect(ctx, inst.ID, client.ContainerInspectOptions{}); !cerrdefs.IsNotFound(err) {
 		t.Errorf("container still there after Delete: %v", err)
 	}
+	if filesDir != "" {
+		if left, _ := os.ReadDir(filesDir); len(left) != 0 {
+			t.Errorf("files left after Delete: %v", left)
+		}
+	}
 	if err := p.Delete(ctx, "p-1"); err != nil {
 		t.Errorf("Delete of a missing container: %v", err)
 	}
@@ -225,28 +245,32 @@ func TestWatchReportsExit(t *testing.T) {
 	})
 }
 
-// A container that is not this manager's is never touched, even when it
-// has the name runfleet would use.
+// A container of another manager is never touched, even one labelled
+// for the same pool and runner.
 func TestForeignContainerLeftAlone(t *testing.T) {
 	p := newProvider(t, Options{})
 	ctx := context.Background()
-	name := ContainerName(p.opt.Manager, "p-3")
 	res, err := p.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
-		Name: name, Config: &container.Config{Image: p.opt.Image, Cmd: []string{"sleep", "30"}},
+		Config: &container.Config{Image: p.opt.Image, Cmd: []string{"sleep", "30"},
+			Labels: map[string]string{LabelManager: p.opt.Manager + "-other", LabelPool: "p", LabelRunner: "p-3"}},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.cli.ContainerRemove(ctx, res.ID, client.ContainerRemoveOptions{Force: true})
-
-	if _, err := p.Create(ctx, sleeper(p, "p-3", "sleep 30")); err == nil || !strings.Contains(err.Error(), "does not own") {
-		t.Errorf("Create over a foreign container: %v", err)
+	if _, err := p.cli.ContainerStart(ctx, res.ID, client.ContainerStartOptions{}); err != nil {
+		t.Fatal(err)
 	}
-	if err := p.Delete(ctx, "p-3"); err == nil {
-		t.Error("Delete of a foreign container succeeded")
+
+	inst, err := p.Create(ctx, sleeper(p, "p-3", "sleep 30"))
+	if err != nil || inst.ID == res.ID {
+		t.Errorf("Create = %v, %v; want a container of its own", inst.ID, err)
+	}
+	if err := p.Delete(ctx, "p-3"); err != nil {
+		t.Error(err)
 	}
 	if l, _ := p.List(ctx, p.opt.Manager); len(l) != 0 {
-		t.Errorf("List shows a foreign container: %+v", l)
+		t.Errorf("List shows %+v", l)
 	}
 	if _, err := p.cli.ContainerInspect(ctx, res.ID, client.ContainerInspectOptions{}); err != nil {
 		t.Errorf("foreign container was removed: %v", err)
@@ -258,7 +282,7 @@ func TestForeignContainerLeftAlone(t *testing.T) {
 func TestCreatedButNotStartedIsReplaced(t *testing.T) {
 	p := newProvider(t, Options{})
 	ctx := context.Background()
-	id, err := p.create(ctx, sleeper(p, "p-4", "sleep 30"))
+	id, _, err := p.create(ctx, sleeper(p, "p-4", "sleep 30"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +311,7 @@ func TestGPUDeviceRequests(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newProvider(t, Options{GPUs: tc.gpus})
 			ctx := context.Background()
-			id, err := p.create(ctx, sleeper(p, "p-1", "true"))
+			id, _, err := p.create(ctx, sleeper(p, "p-1", "true"))
 			if err != nil {
 				t.Fatal(err)
 			}
