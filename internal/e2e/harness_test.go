@@ -226,6 +226,10 @@ func (f *fleet) stopLeavesNothing() {
 		if c := f.containers(); len(c) != 0 {
 			f.t.Errorf("%d containers left after shutdown", len(c))
 		}
+		// The runners' registration files, bind-mounted from here.
+		if left, _ := os.ReadDir(filepath.Join(f.state, "docker")); len(left) != 0 {
+			f.t.Errorf("container files left after shutdown: %d", len(left))
+		}
 	}
 }
 

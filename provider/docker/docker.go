@@ -359,10 +359,14 @@ func (p *Provider) mountFiles(ctx context.Context) (bool, error) {
 	p.mu.Unlock()
 	if !known {
 		res, err := p.cli.ImageInspect(ctx, p.opt.Image)
-		if cerrdefs.IsNotFound(err) && p.opt.Pull != "never" {
-			if err = p.pull(ctx, true); err == nil {
-				res, err = p.cli.ImageInspect(ctx, p.opt.Image)
+		if cerrdefs.IsNotFound(err) {
+			if p.opt.Pull == "never" {
+				return false, fmt.Errorf("image %s is not on the engine, and pull is never", p.opt.Image)
 			}
+			if err := p.pull(ctx, true); err != nil {
+				return false, fmt.Errorf("image %s is not on the engine: %w", p.opt.Image, err)
+			}
+			res, err = p.cli.ImageInspect(ctx, p.opt.Image)
 		}
 		if err != nil {
 			return false, fmt.Errorf("inspect image %s: %w", p.opt.Image, err)
@@ -511,9 +515,10 @@ func (p *Provider) remove(ctx context.Context, id, name string) {
 	defer cancel()
 	_, err := p.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
 	switch {
-	case err == nil, cerrdefs.IsNotFound(err):
+	// On conflict the engine is already removing it: its agent is gone,
+	// and so may its files be.
+	case err == nil, cerrdefs.IsNotFound(err), cerrdefs.IsConflict(err):
 		p.removeFiles(name)
-	case cerrdefs.IsConflict(err): // removal already in progress
 	default:
 		p.log.Warn("remove container", "container", name, "err", err)
 	}
@@ -531,9 +536,9 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 	for _, c := range cs {
 		_, err := p.cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
 		switch {
-		case err == nil, cerrdefs.IsNotFound(err):
+		// On conflict AutoRemove is removing it: its agent is gone.
+		case err == nil, cerrdefs.IsNotFound(err), cerrdefs.IsConflict(err):
 			p.removeFiles(containerNameOf(c))
-		case cerrdefs.IsConflict(err): // AutoRemove is removing it
 		default:
 			errs = append(errs, fmt.Errorf("remove container %s: %w", containerNameOf(c), err))
 		}
