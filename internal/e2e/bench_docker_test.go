@@ -53,22 +53,7 @@ func BenchmarkReplenishDocker(b *testing.B) {
 		}
 		exited := time.Now()
 		cancel()
-		for {
-			found := false
-			for _, r := range f.runners() {
-				if r.ID > curID && r.Status == "online" && !r.Busy {
-					found = true
-				}
-			}
-			if found {
-				break
-			}
-			if time.Since(exited) > time.Minute {
-				b.Fatal("no replacement within a minute")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		lat = append(lat, time.Since(exited))
+		lat = append(lat, f.waitReplacement(curID, exited))
 	}
 	b.StopTimer()
 	if err := f.stop(time.Minute); err != nil {

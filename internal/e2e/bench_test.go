@@ -53,22 +53,7 @@ func BenchmarkReplenish(b *testing.B) {
 		}
 		exited := time.Now()
 		unix.Close(fd)
-		for {
-			found := false
-			for _, r := range f.runners() {
-				if r.ID > curID && r.Status == "online" && !r.Busy {
-					found = true
-				}
-			}
-			if found {
-				break
-			}
-			if time.Since(exited) > time.Minute {
-				b.Fatal("no replacement within a minute")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		lat = append(lat, time.Since(exited))
+		lat = append(lat, f.waitReplacement(curID, exited))
 	}
 	b.StopTimer()
 	if err := f.stop(time.Minute); err != nil {
@@ -80,4 +65,22 @@ func BenchmarkReplenish(b *testing.B) {
 	b.ReportMetric(float64(pct(0.95).Milliseconds()), "p95-ms")
 	b.ReportMetric(float64(lat[len(lat)-1].Milliseconds()), "max-ms")
 	b.Logf("replenish latencies over %d jobs: %v", len(lat), lat)
+}
+
+// waitReplacement polls Gitea every 10ms until a runner registered after
+// the one with id curID is online and idle, and returns the time since
+// exited.
+func (f *fleet) waitReplacement(curID int64, exited time.Time) time.Duration {
+	f.t.Helper()
+	for {
+		for _, r := range f.runners() {
+			if r.ID > curID && r.Status == "online" && !r.Busy {
+				return time.Since(exited)
+			}
+		}
+		if time.Since(exited) > time.Minute {
+			f.t.Fatal("no replacement within a minute")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

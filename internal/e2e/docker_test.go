@@ -116,15 +116,7 @@ func TestDockerCrashAdopts(t *testing.T) {
 	f.start()
 	eventually(t, time.Minute, "2 idle runners", func() bool { return f.idleOnline() == 2 })
 	f.push(matrix("dockcrash", 2, "sleep 15\necho done"))
-	eventually(t, time.Minute, "2 jobs in progress", func() bool {
-		n := 0
-		for _, j := range f.jobs() {
-			if j.Status == "in_progress" {
-				n++
-			}
-		}
-		return n == 2
-	})
+	f.waitInProgress(2)
 	f.kill9()
 	before := map[string]string{} // container id -> runner
 	for _, c := range f.containers() {

@@ -391,6 +391,20 @@ func (f *fleet) waitJobs(n int, timeout time.Duration) []*sdk.ActionWorkflowJob 
 	return jobs
 }
 
+// waitInProgress waits until n jobs are in progress.
+func (f *fleet) waitInProgress(n int) {
+	f.t.Helper()
+	eventually(f.t, time.Minute, fmt.Sprintf("%d jobs in progress", n), func() bool {
+		c := 0
+		for _, j := range f.jobs() {
+			if j.Status == "in_progress" {
+				c++
+			}
+		}
+		return c == n
+	})
+}
+
 type statusDoc struct {
 	Pools []struct {
 		Name    string `json:"name"`

@@ -60,15 +60,7 @@ func TestCrashWhileJobsRun(t *testing.T) {
 	eventually(t, time.Minute, "2 idle runners", func() bool { return f.idleOnline() == 2 })
 	f.push(matrix("crash", 2, `sleep 12
 echo done`))
-	eventually(t, time.Minute, "2 jobs in progress", func() bool {
-		n := 0
-		for _, j := range f.jobs() {
-			if j.Status == "in_progress" {
-				n++
-			}
-		}
-		return n == 2
-	})
+	f.waitInProgress(2)
 	// status shows both runners busy with their jobs.
 	st := f.status()
 	busyJobs := 0
