@@ -117,6 +117,17 @@ func TestDockerCrashAdopts(t *testing.T) {
 	eventually(t, time.Minute, "2 idle runners", func() bool { return f.idleOnline() == 2 })
 	f.push(matrix("dockcrash", 2, "sleep 15\necho done"))
 	f.waitInProgress(2)
+	// status, a second process reading the same engine and forge, shows
+	// both busy and disturbs nothing (the log check below).
+	busy := 0
+	for _, r := range f.status().Pools[0].Runners {
+		if r.State == "busy" && r.Job != nil {
+			busy++
+		}
+	}
+	if busy != 2 {
+		t.Errorf("status shows %d busy runners, want 2", busy)
+	}
 	f.kill9()
 	before := map[string]string{} // container id -> runner
 	for _, c := range f.containers() {

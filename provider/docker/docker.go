@@ -24,6 +24,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -109,6 +110,9 @@ type Provider struct {
 	// (true) or has copied (false), until they are gone.
 	followed map[string]bool
 	wg       sync.WaitGroup
+	// watching is set once the pool runs (Watch was called): only then
+	// does List adopt output copies and prune files.
+	watching atomic.Bool
 	// bg bounds the output copies, which outlive the calls that start
 	// them; Close ends it.
 	bg     context.Context
@@ -578,8 +582,10 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 	for _, c := range cs {
 		switch c.State {
 		case container.StateRunning, container.StatePaused, container.StateRestarting:
-			// Adopted after a restart: keep copying its output.
-			p.follow(c.ID, c.Labels[LabelRunner], true)
+			if p.watching.Load() {
+				// Adopted after a restart: keep copying its output.
+				p.follow(c.ID, c.Labels[LabelRunner], true)
+			}
 			out = append(out, instance(c, provider.StateRunning))
 		case container.StateRemoving:
 		default:
@@ -588,7 +594,9 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 			}
 		}
 	}
-	if manager == p.opt.Manager {
+	// Housekeeping is for the manager that runs the pool, not for a
+	// reader such as `runfleet status`.
+	if manager == p.opt.Manager && p.watching.Load() {
 		p.forget(present)
 		p.pruneFiles(names)
 	}
@@ -601,6 +609,7 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 // replays what it missed with since, and reports "" so that the pool
 // re-reads everything.
 func (p *Provider) Watch(ctx context.Context, changed func(name string)) {
+	p.watching.Store(true)
 	p.wg.Go(func() {
 		since := time.Now()
 		backoff := time.Duration(0)

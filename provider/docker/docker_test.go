@@ -439,6 +439,9 @@ func TestAdoptedOutputCopiedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	b.Watch(wctx, func(string) {})
 	if l, err := b.List(ctx, a.opt.Manager); err != nil || len(l) != 1 {
 		t.Fatalf("List = %v, %v", l, err)
 	}
