@@ -96,12 +96,11 @@ func (g GiteaRunner) Spec(r Runner, cred forge.Credential) (provider.Spec, error
 	if err != nil {
 		return provider.Spec{}, fmt.Errorf("gitea-runner config: %w", err)
 	}
-	env := baseEnv(r.Env)
+	env := map[string]string{}
 	if g.InContainer {
-		env = maps.Clone(r.Env)
-		if env == nil {
-			env = map[string]string{}
-		}
+		maps.Copy(env, r.Env)
+	} else {
+		env = baseEnv(r.Env)
 	}
 	files := maps.Clone(cred.Files)
 	files[ConfigFile] = data

@@ -67,7 +67,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
 	}
 	var errs []error
 	for i, pc := range cfg.Pools {
-		prov, ag, err := f.provider(pc)
+		prov, ag, err := f.newProvider(pc)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pools[%d]: %w", i, err))
 			continue
@@ -94,8 +94,8 @@ func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
 	return f, nil
 }
 
-// provider makes a pool's provider and agent.
-func (f *Fleet) provider(pc config.Pool) (provider.Provider, agent.Agent, error) {
+// newProvider makes a pool's provider and agent.
+func (f *Fleet) newProvider(pc config.Pool) (provider.Provider, agent.Agent, error) {
 	path := pc.Agent.Path
 	if path == "" {
 		path = "gitea-runner"

@@ -72,7 +72,7 @@ type Options struct {
 	Network string
 	User    string
 	// Workdir is the agent's directory inside the container; the spec's
-	// files are copied there before the container starts.
+	// files are there (mounted or copied) before the container starts.
 	Workdir     string
 	NanoCPUs    int64
 	Memory      int64
@@ -179,7 +179,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		return provider.Instance{}, err
 	}
 	for _, c := range existing {
-		if c.State == container.StateRunning {
+		if running(c) {
 			return instance(c, provider.StateRunning), nil
 		}
 	}
@@ -215,6 +215,16 @@ func (p *Provider) containers(ctx context.Context, manager, runner string) ([]co
 	return res.Items, nil
 }
 
+// running reports whether a container's process runs (paused and
+// restarting ones count: their agent is still there).
+func running(c container.Summary) bool {
+	switch c.State {
+	case container.StateRunning, container.StatePaused, container.StateRestarting:
+		return true
+	}
+	return false
+}
+
 func containerNameOf(c container.Summary) string {
 	if len(c.Names) == 0 {
 		return ""
@@ -233,9 +243,9 @@ func instance(c container.Summary, st provider.State) provider.Instance {
 	}
 }
 
-// ContainerConfig is what Create asks the engine for: exported so that
-// tests and `runfleet status` can show what a pool's containers get.
-func (p *Provider) ContainerConfig(spec provider.Spec) (*container.Config, *container.HostConfig) {
+// containerConfig is what Create asks the engine for, before the files
+// are added.
+func (p *Provider) containerConfig(spec provider.Spec) (*container.Config, *container.HostConfig) {
 	env := make([]string, 0, len(spec.Env))
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		env = append(env, k+"="+spec.Env[k])
@@ -297,7 +307,7 @@ func (p *Provider) ContainerConfig(spec provider.Spec) (*container.Config, *cont
 // without starting it. It returns the container's id and name.
 func (p *Provider) create(ctx context.Context, spec provider.Spec) (string, string, error) {
 	name := containerName(spec.Manager, spec.Name)
-	cfg, host := p.ContainerConfig(spec)
+	cfg, host := p.containerConfig(spec)
 	if err := p.pull(ctx, false); err != nil {
 		return "", "", err
 	}
@@ -394,9 +404,8 @@ func (p *Provider) writeFiles(name string, files map[string][]byte) (string, err
 		if err != nil {
 			break
 		}
-		clean := filepath.Clean(rel)
-		if filepath.IsAbs(clean) || clean == ".." || strings.HasPrefix(clean, "../") {
-			err = fmt.Errorf("file %q is outside the workdir", rel)
+		var clean string
+		if clean, err = inWorkdir(rel); err != nil {
 			break
 		}
 		target := filepath.Join(dir, clean)
@@ -467,6 +476,16 @@ func (p *Provider) pull(ctx context.Context, missing bool) error {
 	return nil
 }
 
+// inWorkdir cleans a spec file's relative path, refusing one that would
+// leave the workdir.
+func inWorkdir(rel string) (string, error) {
+	clean := path.Clean(rel)
+	if path.IsAbs(clean) || clean == ".." || strings.HasPrefix(clean, "../") {
+		return "", fmt.Errorf("file %q is outside the workdir", rel)
+	}
+	return clean, nil
+}
+
 // tarFiles archives files under dir, the directory first so that it is
 // made with the right owner. Files are 0600: only the agent reads them.
 func tarFiles(dir string, files map[string][]byte) (io.Reader, error) {
@@ -478,9 +497,9 @@ func tarFiles(dir string, files map[string][]byte) (io.Reader, error) {
 	}
 	made := map[string]bool{}
 	for _, rel := range slices.Sorted(maps.Keys(files)) {
-		clean := path.Clean(rel)
-		if path.IsAbs(clean) || clean == ".." || strings.HasPrefix(clean, "../") {
-			return nil, fmt.Errorf("file %q is outside the workdir", rel)
+		clean, err := inWorkdir(rel)
+		if err != nil {
+			return nil, err
 		}
 		// Parent directories of nested files.
 		for d := path.Dir(clean); d != "." && !made[d]; d = path.Dir(d) {
@@ -517,15 +536,20 @@ func (p *Provider) start(ctx context.Context, id, runner string) error {
 func (p *Provider) remove(ctx context.Context, id, name string) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	_, err := p.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
-	switch {
-	// On conflict the engine is already removing it: its agent is gone,
-	// and so may its files be.
-	case err == nil, cerrdefs.IsNotFound(err), cerrdefs.IsConflict(err):
-		p.removeFiles(name)
-	default:
+	if err := p.removeContainer(ctx, id, name); err != nil {
 		p.log.Warn("remove container", "container", name, "err", err)
 	}
+}
+
+func (p *Provider) removeContainer(ctx context.Context, id, name string) error {
+	_, err := p.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+	// On conflict the engine is already removing it (AutoRemove): its
+	// agent is gone, and so may its files be.
+	if err != nil && !cerrdefs.IsNotFound(err) && !cerrdefs.IsConflict(err) {
+		return fmt.Errorf("remove container %s: %w", name, err)
+	}
+	p.removeFiles(name)
+	return nil
 }
 
 // Delete kills and removes the runner's containers. The pool calls it
@@ -538,14 +562,7 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 	}
 	var errs []error
 	for _, c := range cs {
-		_, err := p.cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
-		switch {
-		// On conflict AutoRemove is removing it: its agent is gone.
-		case err == nil, cerrdefs.IsNotFound(err), cerrdefs.IsConflict(err):
-			p.removeFiles(containerNameOf(c))
-		default:
-			errs = append(errs, fmt.Errorf("remove container %s: %w", containerNameOf(c), err))
-		}
+		errs = append(errs, p.removeContainer(ctx, c.ID, containerNameOf(c)))
 	}
 	return errors.Join(errs...)
 }
@@ -568,30 +585,28 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 	if err != nil {
 		return nil, err
 	}
-	running := map[string]bool{}
+	live := map[string]bool{} // runners with a running container
 	present := make(map[string]bool, len(cs))
 	names := make(map[string]bool, len(cs))
 	for _, c := range cs {
 		present[c.ID] = true
 		names[containerNameOf(c)] = true
-		if c.State == container.StateRunning || c.State == container.StatePaused || c.State == container.StateRestarting {
-			running[c.Labels[LabelRunner]] = true
+		if running(c) {
+			live[c.Labels[LabelRunner]] = true
 		}
 	}
 	out := make([]provider.Instance, 0, len(cs))
 	for _, c := range cs {
-		switch c.State {
-		case container.StateRunning, container.StatePaused, container.StateRestarting:
+		switch {
+		case running(c):
 			if p.watching.Load() {
 				// Adopted after a restart: keep copying its output.
 				p.follow(c.ID, c.Labels[LabelRunner], true)
 			}
 			out = append(out, instance(c, provider.StateRunning))
-		case container.StateRemoving:
+		case c.State == container.StateRemoving, live[c.Labels[LabelRunner]]:
 		default:
-			if !running[c.Labels[LabelRunner]] {
-				out = append(out, instance(c, provider.StateExited))
-			}
+			out = append(out, instance(c, provider.StateExited))
 		}
 	}
 	// Housekeeping is for the manager that runs the pool, not for a

@@ -331,7 +331,7 @@ func TestGPUDeviceRequests(t *testing.T) {
 func TestDockerSocketOnlyWhenAsked(t *testing.T) {
 	var logs bytes.Buffer
 	p := newProvider(t, Options{MountDockerSocket: true, Logger: slogTo(&logs)})
-	_, hc := p.ContainerConfig(sleeper(p, "p-1", "true"))
+	_, hc := p.containerConfig(sleeper(p, "p-1", "true"))
 	if len(hc.Mounts) != 1 || hc.Mounts[0].Source != "/var/run/docker.sock" {
 		t.Errorf("mounts = %+v", hc.Mounts)
 	}
