@@ -3,9 +3,12 @@
 package agent
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -113,4 +116,87 @@ func (g GiteaRunner) Spec(r Runner, cred forge.Credential) (provider.Spec, error
 		Env:     env,
 		Files:   files,
 	}, nil
+}
+
+// Phase is what an agent's own output says about it.
+type Phase int
+
+const (
+	PhaseUnknown Phase = iota // nothing telling yet
+	PhaseReady                // connected, waiting for a job
+	PhaseBusy                 // running a job
+	PhaseDone                 // its job finished; it is about to exit
+)
+
+func (p Phase) String() string {
+	return [...]string{"unknown", "ready", "busy", "done"}[p]
+}
+
+// Reporter is implemented by agents whose output tells whether they wait
+// for a job, run one, or have finished it. The pool reads that instead of
+// asking the forge, which saves API calls and is never stale.
+type Reporter interface {
+	Phase(output []byte) Phase
+}
+
+// GitHubRunner starts GitHub's runner (actions/runner) with the
+// just-in-time config it was registered with.
+type GitHubRunner struct {
+	// Path is the runner's run.sh.
+	Path string
+	// InContainer is set when the agent runs in a container image.
+	InContainer bool
+}
+
+// Spec runs run.sh with the JIT config in ACTIONS_RUNNER_INPUT_JITCONFIG:
+// the runner reads it from there as it would --jitconfig, and clears it
+// before any job step runs, so that it is in no process listing and no
+// job's environment. Without JIT (a registration token, where GitHub
+// offers no JIT runners) config.sh registers an ephemeral runner first,
+// reading the token from ACTIONS_RUNNER_INPUT_TOKEN.
+func (g GitHubRunner) Spec(r Runner, cred forge.Credential) (provider.Spec, error) {
+	env := map[string]string{}
+	if g.InContainer {
+		maps.Copy(env, r.Env)
+		// Runner images may run as root; the runner refuses that unless told.
+		env["RUNNER_ALLOW_RUNASROOT"] = "1"
+	} else {
+		env = baseEnv(r.Env)
+		if os.Geteuid() == 0 {
+			env["RUNNER_ALLOW_RUNASROOT"] = "1"
+		}
+	}
+	maps.Copy(env, cred.Env)
+	spec := provider.Spec{Name: r.Name, Manager: r.Manager, Pool: r.Pool, Env: env, Files: maps.Clone(cred.Files)}
+	switch {
+	case cred.Env["ACTIONS_RUNNER_INPUT_JITCONFIG"] != "":
+		spec.Command = g.Path
+	case cred.Env["ACTIONS_RUNNER_INPUT_TOKEN"] != "":
+		env["RUNNER_DIR"] = filepath.Dir(g.Path)
+		env["RUNNER_NAME"] = r.Name
+		env["RUNNER_LABELS"] = strings.Join(r.Labels, ",")
+		spec.Command = "/bin/sh"
+		spec.Args = []string{"-c", `cd "$RUNNER_DIR" && ./config.sh --unattended --ephemeral --disableupdate --replace --name "$RUNNER_NAME" --labels "$RUNNER_LABELS" && unset ACTIONS_RUNNER_INPUT_TOKEN && exec ./run.sh`}
+	default:
+		return provider.Spec{}, fmt.Errorf("github runner %s: credential has neither a JIT config nor a registration token", r.Name)
+	}
+	return spec, nil
+}
+
+// Phase reads Runner.Listener's lines: "Listening for Jobs", "Running job:
+// <name>", "Job <name> completed with result: <result>". The last one
+// printed tells.
+func (GitHubRunner) Phase(output []byte) Phase {
+	ph := PhaseUnknown
+	for line := range bytes.Lines(output) {
+		switch {
+		case bytes.Contains(line, []byte("completed with result:")):
+			ph = PhaseDone
+		case bytes.Contains(line, []byte("Running job:")):
+			ph = PhaseBusy
+		case bytes.Contains(line, []byte("Listening for Jobs")):
+			ph = PhaseReady
+		}
+	}
+	return ph
 }

@@ -40,8 +40,12 @@ type Config struct {
 // Forge is one forge connection.
 type Forge struct {
 	Name string `json:"name"`
-	Type string `json:"type"` // gitea
-	URL  string `json:"url"`
+	Type string `json:"type"` // gitea or github
+	// URL is the forge's address. For github it is the repository
+	// (https://github.com/owner/repo) or organisation
+	// (https://github.com/org) itself, on github.com or an Enterprise
+	// Server, and the scope is inferred from it.
+	URL string `json:"url"`
 	// Token is the forge API token. It may be "${ENV_VAR}"; TokenFile
 	// names a file holding it instead.
 	Token     Secret `json:"token"`
@@ -54,6 +58,20 @@ type Forge struct {
 	// from URL: a container reaches a forge on the host through the
 	// bridge, not through 127.0.0.1. It defaults to URL.
 	RunnerURL string `json:"runner_url"`
+
+	// GitHub only. APIURL overrides the REST base derived from URL.
+	APIURL string `json:"api_url"`
+	// A GitHub App instead of a token: its id, the installation's id
+	// and the App's private key (PEM), in a file.
+	AppID          int64  `json:"app_id"`
+	InstallationID int64  `json:"installation_id"`
+	PrivateKeyFile string `json:"private_key_file"`
+	PrivateKey     Secret `json:"-"`
+	// RunnerGroupID is the runner group JIT runners join (1, Default).
+	RunnerGroupID int64 `json:"runner_group_id"`
+	// CacheTTL is how long a listing of runners is reused; the driver
+	// keeps it current in between from what it does itself.
+	CacheTTL Duration `json:"cache_ttl"`
 }
 
 // Pool is a set of identical single-job runners.
@@ -83,11 +101,16 @@ type Pool struct {
 	// Docker configures the runner containers of a pool whose provider is
 	// docker.
 	Docker *Docker `json:"docker,omitempty"`
+	// RetryLost re-runs a job whose runner's machine went away mid-job
+	// (GitHub: the run's failed jobs, once). Default true.
+	RetryLost *bool `json:"retry_lost,omitempty"`
 }
 
 // Agent configures the forge's runner agent.
 type Agent struct {
-	// Path is the agent binary (gitea-runner); found in PATH when empty.
+	// Path is the agent: gitea-runner, or GitHub's run.sh. Found in PATH
+	// when not a path; in a container, the image's path
+	// (/home/runner/run.sh for GitHub's runner).
 	Path string `json:"path"`
 	// FetchInterval is how often an idle agent asks the forge for a job.
 	FetchInterval Duration `json:"fetch_interval"`
@@ -106,7 +129,7 @@ const (
 
 // Forge types and providers known to this build.
 var (
-	ForgeTypes = []string{"gitea"}
+	ForgeTypes = []string{"gitea", "github"}
 	Providers  = []string{"process", "docker"}
 	Scopes     = []string{"repo", "org", "instance"}
 )
@@ -197,6 +220,14 @@ func (c *Config) resolve() error {
 				continue
 			}
 			f.Token = Secret(strings.TrimSpace(string(b)))
+		}
+		if f.PrivateKeyFile != "" {
+			b, err := os.ReadFile(f.PrivateKeyFile)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s.private_key_file: %w", field, err))
+				continue
+			}
+			f.PrivateKey = Secret(b)
 		}
 	}
 	for i := range c.Pools {
@@ -360,6 +391,10 @@ func (c *Config) Validate() error {
 				bad(field+".runner_url", "%v", err)
 			}
 		}
+		if f.Type == "github" {
+			c.validateGitHub(field, f, bad)
+			continue
+		}
 		if f.Token == "" {
 			bad(field+".token", "is required (a token, \"${ENV_VAR}\", or token_file)")
 		}
@@ -452,6 +487,49 @@ func (c *Config) Validate() error {
 	// Sort for a stable message: map iteration above may reorder them.
 	slices.SortStableFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	return errors.Join(errs...)
+}
+
+// validateGitHub checks a github forge: the scope comes from the URL, and
+// the credential is a token or a GitHub App, not both.
+func (c *Config) validateGitHub(field string, f Forge, bad func(string, string, ...any)) {
+	if f.URL != "" {
+		u := strings.TrimPrefix(strings.TrimPrefix(f.URL, "https://"), "http://")
+		_, path, _ := strings.Cut(u, "/")
+		if n := len(strings.FieldsFunc(strings.TrimSuffix(path, ".git"), func(r rune) bool { return r == '/' })); n < 1 || n > 2 {
+			bad(field+".url", "%q must name an organisation (https://github.com/<org>) or a repository (https://github.com/<owner>/<repo>)", f.URL)
+		}
+	}
+	if f.Scope != "" || f.Repo != "" || f.Org != "" {
+		bad(field+".scope", "github infers the scope from url; drop scope, repo and org")
+	}
+	if f.APIURL != "" {
+		if err := checkURL(f.APIURL); err != nil {
+			bad(field+".api_url", "%v", err)
+		}
+	}
+	app := f.AppID != 0 || f.InstallationID != 0 || f.PrivateKeyFile != ""
+	switch {
+	case app && f.Token != "":
+		bad(field+".token", "set a token or a GitHub App (app_id, installation_id, private_key_file), not both")
+	case app:
+		if f.AppID <= 0 {
+			bad(field+".app_id", "is required with a GitHub App")
+		}
+		if f.InstallationID <= 0 {
+			bad(field+".installation_id", "is required with a GitHub App")
+		}
+		if f.PrivateKeyFile == "" {
+			bad(field+".private_key_file", "is required with a GitHub App")
+		}
+	case f.Token == "":
+		bad(field+".token", "is required (a token, \"${ENV_VAR}\", token_file, or a GitHub App)")
+	}
+	if f.RunnerGroupID < 0 {
+		bad(field+".runner_group_id", "must not be negative, got %d", f.RunnerGroupID)
+	}
+	if err := f.CacheTTL.check(); err != nil {
+		bad(field+".cache_ttl", "%v", err)
+	}
 }
 
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)

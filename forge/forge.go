@@ -30,6 +30,11 @@ type Credential struct {
 	// relative path (gitea-runner's .runner, for instance). They hold
 	// the runner's own token and so are written with mode 0600.
 	Files map[string][]byte
+	// Env is put in the agent's environment for credentials the agent
+	// reads from there (GitHub's runner takes its JIT config from
+	// ACTIONS_RUNNER_INPUT_JITCONFIG and clears it before any job step
+	// runs), so that they are never a process argument.
+	Env map[string]string
 }
 
 // Status is a runner's state as the forge sees it.

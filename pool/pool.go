@@ -12,8 +12,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -30,6 +32,20 @@ type Forge interface {
 	Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error)
 	Runners(ctx context.Context) ([]forge.Runner, error)
 	RemoveRunner(ctx context.Context, id int64) error
+}
+
+// endedForge is implemented by forges whose driver keeps a list of runners
+// between listings: an agent that finished its job has been deleted by the
+// forge (it was ephemeral), which the driver learns without a call.
+type endedForge interface {
+	Ended(id int64)
+}
+
+// lostForge is implemented by forges that can re-run a job whose runner's
+// machine went away mid-job (a spot instance taken back, a killed
+// container). It must return at once.
+type lostForge interface {
+	Lost(ctx context.Context, runner string)
 }
 
 // Config is one pool's settings.
@@ -55,6 +71,12 @@ type Config struct {
 	// deleted by the forge when its job ends, just before the agent
 	// exits by itself; the grace lets it exit cleanly.
 	OrphanGrace time.Duration
+	// RetryLost re-runs, through the forge, a job whose runner's machine
+	// went away while it ran.
+	RetryLost bool
+	// Once fills each of the Size slots once: a slot whose runner ended
+	// stays empty (a one-shot runner, `runfleet runner --single`).
+	Once bool
 }
 
 // Pool reconciles one pool.
@@ -81,10 +103,12 @@ type Pool struct {
 	done         map[string]doneOp
 	missingSince map[string]time.Time // running machine seen without registration
 	draining     bool
-	machines     int       // the pool's machines at the last listing
-	failures     int       // consecutive failed creates
-	createAfter  time.Time // no create before this (backoff)
-	view         []Runner  // after the last pass
+	machines     int             // the pool's machines at the last listing
+	failures     int             // consecutive failed creates
+	created      int             // runners started or being started, for Once
+	lost         map[string]bool // runner/machine reported lost
+	createAfter  time.Time       // no create before this (backoff)
+	view         []Runner        // after the last pass
 	lastErr      error
 }
 
@@ -117,6 +141,7 @@ func New(cfg Config, f Forge, prov provider.Provider, a agent.Agent, opts ...Opt
 		pending:      map[string]string{},
 		done:         map[string]doneOp{},
 		missingSince: map[string]time.Time{},
+		lost:         map[string]bool{},
 	}
 	for _, o := range opts {
 		o(p)
@@ -279,9 +304,47 @@ func (p *Pool) finish(name, op string) {
 }
 
 type slot struct {
-	name string
-	inst *provider.Instance
-	reg  *forge.Runner
+	name  string
+	inst  *provider.Instance
+	reg   *forge.Runner
+	phase agent.Phase // from the agent's output, when it tells
+}
+
+// phases reads what the agents' output says, for agents that tell.
+func (p *Pool) phases(insts []provider.Instance) map[string]agent.Phase {
+	rep, ok := p.agent.(agent.Reporter)
+	if !ok {
+		return nil
+	}
+	out := map[string]agent.Phase{}
+	for _, in := range insts {
+		if in.Log == "" || in.Pool != p.cfg.Name || !p.Owns(in.Name) {
+			continue
+		}
+		if b := tail(in.Log, 32<<10); len(b) > 0 {
+			out[in.Name] = rep.Phase(b)
+		}
+	}
+	return out
+}
+
+// tail returns the last n bytes of a file, nil if it cannot be read.
+func tail(path string, n int64) []byte {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil
+	}
+	off := max(st.Size()-n, 0)
+	b := make([]byte, st.Size()-off)
+	if _, err := f.ReadAt(b, off); err != nil && !errors.Is(err, io.EOF) {
+		return nil
+	}
+	return b
 }
 
 // Reconcile runs one pass: it reads the provider and the forge and starts
@@ -320,6 +383,7 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 	if err != nil {
 		return nil, p.fail(fmt.Errorf("pool %s: %w", p.cfg.Name, err))
 	}
+	phases := p.phases(insts)
 	now := p.now()
 	if !act {
 		p = p.observer()
@@ -336,7 +400,8 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 	}
 	for i := range insts {
 		if insts[i].Pool == p.cfg.Name && p.Owns(insts[i].Name) {
-			get(insts[i].Name).inst = &insts[i]
+			s := get(insts[i].Name)
+			s.inst, s.phase = &insts[i], phases[insts[i].Name]
 		}
 	}
 	for i := range regs {
@@ -441,6 +506,9 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 	}
 
 	need := min(p.cfg.Size-idle, p.cfg.Max-total)
+	if p.cfg.Once {
+		need = min(need, p.cfg.Size-p.created)
+	}
 	if p.draining || need <= 0 || now.Before(p.createAfter) {
 		return view, nil
 	}
@@ -496,6 +564,7 @@ func (p *Pool) decide(ctx context.Context, s *slot, now time.Time) State {
 		// busy one is kept: its job may still report back.
 		if s.reg.Status == forge.StatusBusy {
 			p.log.Warn("registration is busy but its machine is gone; leaving it to the forge", "runner", s.name, "id", s.reg.ID)
+			p.reportLost(ctx, s.name, fmt.Sprint("reg", s.reg.ID))
 			return StateOrphan
 		}
 		p.retire(ctx, s, "registration without a machine")
@@ -506,8 +575,28 @@ func (p *Pool) decide(ctx context.Context, s *slot, now time.Time) State {
 		// start): clean up, and the slot is free for a fresh runner.
 		// Its machine goes even if the forge still counts it busy: the
 		// agent is dead either way.
+		switch s.phase {
+		case agent.PhaseDone:
+			// The forge deleted the ephemeral registration itself when
+			// the job ended: nothing to remove there.
+			if s.reg != nil {
+				if f, ok := p.forge.(endedForge); ok && !p.dry {
+					f.Ended(s.reg.ID)
+				}
+				cp := *s
+				cp.reg = nil
+				s = &cp
+			}
+		case agent.PhaseBusy:
+			p.log.Warn("agent died while running a job", "runner", s.name)
+			p.reportLost(ctx, s.name, s.inst.ID)
+		}
 		p.retire(ctx, s, "agent exited")
 		return StateStopping
+
+	case s.reg == nil && s.phase == agent.PhaseBusy:
+		// The forge's list predates the job; never remove a busy runner.
+		return StateBusy
 
 	case s.reg == nil:
 		first, seen := p.missingSince[s.name]
@@ -522,7 +611,19 @@ func (p *Pool) decide(ctx context.Context, s *slot, now time.Time) State {
 	}
 
 	age := now.Sub(s.inst.Created)
-	switch s.reg.Status {
+	status := s.reg.Status
+	// The agent's own word is newer than any listing of the forge.
+	switch s.phase {
+	case agent.PhaseBusy:
+		status = forge.StatusBusy
+	case agent.PhaseDone:
+		return StateStopping // it exits by itself
+	case agent.PhaseReady:
+		if status == forge.StatusOffline {
+			status = forge.StatusIdle
+		}
+	}
+	switch status {
 	case forge.StatusBusy:
 		return StateBusy
 	case forge.StatusOffline:
@@ -548,10 +649,26 @@ func (p *Pool) decide(ctx context.Context, s *slot, now time.Time) State {
 	}
 }
 
+// reportLost tells the forge, once per machine, that a runner died
+// mid-job, so that its job is re-run. Called with p.mu held.
+func (p *Pool) reportLost(ctx context.Context, name, machine string) {
+	f, ok := p.forge.(lostForge)
+	if !ok || !p.cfg.RetryLost || p.dry {
+		return
+	}
+	key := name + "/" + machine
+	if p.lost[key] {
+		return
+	}
+	p.lost[key] = true
+	f.Lost(context.WithoutCancel(ctx), name)
+}
+
 // create registers a runner and starts its machine, in the background.
 // Called with p.mu held.
 func (p *Pool) create(ctx context.Context, name string) {
 	p.pending[name] = "create"
+	p.created++
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -560,6 +677,7 @@ func (p *Pool) create(ctx context.Context, name string) {
 		p.mu.Lock()
 		p.finish(name, "create")
 		if err != nil {
+			p.created--
 			p.failures++
 			wait := min(time.Second<<min(p.failures-1, 6), time.Minute)
 			p.createAfter = p.now().Add(wait)

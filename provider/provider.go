@@ -46,6 +46,9 @@ type Instance struct {
 	Created time.Time
 	// ID is the provider's own identifier (a pid, a container id).
 	ID string
+	// Log is a file on this host holding the agent's output, when the
+	// provider keeps one.
+	Log string
 }
 
 // Provider is a compute backend.

@@ -17,6 +17,7 @@ import (
 	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/forge/gitea"
+	"github.com/runfleet/runfleet/forge/github"
 	"github.com/runfleet/runfleet/pool"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/docker"
@@ -61,13 +62,31 @@ func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
 				Version:   "runfleet-" + Version,
 				Logger:    log.With("forge", fc.Name),
 			})
+		case "github":
+			d, err := github.New(github.Config{
+				URL:            fc.URL,
+				APIURL:         fc.APIURL,
+				Token:          fc.Token.Reveal(),
+				AppID:          fc.AppID,
+				InstallationID: fc.InstallationID,
+				PrivateKey:     []byte(fc.PrivateKey.Reveal()),
+				RunnerGroupID:  fc.RunnerGroupID,
+				CacheTTL:       fc.CacheTTL.Duration,
+				Version:        Version,
+				Logger:         log.With("forge", fc.Name),
+			})
+			if err != nil {
+				return nil, fmt.Errorf("forges: %s: %w", fc.Name, err)
+			}
+			drivers[fc.Name] = d
 		default:
 			return nil, fmt.Errorf("forges: type %q is not supported by this build", fc.Type)
 		}
 	}
 	var errs []error
 	for i, pc := range cfg.Pools {
-		prov, ag, err := f.newProvider(pc)
+		fc, _ := cfg.Forge(pc.Forge)
+		prov, ag, err := f.newProvider(pc, fc.Type)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pools[%d]: %w", i, err))
 			continue
@@ -85,6 +104,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
 			MaxLifetime:      pc.MaxLifetime.Duration,
 			BootstrapTimeout: pc.BootstrapTimeout.Duration,
 			Resync:           cfg.Resync.Duration,
+			RetryLost:        pc.RetryLost == nil || *pc.RetryLost,
 		}, fd, prov, ag, pool.WithLogger(log)))
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -95,16 +115,32 @@ func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
 }
 
 // newProvider makes a pool's provider and agent.
-func (f *Fleet) newProvider(pc config.Pool) (provider.Provider, agent.Agent, error) {
+func (f *Fleet) newProvider(pc config.Pool, forgeType string) (provider.Provider, agent.Agent, error) {
 	path := pc.Agent.Path
+	inContainer := pc.Provider == "docker"
 	if path == "" {
 		path = "gitea-runner"
+		if forgeType == "github" {
+			path = "run.sh"
+			if inContainer {
+				path = "/home/runner/run.sh" // images/github-runner
+			}
+		}
 	}
-	ag := agent.GiteaRunner{Path: path, FetchInterval: pc.Agent.FetchInterval.Duration}
+	if !inContainer {
+		abs, err := exec.LookPath(path)
+		if err != nil {
+			return nil, nil, fmt.Errorf("agent.path: %q: %w", path, err)
+		}
+		path = abs
+	}
+	var ag agent.Agent = agent.GiteaRunner{Path: path, FetchInterval: pc.Agent.FetchInterval.Duration, InContainer: inContainer}
+	if forgeType == "github" {
+		ag = agent.GitHubRunner{Path: path, InContainer: inContainer}
+	}
 	switch pc.Provider {
 	case "docker":
 		// The agent runs from the image's PATH: nothing to look up here.
-		ag.InContainer = true
 		if f.docker == nil {
 			c, err := docker.NewClient()
 			if err != nil {
@@ -134,11 +170,6 @@ func (f *Fleet) newProvider(pc config.Pool) (provider.Provider, agent.Agent, err
 		f.closers = append(f.closers, prov.Close)
 		return prov, ag, nil
 	default:
-		abs, err := exec.LookPath(path)
-		if err != nil {
-			return nil, nil, fmt.Errorf("agent.path: %q: %w", path, err)
-		}
-		ag.Path = abs
 		prov, err := process.New(process.Options{
 			StateDir: f.Config.StateDir, WorkRoot: pc.Workdir, Logger: f.log.With("provider", "process"),
 		})

@@ -180,7 +180,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	}
 	for _, c := range existing {
 		if running(c) {
-			return instance(c, provider.StateRunning), nil
+			return p.instance(c, provider.StateRunning), nil
 		}
 	}
 	for _, c := range existing {
@@ -232,8 +232,8 @@ func containerNameOf(c container.Summary) string {
 	return strings.TrimPrefix(c.Names[0], "/")
 }
 
-func instance(c container.Summary, st provider.State) provider.Instance {
-	return provider.Instance{
+func (p *Provider) instance(c container.Summary, st provider.State) provider.Instance {
+	in := provider.Instance{
 		Name:    c.Labels[LabelRunner],
 		Manager: c.Labels[LabelManager],
 		Pool:    c.Labels[LabelPool],
@@ -241,6 +241,19 @@ func instance(c container.Summary, st provider.State) provider.Instance {
 		Created: time.Unix(c.Created, 0),
 		ID:      c.ID,
 	}
+	if p.opt.LogDir != "" && in.Name != "" {
+		in.Log = p.logFile(c.ID, in.Name)
+	}
+	return in
+}
+
+// logFile is where a container's output is copied.
+func (p *Provider) logFile(id, runner string) string {
+	short := id
+	if len(short) > 12 {
+		short = short[:12]
+	}
+	return filepath.Join(p.opt.LogDir, runner+"-"+short+".log")
 }
 
 // containerConfig is what Create asks the engine for, before the files
@@ -603,10 +616,10 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 				// Adopted after a restart: keep copying its output.
 				p.follow(c.ID, c.Labels[LabelRunner], true)
 			}
-			out = append(out, instance(c, provider.StateRunning))
+			out = append(out, p.instance(c, provider.StateRunning))
 		case c.State == container.StateRemoving, live[c.Labels[LabelRunner]]:
 		default:
-			out = append(out, instance(c, provider.StateExited))
+			out = append(out, p.instance(c, provider.StateExited))
 		}
 	}
 	// Housekeeping is for the manager that runs the pool, not for a
@@ -704,11 +717,7 @@ func (p *Provider) follow(id, runner string, adopted bool) {
 	}
 	p.followed[id] = true
 	p.mu.Unlock()
-	short := id
-	if len(short) > 12 {
-		short = short[:12]
-	}
-	file := filepath.Join(p.opt.LogDir, runner+"-"+short+".log")
+	file := p.logFile(id, runner)
 	var since time.Time
 	if adopted {
 		since = lastTimestamp(file)

@@ -425,7 +425,7 @@ func (p *Provider) pruneLogs() {
 func instance(rec record, st provider.State) provider.Instance {
 	return provider.Instance{
 		Name: rec.Name, Manager: rec.Manager, Pool: rec.Pool, State: st,
-		Created: rec.Created, ID: strconv.Itoa(rec.PID),
+		Created: rec.Created, ID: strconv.Itoa(rec.PID), Log: rec.Log,
 	}
 }
 

@@ -1,0 +1,712 @@
+// Package github is the GitHub Actions forge driver, on go-github.
+//
+// Runners are registered just in time: each gets a single-use JIT config
+// from generate-jitconfig, which can run one job and cannot register
+// further runners. Where JIT is not offered (an older GitHub Enterprise
+// Server), the driver falls back to a registration token and an ephemeral
+// runner, and says so in the log.
+//
+// The driver spends few API calls: the runner list is read at most once
+// per CacheTTL and kept current in between from what the driver itself did
+// (registered, removed) and from what the pool learns from the agents'
+// logs. Rate limits are honoured: a call answered 403 or 429 with
+// X-RateLimit-Remaining: 0 or Retry-After waits until the reset, then is
+// tried again; every HTTP request is counted.
+package github
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bradleyfalzon/ghinstallation/v2"
+	gh "github.com/google/go-github/v92/github"
+
+	"github.com/runfleet/runfleet/forge"
+)
+
+// Environment variables through which GitHub's runner takes its
+// credential (it reads ACTIONS_RUNNER_INPUT_<OPTION> like --<option>, and
+// clears them before any job step runs), so that it is never a process
+// argument.
+const (
+	EnvJITConfig = "ACTIONS_RUNNER_INPUT_JITCONFIG"
+	EnvToken     = "ACTIONS_RUNNER_INPUT_TOKEN"
+	EnvURL       = "ACTIONS_RUNNER_INPUT_URL"
+)
+
+// Config configures a Driver.
+type Config struct {
+	// URL is the repository (https://github.com/owner/repo) or the
+	// organisation (https://github.com/org) whose runners are managed, on
+	// github.com or a GitHub Enterprise Server.
+	URL string
+	// APIURL overrides the REST base derived from URL
+	// (https://api.github.com/ or https://<host>/api/v3/).
+	APIURL string
+	// Token is a personal access token. Or a GitHub App: AppID,
+	// InstallationID and PrivateKey (PEM).
+	Token                 string
+	AppID, InstallationID int64
+	PrivateKey            []byte
+	// RunnerGroupID is the group JIT runners join (1, "Default", if 0).
+	RunnerGroupID int64
+	// CacheTTL is how long a listing of runners is reused (30s if 0).
+	CacheTTL time.Duration
+	// RerunPoll is how often a run that lost its runner is checked until
+	// it ends (15s if 0); RerunWait is how long that goes on (1h if 0).
+	RerunPoll, RerunWait time.Duration
+	Version              string // for the User-Agent
+	Logger               *slog.Logger
+}
+
+// Scope is where runners are registered.
+type Scope struct {
+	Owner string
+	Repo  string // empty for an organisation
+}
+
+func (s Scope) String() string {
+	if s.Repo == "" {
+		return "organisation " + s.Owner
+	}
+	return "repository " + s.Owner + "/" + s.Repo
+}
+
+// ParseURL infers the API base and the scope from a repository or
+// organisation URL, as CML does: one path segment is an organisation, two
+// a repository.
+func ParseURL(raw string) (api string, s Scope, err error) {
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return "", Scope{}, fmt.Errorf("github url %q: want https://<host>/<owner>[/<repo>]", raw)
+	}
+	parts := strings.FieldsFunc(strings.TrimSuffix(u.Path, ".git"), func(r rune) bool { return r == '/' })
+	switch len(parts) {
+	case 1:
+		s = Scope{Owner: parts[0]}
+	case 2:
+		s = Scope{Owner: parts[0], Repo: parts[1]}
+	default:
+		return "", Scope{}, fmt.Errorf("github url %q: want an organisation (/<org>) or a repository (/<owner>/<repo>)", raw)
+	}
+	host := strings.ToLower(u.Host)
+	if host == "github.com" || host == "www.github.com" {
+		return "https://api.github.com/", s, nil
+	}
+	return u.Scheme + "://" + u.Host + "/api/v3/", s, nil
+}
+
+// Driver is a GitHub forge driver.
+type Driver struct {
+	cfg   Config
+	scope Scope
+	api   *gh.Client
+	log   *slog.Logger
+
+	calls     atomic.Int64 // HTTP requests sent
+	waits     atomic.Int64 // waits for a rate-limit reset
+	remaining atomic.Int64 // X-RateLimit-Remaining of the last answer, -1 before one
+
+	listMu   sync.Mutex // one listing at a time
+	mu       sync.Mutex
+	cache    []forge.Runner
+	cachedAt time.Time
+	noJIT    bool
+	reruns   map[int64]bool  // runs whose failed jobs were re-run
+	losing   map[string]bool // lost runners being followed
+}
+
+// New returns a driver. It makes no network call.
+func New(cfg Config) (*Driver, error) {
+	api, scope, err := ParseURL(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.APIURL != "" {
+		api = strings.TrimRight(cfg.APIURL, "/") + "/"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.RunnerGroupID == 0 {
+		cfg.RunnerGroupID = 1
+	}
+	if cfg.CacheTTL == 0 {
+		cfg.CacheTTL = 30 * time.Second
+	}
+	if cfg.RerunPoll == 0 {
+		cfg.RerunPoll = 15 * time.Second
+	}
+	if cfg.RerunWait == 0 {
+		cfg.RerunWait = time.Hour
+	}
+	d := &Driver{cfg: cfg, scope: scope, log: cfg.Logger, reruns: map[int64]bool{}, losing: map[string]bool{}}
+	d.remaining.Store(-1)
+	var rt http.RoundTripper = counting{next: http.DefaultTransport, n: &d.calls}
+	opts := []gh.ClientOptionsFunc{gh.WithURLs(&api, &api), gh.WithUserAgent("runfleet/" + cfg.Version)}
+	switch {
+	case cfg.AppID != 0:
+		if cfg.Token != "" {
+			return nil, errors.New("github: set a token or a GitHub App, not both")
+		}
+		if cfg.InstallationID == 0 || len(cfg.PrivateKey) == 0 {
+			return nil, errors.New("github: a GitHub App needs app_id, installation_id and private_key")
+		}
+		itr, err := ghinstallation.New(rt, cfg.AppID, cfg.InstallationID, cfg.PrivateKey)
+		if err != nil {
+			// The key itself is never part of the message.
+			return nil, fmt.Errorf("github app %d: private key: %w", cfg.AppID, errors.Unwrap(err))
+		}
+		itr.BaseURL = strings.TrimRight(api, "/")
+		rt = itr
+	case cfg.Token != "":
+		opts = append(opts, gh.WithAuthToken(cfg.Token))
+	default:
+		return nil, errors.New("github: a token or a GitHub App is required")
+	}
+	opts = append(opts, gh.WithTransport(rt))
+	d.api, err = gh.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("github: %w", err)
+	}
+	return d, nil
+}
+
+// counting counts the HTTP requests that leave the driver, the installation
+// token requests of a GitHub App included.
+type counting struct {
+	next http.RoundTripper
+	n    *atomic.Int64
+}
+
+func (c counting) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return c.next.RoundTrip(r)
+}
+
+// Calls returns the HTTP requests sent so far.
+func (d *Driver) Calls() int64 { return d.calls.Load() }
+
+// RateLimitWaits returns how many times a call waited for a rate-limit reset.
+func (d *Driver) RateLimitWaits() int64 { return d.waits.Load() }
+
+// RateRemaining returns the last X-RateLimit-Remaining seen, -1 before any.
+func (d *Driver) RateRemaining() int64 { return d.remaining.Load() }
+
+// Scope returns where runners are registered.
+func (d *Driver) Scope() Scope { return d.scope }
+
+const maxRateLimitWaits = 5
+
+// call runs one API request, waiting out rate limits: until the reset that
+// GitHub announced, or Retry-After, and at least a second, so that it
+// never loops tightly. Other errors are returned for the caller's backoff.
+func (d *Driver) call(ctx context.Context, what string, fn func(context.Context) (*gh.Response, error)) error {
+	for attempt := 0; ; attempt++ {
+		resp, err := fn(ctx)
+		if resp != nil && resp.Response != nil && resp.Header.Get(gh.HeaderRateRemaining) != "" {
+			d.remaining.Store(int64(resp.Rate.Remaining))
+		}
+		if err == nil {
+			return nil
+		}
+		wait, limited := rateLimitWait(err, resp)
+		if !limited || attempt >= maxRateLimitWaits {
+			return err
+		}
+		d.waits.Add(1)
+		d.log.Warn("github rate limit reached; waiting for the reset", "call", what, "wait", wait.Round(time.Millisecond))
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%s: waiting for the rate limit reset: %w", what, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// rateLimitWait tells whether err is a rate limit and how long to wait.
+func rateLimitWait(err error, resp *gh.Response) (time.Duration, bool) {
+	const least = time.Second
+	if e, ok := errors.AsType[*gh.RateLimitError](err); ok {
+		// The reset is given in whole seconds; half a second more absorbs
+		// the difference between the two clocks.
+		return max(time.Until(e.Rate.Reset.Time)+500*time.Millisecond, least), true
+	}
+	if e, ok := errors.AsType[*gh.AbuseRateLimitError](err); ok {
+		if e.RetryAfter != nil {
+			return max(*e.RetryAfter, least), true
+		}
+		return time.Minute, true
+	}
+	if e, ok := errors.AsType[*gh.ErrorResponse](err); ok && e.Response != nil {
+		code := e.Response.StatusCode
+		if code != http.StatusTooManyRequests && code != http.StatusForbidden {
+			return 0, false
+		}
+		if ra := e.Response.Header.Get("Retry-After"); ra != "" {
+			if d, err := time.ParseDuration(ra + "s"); err == nil {
+				return max(d, least), true
+			}
+			if t, err := http.ParseTime(ra); err == nil {
+				return max(time.Until(t), least), true
+			}
+		}
+		if code == http.StatusTooManyRequests {
+			return time.Minute, true
+		}
+	}
+	return 0, false
+}
+
+// status returns the HTTP status of an API error, 0 if there is none.
+func status(err error) int {
+	if e, ok := errors.AsType[*gh.ErrorResponse](err); ok && e.Response != nil {
+		return e.Response.StatusCode
+	}
+	return 0
+}
+
+// apiError words an API error for the log: what was asked, where, the
+// status and GitHub's message, without the request URL. The original stays
+// reachable with errors.As.
+func (d *Driver) apiError(what string, err error) error {
+	if e, ok := errors.AsType[*gh.ErrorResponse](err); ok && e.Response != nil {
+		msg := e.Message
+		if msg == "" {
+			msg = http.StatusText(e.Response.StatusCode)
+		}
+		return wrapped{fmt.Sprintf("github %s in %s: %d %s", what, d.scope, e.Response.StatusCode, msg), err}
+	}
+	return fmt.Errorf("github %s in %s: %w", what, d.scope, err)
+}
+
+type wrapped struct {
+	msg string
+	err error
+}
+
+func (w wrapped) Error() string { return w.msg }
+func (w wrapped) Unwrap() error { return w.err }
+
+// Register creates a just-in-time runner. A registration left under the
+// same name (by a crash between registering and starting) is removed
+// first, unless it is running a job.
+func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
+	d.mu.Lock()
+	noJIT := d.noJIT
+	d.mu.Unlock()
+	if !noJIT {
+		cred, err := d.registerJIT(ctx, req)
+		if err == nil || status(err) != http.StatusNotFound {
+			return cred, err
+		}
+		// 404 from generate-jitconfig: the scope exists (the token
+		// endpoint below proves it) but JIT runners do not.
+		tok, terr := d.registrationToken(ctx)
+		if terr != nil {
+			return forge.Credential{}, err
+		}
+		d.mu.Lock()
+		d.noJIT = true
+		d.mu.Unlock()
+		d.log.Warn("github: just-in-time runners are not available here; falling back to registration tokens with ephemeral runners (a registration token can enrol further runners for an hour)", "scope", d.scope.String())
+		return d.tokenCredential(tok), nil
+	}
+	tok, err := d.registrationToken(ctx)
+	if err != nil {
+		return forge.Credential{}, err
+	}
+	return d.tokenCredential(tok), nil
+}
+
+func (d *Driver) tokenCredential(tok string) forge.Credential {
+	return forge.Credential{Env: map[string]string{EnvToken: tok, EnvURL: d.cfg.URL}}
+}
+
+func (d *Driver) registerJIT(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
+	body := gh.CreateJITConfigRequest{Name: req.Name, RunnerGroupID: d.cfg.RunnerGroupID, Labels: req.Labels}
+	var jit *gh.JITRunnerConfig
+	do := func(ctx context.Context) (resp *gh.Response, err error) {
+		if d.scope.Repo == "" {
+			jit, resp, err = d.api.Actions.CreateOrgJITConfig(ctx, d.scope.Owner, body)
+		} else {
+			jit, resp, err = d.api.Actions.CreateRepoJITConfig(ctx, d.scope.Owner, d.scope.Repo, body)
+		}
+		return resp, err
+	}
+	err := d.call(ctx, "generate-jitconfig", do)
+	if nameTaken(err) {
+		// GitHub documents 409 for a name in use; some versions say 422
+		// "already exists". Either way: clear the stale one, try again.
+		if rerr := d.removeByName(ctx, req.Name); rerr != nil {
+			return forge.Credential{}, fmt.Errorf("runner name %s is taken: %w", req.Name, rerr)
+		}
+		err = d.call(ctx, "generate-jitconfig", do)
+	}
+	if err != nil {
+		return forge.Credential{}, d.apiError("register runner "+req.Name, err)
+	}
+	if jit.GetEncodedJITConfig() == "" || jit.GetRunner().GetID() == 0 {
+		return forge.Credential{}, fmt.Errorf("github register runner %s: answer has no JIT config", req.Name)
+	}
+	id := jit.GetRunner().GetID()
+	d.mu.Lock()
+	if !d.cachedAt.IsZero() {
+		d.cache = slices.DeleteFunc(d.cache, func(r forge.Runner) bool { return r.Name == req.Name || r.ID == id })
+		d.cache = append(d.cache, forge.Runner{ID: id, Name: req.Name, Status: forge.StatusOffline, Labels: req.Labels})
+	}
+	d.mu.Unlock()
+	return forge.Credential{RunnerID: id, Env: map[string]string{EnvJITConfig: jit.GetEncodedJITConfig()}}, nil
+}
+
+// nameTaken tells GitHub's answer to a JIT request for a name in use.
+func nameTaken(err error) bool {
+	e, ok := errors.AsType[*gh.ErrorResponse](err)
+	if !ok || e.Response == nil {
+		return false
+	}
+	switch e.Response.StatusCode {
+	case http.StatusConflict:
+		return true
+	case http.StatusUnprocessableEntity:
+		return strings.Contains(strings.ToLower(e.Message), "already exists")
+	}
+	return false
+}
+
+// removeByName removes a leftover registration of that name.
+func (d *Driver) removeByName(ctx context.Context, name string) error {
+	var rs *gh.Runners
+	err := d.call(ctx, "list runners", func(ctx context.Context) (resp *gh.Response, err error) {
+		opt := &gh.ListRunnersOptions{Name: &name}
+		if d.scope.Repo == "" {
+			rs, resp, err = d.api.Actions.ListOrganizationRunners(ctx, d.scope.Owner, opt)
+		} else {
+			rs, resp, err = d.api.Actions.ListRunners(ctx, d.scope.Owner, d.scope.Repo, opt)
+		}
+		return resp, err
+	})
+	if err != nil {
+		return d.apiError("find runner "+name, err)
+	}
+	for _, r := range rs.Runners {
+		if r.GetName() != name {
+			continue
+		}
+		d.log.Info("github: removing a stale registration of the same name", "runner", name, "id", r.GetID())
+		if err := d.RemoveRunner(ctx, r.GetID()); err != nil && !errors.Is(err, forge.ErrNotFound) {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *Driver) registrationToken(ctx context.Context) (string, error) {
+	var t *gh.RegistrationToken
+	err := d.call(ctx, "registration-token", func(ctx context.Context) (resp *gh.Response, err error) {
+		if d.scope.Repo == "" {
+			t, resp, err = d.api.Actions.CreateOrganizationRegistrationToken(ctx, d.scope.Owner)
+		} else {
+			t, resp, err = d.api.Actions.CreateRegistrationToken(ctx, d.scope.Owner, d.scope.Repo)
+		}
+		return resp, err
+	})
+	if err != nil {
+		return "", d.apiError("registration token", err)
+	}
+	return t.GetToken(), nil
+}
+
+// Runners lists the runner registrations in the scope: from GitHub when
+// the last listing is older than CacheTTL, from the kept list otherwise.
+func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
+	d.listMu.Lock()
+	defer d.listMu.Unlock()
+	d.mu.Lock()
+	if !d.cachedAt.IsZero() && time.Since(d.cachedAt) < d.cfg.CacheTTL {
+		out := slices.Clone(d.cache)
+		d.mu.Unlock()
+		return out, nil
+	}
+	d.mu.Unlock()
+	start := time.Now()
+	var out []forge.Runner
+	opt := &gh.ListRunnersOptions{ListOptions: gh.ListOptions{PerPage: 100}}
+	for {
+		var (
+			rs   *gh.Runners
+			next int
+		)
+		err := d.call(ctx, "list runners", func(ctx context.Context) (resp *gh.Response, err error) {
+			if d.scope.Repo == "" {
+				rs, resp, err = d.api.Actions.ListOrganizationRunners(ctx, d.scope.Owner, opt)
+			} else {
+				rs, resp, err = d.api.Actions.ListRunners(ctx, d.scope.Owner, d.scope.Repo, opt)
+			}
+			if resp != nil {
+				next = resp.NextPage
+			}
+			return resp, err
+		})
+		if err != nil {
+			return nil, d.apiError("list runners", err)
+		}
+		for _, r := range rs.Runners {
+			st := forge.StatusIdle
+			switch {
+			case r.GetBusy():
+				st = forge.StatusBusy
+			case r.GetStatus() != "online":
+				st = forge.StatusOffline
+			}
+			labels := make([]string, 0, len(r.Labels))
+			for _, l := range r.Labels {
+				labels = append(labels, l.GetName())
+			}
+			out = append(out, forge.Runner{ID: r.GetID(), Name: r.GetName(), Status: st, Labels: labels})
+		}
+		if next == 0 {
+			break
+		}
+		opt.Page = next
+	}
+	d.mu.Lock()
+	d.cache, d.cachedAt = slices.Clone(out), start
+	d.mu.Unlock()
+	return out, nil
+}
+
+// RemoveRunner removes a registration. GitHub refuses (422) while the
+// runner runs a job: that is ErrBusy, and nothing is removed.
+func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
+	if id == 0 {
+		return forge.ErrNotFound
+	}
+	err := d.call(ctx, "remove runner", func(ctx context.Context) (*gh.Response, error) {
+		if d.scope.Repo == "" {
+			return d.api.Actions.RemoveOrganizationRunner(ctx, d.scope.Owner, id)
+		}
+		return d.api.Actions.RemoveRunner(ctx, d.scope.Owner, d.scope.Repo, id)
+	})
+	switch status(err) {
+	case 0:
+		if err != nil {
+			return d.apiError(fmt.Sprintf("remove runner %d", id), err)
+		}
+		d.forget(id)
+		return nil
+	case http.StatusNotFound:
+		d.forget(id)
+		return fmt.Errorf("github runner %d: %w", id, forge.ErrNotFound)
+	case http.StatusUnprocessableEntity:
+		d.mu.Lock()
+		for i := range d.cache {
+			if d.cache[i].ID == id {
+				d.cache[i].Status = forge.StatusBusy
+			}
+		}
+		d.mu.Unlock()
+		return fmt.Errorf("github runner %d: %w", id, forge.ErrBusy)
+	default:
+		return d.apiError(fmt.Sprintf("remove runner %d", id), err)
+	}
+}
+
+func (d *Driver) forget(id int64) {
+	d.mu.Lock()
+	d.cache = slices.DeleteFunc(d.cache, func(r forge.Runner) bool { return r.ID == id })
+	d.mu.Unlock()
+}
+
+// Ended tells the driver that a runner's agent finished its job: GitHub
+// deletes an ephemeral runner then, so the kept list drops it without a
+// call.
+func (d *Driver) Ended(id int64) { d.forget(id) }
+
+// Jobs lists the repository's jobs with the given status ("queued",
+// "in_progress"), from the runs with that status.
+func (d *Driver) Jobs(ctx context.Context, st string) ([]forge.Job, error) {
+	if d.scope.Repo == "" {
+		return nil, fmt.Errorf("github jobs in %s: listing jobs needs a repository", d.scope)
+	}
+	runs, err := d.runs(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	var out []forge.Job
+	for _, run := range runs {
+		jobs, err := d.runJobs(ctx, run.GetID())
+		if err != nil {
+			return nil, err
+		}
+		for _, j := range jobs {
+			if j.GetStatus() == st {
+				out = append(out, job(j))
+			}
+		}
+	}
+	return out, nil
+}
+
+func job(j *gh.WorkflowJob) forge.Job {
+	return forge.Job{
+		ID: j.GetID(), RunID: j.GetRunID(), Name: j.GetName(), Labels: j.Labels, Status: j.GetStatus(),
+		RunnerID: j.GetRunnerID(), RunnerName: j.GetRunnerName(),
+		CreatedAt: j.GetCreatedAt().Time, StartedAt: j.GetStartedAt().Time,
+	}
+}
+
+func (d *Driver) runs(ctx context.Context, st string) ([]*gh.WorkflowRun, error) {
+	var out []*gh.WorkflowRun
+	opt := &gh.ListWorkflowRunsOptions{Status: st, ListOptions: gh.ListOptions{PerPage: 100}}
+	for {
+		var (
+			rs   *gh.WorkflowRuns
+			next int
+		)
+		err := d.call(ctx, "list runs", func(ctx context.Context) (resp *gh.Response, err error) {
+			rs, resp, err = d.api.Actions.ListRepositoryWorkflowRuns(ctx, d.scope.Owner, d.scope.Repo, opt)
+			if resp != nil {
+				next = resp.NextPage
+			}
+			return resp, err
+		})
+		if err != nil {
+			return nil, d.apiError("list runs", err)
+		}
+		out = append(out, rs.WorkflowRuns...)
+		if next == 0 {
+			return out, nil
+		}
+		opt.Page = next
+	}
+}
+
+func (d *Driver) runJobs(ctx context.Context, runID int64) ([]*gh.WorkflowJob, error) {
+	var out []*gh.WorkflowJob
+	opt := &gh.ListWorkflowJobsOptions{Filter: "latest", ListOptions: gh.ListOptions{PerPage: 100}}
+	for {
+		var (
+			js   *gh.Jobs
+			next int
+		)
+		err := d.call(ctx, "list jobs", func(ctx context.Context) (resp *gh.Response, err error) {
+			js, resp, err = d.api.Actions.ListWorkflowJobs(ctx, d.scope.Owner, d.scope.Repo, runID, opt)
+			if resp != nil {
+				next = resp.NextPage
+			}
+			return resp, err
+		})
+		if err != nil {
+			return nil, d.apiError(fmt.Sprintf("list jobs of run %d", runID), err)
+		}
+		out = append(out, js.Jobs...)
+		if next == 0 {
+			return out, nil
+		}
+		opt.Page = next
+	}
+}
+
+// Lost is told that a runner's machine went away while it ran a job. It
+// finds that job's run and, once GitHub has failed the job and the run has
+// ended, re-runs the run's failed jobs: once per run, as CML does for a
+// spot instance taken back. It returns at once; the wait is in the
+// background, bound to ctx.
+func (d *Driver) Lost(ctx context.Context, runner string) {
+	if d.scope.Repo == "" {
+		d.log.Warn("github: a runner was lost mid-job; re-running needs a repository scope, so its job is left failed", "runner", runner)
+		return
+	}
+	d.mu.Lock()
+	if d.losing[runner] {
+		d.mu.Unlock()
+		return
+	}
+	d.losing[runner] = true
+	d.mu.Unlock()
+	go func() {
+		defer func() {
+			d.mu.Lock()
+			delete(d.losing, runner)
+			d.mu.Unlock()
+		}()
+		if err := d.rerunLost(ctx, runner); err != nil && ctx.Err() == nil {
+			d.log.Error("github: could not re-run the job of a lost runner", "runner", runner, "err", err)
+		}
+	}()
+}
+
+func (d *Driver) rerunLost(ctx context.Context, runner string) error {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.RerunWait)
+	defer cancel()
+	runs, err := d.runs(ctx, "in_progress")
+	if err != nil {
+		return err
+	}
+	var runID int64
+	for _, run := range runs {
+		jobs, err := d.runJobs(ctx, run.GetID())
+		if err != nil {
+			return err
+		}
+		for _, j := range jobs {
+			if j.GetRunnerName() == runner {
+				runID = run.GetID()
+			}
+		}
+	}
+	if runID == 0 {
+		d.log.Info("github: the lost runner's job is not in progress any more; nothing to re-run", "runner", runner)
+		return nil
+	}
+	d.log.Warn("github: runner lost mid-job; its run's failed jobs are re-run once the run ends", "runner", runner, "run", runID)
+	t := time.NewTicker(d.cfg.RerunPoll)
+	defer t.Stop()
+	for {
+		var run *gh.WorkflowRun
+		err := d.call(ctx, "get run", func(ctx context.Context) (resp *gh.Response, err error) {
+			run, resp, err = d.api.Actions.GetWorkflowRunByID(ctx, d.scope.Owner, d.scope.Repo, runID)
+			return resp, err
+		})
+		if err != nil {
+			return d.apiError(fmt.Sprintf("get run %d", runID), err)
+		}
+		if run.GetStatus() == "completed" {
+			if run.GetConclusion() == "success" {
+				return nil
+			}
+			d.mu.Lock()
+			done := d.reruns[runID]
+			d.reruns[runID] = true
+			d.mu.Unlock()
+			if done {
+				return nil
+			}
+			err := d.call(ctx, "rerun failed jobs", func(ctx context.Context) (*gh.Response, error) {
+				return d.api.Actions.RerunFailedJobsByID(ctx, d.scope.Owner, d.scope.Repo, runID)
+			})
+			if err != nil {
+				return d.apiError(fmt.Sprintf("re-run failed jobs of run %d", runID), err)
+			}
+			d.log.Info("github: re-ran the failed jobs of a run whose runner was lost", "runner", runner, "run", runID)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
