@@ -103,12 +103,14 @@ type Pool struct {
 	done         map[string]doneOp
 	missingSince map[string]time.Time // running machine seen without registration
 	draining     bool
-	machines     int             // the pool's machines at the last listing
-	failures     int             // consecutive failed creates
-	created      int             // runners started or being started, for Once
-	lost         map[string]bool // runner/machine reported lost
-	createAfter  time.Time       // no create before this (backoff)
-	view         []Runner        // after the last pass
+	machines     int                  // the pool's machines at the last listing
+	failures     int                  // consecutive failed creates
+	created      int                  // runners started or being started, for Once
+	lost         map[string]bool      // runner/machine reported lost
+	logs         map[string]string    // slot -> agent log of its last machine seen
+	vanished     map[string]time.Time // slot whose machine vanished mid-job, since
+	createAfter  time.Time            // no create before this (backoff)
+	view         []Runner             // after the last pass
 	lastErr      error
 }
 
@@ -142,6 +144,8 @@ func New(cfg Config, f Forge, prov provider.Provider, a agent.Agent, opts ...Opt
 		done:         map[string]doneOp{},
 		missingSince: map[string]time.Time{},
 		lost:         map[string]bool{},
+		logs:         map[string]string{},
+		vanished:     map[string]time.Time{},
 	}
 	for _, o := range opts {
 		o(p)
@@ -303,6 +307,11 @@ func (p *Pool) finish(name, op string) {
 	p.done[name] = doneOp{p.epoch, op}
 }
 
+// vanishedGrace is how long a registration whose machine vanished mid-job
+// is left for the forge to fail the job and drop it, before the pool
+// removes it itself (GitHub gives up on a lost runner within minutes).
+const vanishedGrace = 15 * time.Minute
+
 type slot struct {
 	name  string
 	inst  *provider.Instance
@@ -310,19 +319,26 @@ type slot struct {
 	phase agent.Phase // from the agent's output, when it tells
 }
 
-// phases reads what the agents' output says, for agents that tell.
+// phases reads what the agents' output says, for agents that tell: of
+// the machines listed, and of the last machine seen in each slot, whose
+// log outlives it (a container removed when it exits).
 func (p *Pool) phases(insts []provider.Instance) map[string]agent.Phase {
 	rep, ok := p.agent.(agent.Reporter)
 	if !ok {
 		return nil
 	}
-	out := map[string]agent.Phase{}
+	p.mu.Lock()
+	logs := maps.Clone(p.logs)
+	p.mu.Unlock()
 	for _, in := range insts {
-		if in.Log == "" || in.Pool != p.cfg.Name || !p.Owns(in.Name) {
-			continue
+		if in.Log != "" && in.Pool == p.cfg.Name && p.Owns(in.Name) {
+			logs[in.Name] = in.Log
 		}
-		if b := tail(in.Log, 32<<10); len(b) > 0 {
-			out[in.Name] = rep.Phase(b)
+	}
+	out := map[string]agent.Phase{}
+	for name, log := range logs {
+		if b := tail(log, 32<<10); len(b) > 0 {
+			out[name] = rep.Phase(b)
 		}
 	}
 	return out
@@ -401,7 +417,7 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 	for i := range insts {
 		if insts[i].Pool == p.cfg.Name && p.Owns(insts[i].Name) {
 			s := get(insts[i].Name)
-			s.inst, s.phase = &insts[i], phases[insts[i].Name]
+			s.inst = &insts[i]
 		}
 	}
 	for i := range regs {
@@ -421,10 +437,25 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 		s.reg = &regs[i]
 	}
 
+	for name, s := range slots {
+		s.phase = phases[name]
+	}
+
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.lastErr = nil
 	if act {
+		for name := range p.logs {
+			if _, ok := slots[name]; !ok {
+				delete(p.logs, name) // gone from the provider and the forge
+				delete(p.vanished, name)
+			}
+		}
+		for _, s := range slots {
+			if s.inst != nil && s.inst.Log != "" {
+				p.logs[s.name] = s.inst.Log
+			}
+		}
 		for name, d := range p.done {
 			if d.epoch <= since { // this pass's snapshot shows its result
 				delete(p.done, name)
@@ -536,6 +567,7 @@ func (p *Pool) observer() *Pool {
 	return &Pool{
 		cfg: p.cfg, log: p.log, now: p.now, names: p.names, dry: true,
 		pending: maps.Clone(p.pending), done: maps.Clone(p.done), epoch: p.epoch, missingSince: maps.Clone(p.missingSince), draining: p.draining,
+		vanished: maps.Clone(p.vanished), logs: maps.Clone(p.logs), lost: maps.Clone(p.lost),
 	}
 }
 
@@ -558,6 +590,36 @@ func (p *Pool) LastError() error {
 // come up, or are idle while the pool drains. Called with p.mu held.
 func (p *Pool) decide(ctx context.Context, s *slot, now time.Time) State {
 	switch {
+	case s.inst == nil && s.phase == agent.PhaseDone:
+		// The machine ended after its job (a container removed on exit):
+		// the forge deleted the ephemeral registration itself.
+		if f, ok := p.forge.(endedForge); ok && !p.dry {
+			f.Ended(s.reg.ID)
+			delete(p.logs, s.name)
+			p.Trigger()
+			return StateStopping
+		}
+		p.retire(ctx, s, "agent exited")
+		return StateStopping
+
+	case s.inst == nil && s.phase == agent.PhaseBusy:
+		// The machine vanished mid-job (killed, out of memory, taken
+		// back). The forge still counts the runner busy until it gives up
+		// on it; the registration goes once it says otherwise.
+		first, seen := p.vanished[s.name]
+		if !seen {
+			p.log.Warn("runner's machine vanished while it ran a job", "runner", s.name, "id", s.reg.ID)
+			p.reportLost(ctx, s.name, fmt.Sprint("reg", s.reg.ID))
+			p.vanished[s.name] = now
+			first = now
+		}
+		if now.Sub(first) > vanishedGrace {
+			delete(p.vanished, s.name)
+			delete(p.logs, s.name)
+			p.retire(ctx, s, "machine vanished mid-job")
+		}
+		return StateOrphan
+
 	case s.inst == nil:
 		// A registration without a machine: left by a crash between
 		// registering and starting, or by a machine that vanished. A

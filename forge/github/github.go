@@ -62,7 +62,7 @@ type Config struct {
 	// CacheTTL is how long a listing of runners is reused (30s if 0).
 	CacheTTL time.Duration
 	// RerunPoll is how often a run that lost its runner is checked until
-	// it ends (15s if 0); RerunWait is how long that goes on (1h if 0).
+	// it ends (5s if 0); RerunWait is how long that goes on (1h if 0).
 	RerunPoll, RerunWait time.Duration
 	Version              string // for the User-Agent
 	Logger               *slog.Logger
@@ -144,7 +144,7 @@ func New(cfg Config) (*Driver, error) {
 		cfg.CacheTTL = 30 * time.Second
 	}
 	if cfg.RerunPoll == 0 {
-		cfg.RerunPoll = 15 * time.Second
+		cfg.RerunPoll = 5 * time.Second
 	}
 	if cfg.RerunWait == 0 {
 		cfg.RerunWait = time.Hour
@@ -651,9 +651,15 @@ func (d *Driver) Lost(ctx context.Context, runner string) {
 func (d *Driver) rerunLost(ctx context.Context, runner string) error {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.RerunWait)
 	defer cancel()
-	runs, err := d.runs(ctx, "in_progress")
-	if err != nil {
-		return err
+	// In progress while GitHub still waits for the runner; failed once
+	// it has given up on it.
+	var runs []*gh.WorkflowRun
+	for _, st := range []string{"in_progress", "failure"} {
+		rs, err := d.runs(ctx, st)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, rs...)
 	}
 	var runID int64
 	for _, run := range runs {

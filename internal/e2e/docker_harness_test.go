@@ -75,3 +75,9 @@ func (f *fleet) inspect(id string) container.InspectResponse {
 	}
 	return res.Container
 }
+
+func (f *fleet) removeContainers() {
+	for _, c := range f.containers() {
+		_, _ = dockerCli.ContainerRemove(context.Background(), c.ID, client.ContainerRemoveOptions{Force: true})
+	}
+}

@@ -21,6 +21,7 @@ import (
 	sdk "code.gitea.io/sdk/gitea"
 	"github.com/moby/moby/client"
 
+	"github.com/runfleet/runfleet/internal/ghsim"
 	"github.com/runfleet/runfleet/internal/peers"
 )
 
@@ -93,6 +94,7 @@ type fleet struct {
 	waitErr  chan error
 	startCnt int
 	docker   bool
+	gh       *ghsim.Server // a GitHub fleet's simulator
 }
 
 type fleetOptions struct {
@@ -182,7 +184,7 @@ func (f *fleet) start() {
 		f.t.Fatal(err)
 	}
 	f.cmd = exec.Command(fleetBin, "serve", "-c", f.config, "--log-level", "debug")
-	f.cmd.Env = append(os.Environ(), "E2E_GITEA_TOKEN="+gitea.Token)
+	f.cmd.Env = append(os.Environ(), "E2E_GITEA_TOKEN="+gitea.Token, "E2E_GITHUB_TOKEN="+ghToken)
 	f.cmd.Stdout, f.cmd.Stderr = logf, logf
 	if err := f.cmd.Start(); err != nil {
 		f.t.Fatal(err)
@@ -210,7 +212,11 @@ func (f *fleet) stopLeavesNothing() {
 	if err := f.stop(time.Minute); err != nil {
 		f.t.Fatalf("manager exit after SIGTERM: %v", err)
 	}
-	if r := f.runners(); len(r) != 0 {
+	if f.gh != nil {
+		if r := f.gh.Runners(); len(r) != 0 {
+			f.t.Errorf("%d registrations left at GitHub after shutdown: %+v", len(r), r)
+		}
+	} else if r := f.runners(); len(r) != 0 {
 		f.t.Errorf("%d registrations left after shutdown", len(r))
 	}
 	if p := f.runnerPIDs(); len(p) != 0 {

@@ -25,6 +25,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -53,9 +54,10 @@ type Options struct {
 	// NoJIT answers 404 for generate-jitconfig, as a GitHub Enterprise
 	// Server older than JIT runners does.
 	NoJIT bool
-	// RunnerURL is the address runners reach the simulator at, written
-	// into their JIT config; the test server's URL when empty.
-	RunnerURL string
+	// RunnerHost is the host runners reach the simulator at, written
+	// into their JIT config (host.docker.internal for containers); the
+	// server then listens on every address. 127.0.0.1 when empty.
+	RunnerHost string
 	// LostAfter is how long a runner may go without a heartbeat before
 	// GitHub gives it up: a job it held fails. Default 3s.
 	LostAfter time.Duration
@@ -110,9 +112,10 @@ type Run struct {
 
 // Server is a running simulator.
 type Server struct {
-	URL string // base of the web side; the API is at URL/api/v3/
-	opt Options
-	ts  *httptest.Server
+	URL       string // base of the web side; the API is at URL/api/v3/
+	runnerURL string
+	opt       Options
+	ts        *httptest.Server
 
 	mu        sync.Mutex
 	nextID    int64
@@ -125,6 +128,7 @@ type Server struct {
 	calls     map[string]int // "METHOD /path pattern" -> count
 	limitTill time.Time      // rate limit exhausted until
 	limited   int            // requests answered 403 rate limited
+	dups      int            // JIT requests refused for a name in use
 	reruns    []int64
 	stop      chan struct{}
 }
@@ -169,8 +173,21 @@ func New(opt Options) *Server {
 	mux.HandleFunc("POST /_runner/acquire", s.runnerAcquire)
 	mux.HandleFunc("POST /_runner/heartbeat", s.runnerHeartbeat)
 	mux.HandleFunc("POST /_runner/complete", s.runnerComplete)
-	s.ts = httptest.NewServer(mux)
-	s.URL = s.ts.URL
+	s.ts = httptest.NewUnstartedServer(mux)
+	if opt.RunnerHost != "" {
+		l, err := net.Listen("tcp", "0.0.0.0:0")
+		if err != nil {
+			panic("ghsim: listen: " + err.Error())
+		}
+		s.ts.Listener = l
+	}
+	s.ts.Start()
+	_, port, _ := net.SplitHostPort(s.ts.Listener.Addr().String())
+	s.URL = "http://127.0.0.1:" + port
+	s.runnerURL = s.URL
+	if opt.RunnerHost != "" {
+		s.runnerURL = "http://" + opt.RunnerHost + ":" + port
+	}
 	go s.reap()
 	return s
 }
@@ -223,6 +240,20 @@ func (s *Server) RateLimited() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.limited
+}
+
+// Duplicates returns how many JIT requests were refused for a name in use.
+func (s *Server) Duplicates() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.dups
+}
+
+// SetDuplicateStatus changes the answer to a JIT request for a name in use.
+func (s *Server) SetDuplicateStatus(code int) {
+	s.mu.Lock()
+	s.opt.DuplicateStatus = code
+	s.mu.Unlock()
 }
 
 // JITNames returns the names JIT configs were generated for, in order.
@@ -451,6 +482,7 @@ func (s *Server) generateJIT(w http.ResponseWriter, r *http.Request, scope strin
 	defer s.mu.Unlock()
 	for _, x := range s.runners {
 		if x.Scope == scope && x.Name == body.Name {
+			s.dups++
 			fail(w, s.opt.DuplicateStatus, "Already exists - A runner with the name "+body.Name+" already exists.", "/actions/self-hosted-runners")
 			return
 		}
@@ -464,10 +496,7 @@ func (s *Server) generateJIT(w http.ResponseWriter, r *http.Request, scope strin
 // encodeJIT builds a config shaped like GitHub's: base64 of a JSON map of
 // the runner's settings files, each base64 encoded.
 func (s *Server) encodeJIT(r *Runner) string {
-	url := s.opt.RunnerURL
-	if url == "" {
-		url = s.URL
-	}
+	url := s.runnerURL
 	b64 := func(v any) string {
 		b, _ := json.Marshal(v)
 		return base64.StdEncoding.EncodeToString(b)

@@ -40,12 +40,20 @@ const (
 // tag. The tag is a hash of the inputs, so an image already built is
 // reused. With runner "" the image has only bash and busybox.
 func RunnerImage(ctx context.Context, cli *client.Client, runner string) (string, error) {
-	inputs := map[string]string{"bin/gitea-runner": runner, "bin/bash": BashStatic, "bin/busybox": BusyboxStatic}
-	bins := []string{"bin/gitea-runner", "bin/bash", "bin/busybox"}
-	repo := RunnerImageRepo
 	if runner == "" {
-		bins = bins[1:]
-		repo = BaseImageRepo
+		return AgentImage(ctx, cli, BaseImageRepo, "", "")
+	}
+	return AgentImage(ctx, cli, RunnerImageRepo, "gitea-runner", runner)
+}
+
+// AgentImage is RunnerImage for any static agent binary, installed as
+// /bin/<name>.
+func AgentImage(ctx context.Context, cli *client.Client, repo, name, bin string) (string, error) {
+	inputs := map[string]string{"bin/bash": BashStatic, "bin/busybox": BusyboxStatic}
+	bins := []string{"bin/bash", "bin/busybox"}
+	if name != "" {
+		inputs["bin/"+name] = bin
+		bins = append(bins, "bin/"+name)
 	}
 	data := map[string][]byte{}
 	h := sha256.New()

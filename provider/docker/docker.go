@@ -109,6 +109,7 @@ type Provider struct {
 	// followed holds the containers whose output this provider copies
 	// (true) or has copied (false), until they are gone.
 	followed map[string]bool
+	copied   map[string]chan struct{} // closed when a container's copy ends
 	wg       sync.WaitGroup
 	// watching is set once the pool runs (Watch was called): only then
 	// does List adopt output copies and prune files.
@@ -148,7 +149,7 @@ func New(opt Options) (*Provider, error) {
 		opt.Logger.Warn("pool mounts the Docker socket: every job can control the host's Docker engine, and so the host", "pool", opt.Pool)
 	}
 	bg, cancel := context.WithCancel(context.Background())
-	return &Provider{opt: opt, cli: opt.Client, log: opt.Logger, followed: map[string]bool{}, bg: bg, cancel: cancel}, nil
+	return &Provider{opt: opt, cli: opt.Client, log: opt.Logger, followed: map[string]bool{}, copied: map[string]chan struct{}{}, bg: bg, cancel: cancel}, nil
 }
 
 // NewClient connects to the engine named by DOCKER_HOST (the local socket
@@ -688,6 +689,7 @@ func (p *Provider) watchOnce(ctx context.Context, since time.Time, changed func(
 				p.removeFiles(m.Actor.Attributes["name"])
 			case events.ActionDie:
 				p.log.Info("runner container exited", "runner", runner, "exit_code", m.Actor.Attributes["exitCode"])
+				p.awaitCopy(m.Actor.ID)
 			case events.ActionOOM:
 				p.log.Warn("runner container ran out of memory", "runner", runner)
 			}
@@ -716,6 +718,8 @@ func (p *Provider) follow(id, runner string, adopted bool) {
 		return
 	}
 	p.followed[id] = true
+	done := make(chan struct{})
+	p.copied[id] = done
 	p.mu.Unlock()
 	file := p.logFile(id, runner)
 	var since time.Time
@@ -729,8 +733,27 @@ func (p *Provider) follow(id, runner string, adopted bool) {
 		}
 		p.mu.Lock()
 		p.followed[id] = false
+		delete(p.copied, id)
 		p.mu.Unlock()
+		close(done)
 	})
+}
+
+// awaitCopy waits, briefly, for a dead container's output copy to end, so
+// that the pass its exit triggers reads the agent's last lines.
+func (p *Provider) awaitCopy(id string) {
+	p.mu.Lock()
+	done, ok := p.copied[id]
+	p.mu.Unlock()
+	if !ok {
+		return
+	}
+	t := time.NewTimer(2 * time.Second)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // forget drops what follow remembers of containers that are gone and
