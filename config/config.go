@@ -104,6 +104,9 @@ type Pool struct {
 	// RetryLost re-runs a job whose runner's machine went away mid-job
 	// (GitHub: the run's failed jobs, once). Default true.
 	RetryLost *bool `json:"retry_lost,omitempty"`
+	// Single fills the pool's slots once: a one-shot runner
+	// (`runfleet runner --single`). Not settable from YAML.
+	Single bool `json:"-"`
 }
 
 // Agent configures the forge's runner agent.
@@ -343,6 +346,13 @@ func defaultStateDir(id string) string {
 // runner names, process records and (later) container and instance names,
 // so it is held to DNS-label rules.
 var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$`)
+
+// Complete defaults and validates a config built in code rather than
+// parsed (the CML-compatible `runfleet runner`).
+func (c *Config) Complete() error {
+	c.setDefaults()
+	return c.Validate()
+}
 
 // Validate checks a defaulted config and returns every problem found.
 func (c *Config) Validate() error {

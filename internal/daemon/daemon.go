@@ -105,6 +105,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
 			BootstrapTimeout: pc.BootstrapTimeout.Duration,
 			Resync:           cfg.Resync.Duration,
 			RetryLost:        pc.RetryLost == nil || *pc.RetryLost,
+			Once:             pc.Single,
 		}, fd, prov, ag, pool.WithLogger(log)))
 	}
 	if err := errors.Join(errs...); err != nil {
