@@ -204,3 +204,31 @@ func TestDurationRoundTrip(t *testing.T) {
 		t.Fatalf("%v %v", d, err)
 	}
 }
+
+func TestGitHubForge(t *testing.T) {
+	dir := t.TempDir()
+	key := filepath.Join(dir, "app.pem")
+	if err := os.WriteFile(key, []byte("-----BEGIN RSA PRIVATE KEY-----\nAAAA\n-----END RSA PRIVATE KEY-----\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pools := "pools:\n  - name: gpu\n    labels: [gpu]\n    size: 1\n"
+	c, err := Parse([]byte("forges:\n  - name: gh\n    type: github\n    url: https://github.com/acme/models\n    app_id: 12\n    installation_id: 34\n    private_key_file: " + key + "\n" + pools))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := c.Forges[0]; f.AppID != 12 || !strings.Contains(f.PrivateKey.Reveal(), "RSA PRIVATE KEY") || fmt.Sprint(f) == "" || strings.Contains(fmt.Sprintf("%v", f), "RSA PRIVATE KEY") {
+		t.Errorf("forge = %v", f)
+	}
+	for doc, want := range map[string]string{
+		"    url: https://github.com/\n    token: t\n":                         "forges[0].url: \"https://github.com\" must name an organisation",
+		"    url: https://github.com/acme/models\n":                            "forges[0].token: is required",
+		"    url: https://github.com/acme/models\n    token: t\n    app_id: 1\n": "forges[0].token: set a token or a GitHub App",
+		"    url: https://github.com/acme/models\n    app_id: 1\n":             "forges[0].installation_id: is required with a GitHub App",
+		"    url: https://github.com/acme/models\n    token: t\n    repo: a/b\n": "forges[0].scope: github infers the scope from url",
+	} {
+		_, err := Parse([]byte("forges:\n  - name: gh\n    type: github\n" + doc + pools))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: err = %v, want %q", doc, err, want)
+		}
+	}
+}
