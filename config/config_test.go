@@ -220,10 +220,10 @@ func TestGitHubForge(t *testing.T) {
 		t.Errorf("forge = %v", f)
 	}
 	for doc, want := range map[string]string{
-		"    url: https://github.com/\n    token: t\n":                         "forges[0].url: \"https://github.com\" must name an organisation",
-		"    url: https://github.com/acme/models\n":                            "forges[0].token: is required",
+		"    url: https://github.com/\n    token: t\n":                           "forges[0].url: \"https://github.com\" must name an organisation",
+		"    url: https://github.com/acme/models\n":                              "forges[0].token: is required",
 		"    url: https://github.com/acme/models\n    token: t\n    app_id: 1\n": "forges[0].token: set a token or a GitHub App",
-		"    url: https://github.com/acme/models\n    app_id: 1\n":             "forges[0].installation_id: is required with a GitHub App",
+		"    url: https://github.com/acme/models\n    app_id: 1\n":               "forges[0].installation_id: is required with a GitHub App",
 		"    url: https://github.com/acme/models\n    token: t\n    repo: a/b\n": "forges[0].scope: github infers the scope from url",
 	} {
 		_, err := Parse([]byte("forges:\n  - name: gh\n    type: github\n" + doc + pools))
