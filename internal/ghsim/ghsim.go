@@ -181,13 +181,14 @@ func New(opt Options) *Server {
 		}
 		s.ts.Listener = l
 	}
-	s.ts.Start()
+	// The addresses are set before the server starts: handlers read them.
 	_, port, _ := net.SplitHostPort(s.ts.Listener.Addr().String())
 	s.URL = "http://127.0.0.1:" + port
 	s.runnerURL = s.URL
 	if opt.RunnerHost != "" {
 		s.runnerURL = "http://" + opt.RunnerHost + ":" + port
 	}
+	s.ts.Start()
 	go s.reap()
 	return s
 }
