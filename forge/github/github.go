@@ -202,9 +202,6 @@ func (d *Driver) RateLimitWaits() int64 { return d.waits.Load() }
 // RateRemaining returns the last X-RateLimit-Remaining seen, -1 before any.
 func (d *Driver) RateRemaining() int64 { return d.remaining.Load() }
 
-// Scope returns where runners are registered.
-func (d *Driver) Scope() Scope { return d.scope }
-
 const maxRateLimitWaits = 5
 
 // call runs one API request, waiting out rate limits: until the reset that

@@ -127,21 +127,7 @@ forges:
 	if err := os.WriteFile(f.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if f.cmd != nil && f.cmd.ProcessState == nil {
-			_ = f.cmd.Process.Signal(syscall.SIGKILL)
-			<-f.waitErr
-		}
-		if t.Failed() || os.Getenv("E2E_LOGS") != "" {
-			f.dumpLogs()
-		}
-		for _, p := range f.runnerPIDs() {
-			_ = syscall.Kill(-p, syscall.SIGKILL)
-		}
-		if f.docker {
-			f.removeContainers()
-		}
-	})
+	t.Cleanup(f.cleanup)
 	return f
 }
 

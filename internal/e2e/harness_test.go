@@ -19,7 +19,6 @@ import (
 	"time"
 
 	sdk "code.gitea.io/sdk/gitea"
-	"github.com/moby/moby/client"
 
 	"github.com/runfleet/runfleet/internal/ghsim"
 	"github.com/runfleet/runfleet/internal/peers"
@@ -153,25 +152,27 @@ pools:
 	if err := os.WriteFile(f.config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if f.cmd != nil && f.cmd.ProcessState == nil {
-			_ = f.cmd.Process.Signal(syscall.SIGKILL)
-			<-f.waitErr
-		}
-		if t.Failed() || os.Getenv("E2E_LOGS") != "" {
-			f.dumpLogs()
-		}
-		// Whatever a failed test left, no runner process may outlive it.
-		for _, p := range f.runnerPIDs() {
-			_ = syscall.Kill(-p, syscall.SIGKILL)
-		}
-		if f.docker {
-			for _, c := range f.containers() {
-				_, _ = dockerCli.ContainerRemove(context.Background(), c.ID, client.ContainerRemoveOptions{Force: true})
-			}
-		}
-	})
+	t.Cleanup(f.cleanup)
 	return f
+}
+
+// cleanup kills what a test left running: the manager, runner processes
+// and containers, after dumping the logs of a failed test.
+func (f *fleet) cleanup() {
+	if f.cmd != nil && f.cmd.ProcessState == nil {
+		_ = f.cmd.Process.Signal(syscall.SIGKILL)
+		<-f.waitErr
+	}
+	if f.t.Failed() || os.Getenv("E2E_LOGS") != "" {
+		f.dumpLogs()
+	}
+	// Whatever a failed test left, no runner process may outlive it.
+	for _, p := range f.runnerPIDs() {
+		_ = syscall.Kill(-p, syscall.SIGKILL)
+	}
+	if f.docker {
+		f.removeContainers()
+	}
 }
 
 // start runs `runfleet serve` with the token only in its environment.
