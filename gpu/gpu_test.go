@@ -35,7 +35,7 @@ func TestParseSMIHosts(t *testing.T) {
 		{
 			file: "h100x4-v12.xml", driver: "550.54.15", cuda: Version{12, 4}, gpus: 4,
 			// Listed out of PCI order; NVML's index follows the bus id.
-			units: []string{"GPU-0b1e2d3c-4a5b-6c7d-8e9f-a0b1c2d3e4f5", "GPU-1c2d3e4f-5a6b-4c7d-9e8f-0a1b2c3d4e5f", "GPU-5a6b7c8d-9e0f-4a1b-8c2d-3e4f5a6b7c8d", "GPU-7e4c1a3b-9d2e-4f61-8a0b-3c5d7e9f1a20"},
+			units:  []string{"GPU-0b1e2d3c-4a5b-6c7d-8e9f-a0b1c2d3e4f5", "GPU-1c2d3e4f-5a6b-4c7d-9e8f-0a1b2c3d4e5f", "GPU-5a6b7c8d-9e0f-4a1b-8c2d-3e4f5a6b7c8d", "GPU-7e4c1a3b-9d2e-4f61-8a0b-3c5d7e9f1a20"},
 			labels: "[gpu gpu-h100 gpus-1 cuda-12.4]",
 		},
 		{
