@@ -33,8 +33,18 @@ type Config struct {
 	// DrainTimeout is how long shutdown waits for busy runners.
 	DrainTimeout Duration `json:"drain_timeout"`
 
+	// GPU says how this host's GPUs are found.
+	GPU GPUDetection `json:"gpu"`
+
 	Forges []Forge `json:"forges"`
 	Pools  []Pool  `json:"pools"`
+}
+
+// GPUDetection says how the host's GPUs are found.
+type GPUDetection struct {
+	// NvidiaSMI is the nvidia-smi to run. When set, runfleet reads the
+	// GPUs from it rather than through NVML.
+	NvidiaSMI string `json:"nvidia_smi"`
 }
 
 // Forge is one forge connection.
@@ -107,7 +117,55 @@ type Pool struct {
 	// Single fills the pool's slots once: a one-shot runner
 	// (`runfleet runner --single`). Not settable from YAML.
 	Single bool `json:"-"`
+
+	// GPUsPerRunner gives each runner GPUs of its own (or MIG devices): a
+	// number, or "all". A GPU is never given to two live runners.
+	GPUsPerRunner GPUCount `json:"gpus_per_runner"`
+	// HardwareLabels adds labels that describe each runner's GPUs (gpu,
+	// gpu-h200, gpus-1, cuda-12.4), so that jobs can ask for hardware in
+	// runs-on. Default true.
+	HardwareLabels *bool `json:"hardware_labels,omitempty"`
+	// SizeFromGPUs is set when gpus_per_runner is and size is not: the
+	// size is then what the host's GPUs allow, known once they are found.
+	SizeFromGPUs bool `json:"-"`
 }
+
+// GPUCount is a number of GPUs, or "all" (-1).
+type GPUCount int
+
+// AllGPUs is gpus_per_runner: all.
+const AllGPUs GPUCount = -1
+
+func (g GPUCount) MarshalJSON() ([]byte, error) {
+	if g == AllGPUs {
+		return json.Marshal("all")
+	}
+	return json.Marshal(int(g))
+}
+
+// badGPUCount marks a value that did not parse, for Validate to name.
+const badGPUCount GPUCount = -2
+
+func (g *GPUCount) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		*g = badGPUCount
+		if s == "all" {
+			*g = AllGPUs
+		}
+		return nil
+	}
+	var n int
+	if err := json.Unmarshal(b, &n); err != nil || n < 0 {
+		*g = badGPUCount
+		return nil
+	}
+	*g = GPUCount(n)
+	return nil
+}
+
+// HasHardwareLabels reports whether runners get hardware labels.
+func (p Pool) HasHardwareLabels() bool { return p.HardwareLabels == nil || *p.HardwareLabels }
 
 // Agent configures the forge's runner agent.
 type Agent struct {
@@ -158,6 +216,17 @@ func Parse(data []byte) (*Config, error) {
 	}
 	if err := yaml.UnmarshalStrict(data, &c); err != nil {
 		return nil, parseError(err)
+	}
+	// A pool of GPU runners without a size is sized by its GPUs.
+	var given struct {
+		Pools []map[string]json.RawMessage `json:"pools"`
+	}
+	if err := yaml.Unmarshal(data, &given); err == nil {
+		for i := range min(len(given.Pools), len(c.Pools)) {
+			if _, ok := given.Pools[i]["size"]; !ok && c.Pools[i].GPUsPerRunner != 0 {
+				c.Pools[i].SizeFromGPUs = true
+			}
+		}
 	}
 	if err := c.resolve(); err != nil {
 		return nil, err
@@ -306,7 +375,7 @@ func (c *Config) setDefaults() {
 				p.Provider = "docker"
 			}
 		}
-		if p.Max == 0 {
+		if p.Max == 0 && !p.SizeFromGPUs {
 			p.Max = p.Size
 		}
 		if p.IdleTimeout.Duration == 0 && p.IdleTimeout.invalid == "" {
@@ -464,7 +533,7 @@ func (c *Config) Validate() error {
 		}
 		if p.Max < 0 {
 			bad(field+".max", "must not be negative, got %d", p.Max)
-		} else if p.Max < p.Size {
+		} else if p.Max < p.Size && !p.SizeFromGPUs {
 			bad(field+".max", "%d is less than size %d", p.Max, p.Size)
 		}
 		if p.Max > 10000 {
@@ -474,6 +543,9 @@ func (c *Config) Validate() error {
 			if err := d.check(); err != nil {
 				bad(field+"."+name, "%v", err)
 			}
+		}
+		if p.GPUsPerRunner == badGPUCount {
+			bad(field+".gpus_per_runner", "must be a whole number of GPUs or \"all\"")
 		}
 		if p.Workdir != "" && !filepath.IsAbs(p.Workdir) {
 			bad(field+".workdir", "%q must be an absolute path", p.Workdir)
@@ -489,6 +561,9 @@ func (c *Config) Validate() error {
 		case p.Provider == "docker":
 			for _, err := range p.Docker.validate() {
 				errs = append(errs, fmt.Errorf("%s.docker.%w", field, err))
+			}
+			if p.GPUsPerRunner > 0 && p.Docker.GPUs.Any() || p.GPUsPerRunner == AllGPUs && p.Docker.GPUs.Any() {
+				bad(field+".gpus_per_runner", "is set with docker.gpus, which gives every runner the same GPUs; keep one of them")
 			}
 		case p.Docker != nil:
 			bad(field+".docker", "is set but provider is %q; set provider: docker", p.Provider)

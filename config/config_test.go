@@ -141,6 +141,12 @@ func TestInvalidConfigsNameTheField(t *testing.T) {
 		{"docker without section", edit("size: 2", "size: 2\n    provider: docker"), []string{"pools[0].docker", "is required"}},
 		{"docker section on process pool", edit("size: 2", "size: 2\n    provider: process\n    docker: {image: x}"), []string{"pools[0].docker", `"process"`}},
 		{"docker without image", edit("size: 2", "size: 2\n    docker: {network: host}"), []string{"pools[0].docker.image", "required"}},
+		{"bad gpus_per_runner", edit("size: 2", "size: 2\n    gpus_per_runner: some"), []string{"pools[0].gpus_per_runner", `"all"`}},
+		{"negative gpus_per_runner", edit("size: 2", "size: 2\n    gpus_per_runner: -3"), []string{"pools[0].gpus_per_runner"}},
+		{"gpus_per_runner with docker gpus", edit("size: 2", "size: 2\n    gpus_per_runner: 1\n    docker: {image: x, gpus: all}"), []string{"pools[0].gpus_per_runner", "docker.gpus"}},
+		{"bad image template", edit("size: 2", "size: 2\n    docker: {image: 'cuda:{{.CUDA'}"), []string{"pools[0].docker.image", "template"}},
+		{"image and images", edit("size: 2", "size: 2\n    docker: {image: x, images: [{image: y, min_cuda: '12.0'}]}"), []string{"pools[0].docker.images", "image"}},
+		{"bad min_cuda", edit("size: 2", "size: 2\n    docker: {images: [{image: y, min_cuda: twelve}]}"), []string{"pools[0].docker.images[0].min_cuda", `"twelve"`}},
 		{"docker bad memory", edit("size: 2", "size: 2\n    docker: {image: x, memory: lots}"), []string{"pools[0].docker.memory", `"lots"`}},
 		{"docker bad oom", edit("size: 2", "size: 2\n    docker: {image: x, oom_score_adj: 2000}"), []string{"pools[0].docker.oom_score_adj", "2000"}},
 		{"docker bad volume", edit("size: 2", "size: 2\n    docker: {image: x, volumes: ['/data']}"), []string{"pools[0].docker.volumes[0]", `"/data"`}},
@@ -230,5 +236,25 @@ func TestGitHubForge(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: err = %v, want %q", doc, err, want)
 		}
+	}
+}
+
+func TestGPUPool(t *testing.T) {
+	t.Setenv("TEST_GITEA_TOKEN", "s3cret-token")
+	doc := strings.Replace(good, "size: 2", "gpus_per_runner: all\n    hardware_labels: false\n    docker:\n      images:\n        - {image: 'r:cu118', min_cuda: '11.8'}\n        - {image: 'r:cu124', min_cuda: '12.4'}", 1)
+	c, err := Parse([]byte("gpu: {nvidia_smi: /opt/nvidia-smi}\n" + doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := c.Pools[0]
+	if p.GPUsPerRunner != AllGPUs || !p.SizeFromGPUs || p.HasHardwareLabels() || c.GPU.NvidiaSMI != "/opt/nvidia-smi" || len(p.Docker.GPUImages()) != 2 || p.Docker.GPUImages()[1].MinCUDA.String() != "12.4" {
+		t.Fatalf("pool %+v", p)
+	}
+	c, err = Parse([]byte(strings.Replace(good, "size: 2", "size: 2\n    gpus_per_runner: 1", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := c.Pools[0]; p.GPUsPerRunner != 1 || p.SizeFromGPUs || p.Size != 2 || !p.HasHardwareLabels() {
+		t.Fatalf("pool %+v", p)
 	}
 }

@@ -10,13 +10,20 @@ import (
 	"strings"
 
 	"github.com/docker/go-units"
+
+	"github.com/runfleet/runfleet/gpu"
 )
 
 // Docker configures a pool's runner containers.
 type Docker struct {
 	// Image runs the agent; it must hold the agent binary and whatever the
-	// jobs need. Required.
+	// jobs need. It may be a template of the driver's CUDA version:
+	// "nvidia/cuda:{{.CUDA}}.0-runtime-ubuntu24.04" (also .CUDAMajor,
+	// .CUDAMinor, .Driver).
 	Image string `json:"image"`
+	// Images, instead of Image: each with the oldest CUDA version it
+	// needs; the newest one the host's driver supports is used.
+	Images []Image `json:"images"`
 	// Pull is when the image is pulled: missing (the default), always or
 	// never.
 	Pull string `json:"pull"`
@@ -51,6 +58,24 @@ type Docker struct {
 	// User runs the agent ("uid[:gid]" or a name known to the image); the
 	// image's user when empty.
 	User string `json:"user"`
+}
+
+// Image is one of a pool's images, with the oldest CUDA version it needs
+// ("12.4").
+type Image struct {
+	Image   string `json:"image"`
+	MinCUDA string `json:"min_cuda"`
+}
+
+// GPUImages returns the images in the gpu package's terms; call it on a
+// validated config.
+func (d *Docker) GPUImages() []gpu.Image {
+	var out []gpu.Image
+	for _, im := range d.Images {
+		v, _ := gpu.ParseVersion(im.MinCUDA)
+		out = append(out, gpu.Image{Image: im.Image, MinCUDA: v})
+	}
+	return out
 }
 
 // Docker defaults.
@@ -99,10 +124,26 @@ func (d *Docker) validate() []error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
 	}
-	if d.Image == "" {
-		bad("image", "is required")
-	} else if strings.ContainsAny(d.Image, " \t\n") {
+	switch {
+	case d.Image == "" && len(d.Images) == 0:
+		bad("image", "is required (or images)")
+	case d.Image != "" && len(d.Images) > 0:
+		bad("images", "is set with image; keep one of them")
+	case strings.ContainsAny(d.Image, " \t\n") && !gpu.IsTemplate(d.Image):
 		bad("image", "%q is not an image reference", d.Image)
+	case gpu.IsTemplate(d.Image):
+		if err := gpu.CheckTemplate(d.Image); err != nil {
+			bad("image", "%q is not a valid template: %v", d.Image, err)
+		}
+	}
+	for i, im := range d.Images {
+		f := fmt.Sprintf("images[%d]", i)
+		if im.Image == "" || strings.ContainsAny(im.Image, " \t\n") {
+			bad(f+".image", "%q is not an image reference", im.Image)
+		}
+		if _, err := gpu.ParseVersion(im.MinCUDA); err != nil {
+			bad(f+".min_cuda", "%v", err)
+		}
 	}
 	if !slices.Contains(PullPolicies, d.Pull) {
 		bad("pull", "unknown policy %q (known: %s)", d.Pull, strings.Join(PullPolicies, ", "))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -143,7 +144,7 @@ func (p *fakeProvider) Create(_ context.Context, s provider.Spec) (provider.Inst
 		return *in, nil
 	}
 	p.created++
-	in := &provider.Instance{Name: s.Name, Manager: s.Manager, Pool: s.Pool, State: provider.StateRunning, Created: p.now(), ID: s.Name}
+	in := &provider.Instance{Name: s.Name, Manager: s.Manager, Pool: s.Pool, State: provider.StateRunning, Created: p.now(), ID: s.Name, GPUs: slices.Clone(s.GPUs)}
 	p.insts[s.Name] = in
 	p.specs[s.Name] = s
 	return *in, nil

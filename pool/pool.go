@@ -24,6 +24,7 @@ import (
 
 	"github.com/runfleet/runfleet/agent"
 	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/gpu"
 	"github.com/runfleet/runfleet/provider"
 )
 
@@ -77,6 +78,18 @@ type Config struct {
 	// Once fills each of the Size slots once: a slot whose runner ended
 	// stays empty (a one-shot runner, `runfleet runner --single`).
 	Once bool
+
+	// GPUs hands out the host's GPUs, shared by the pools of one host;
+	// nil for a pool whose runners get none of their own.
+	GPUs *gpu.Allocator
+	// GPUsPerRunner is how many GPUs (or MIG devices) each runner gets;
+	// -1 is all of them.
+	GPUsPerRunner int
+	// CUDA is the newest CUDA version the driver supports, for labels.
+	CUDA gpu.Version
+	// HardwareLabels adds labels that describe each runner's GPUs
+	// ("gpu", "gpu-h200", "gpus-1", "cuda-12.4") to Labels.
+	HardwareLabels bool
 }
 
 // Pool reconciles one pool.
@@ -456,6 +469,7 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 				p.logs[s.name] = s.inst.Log
 			}
 		}
+		p.syncGPUs(slots, since)
 		for name, d := range p.done {
 			if d.epoch <= since { // this pass's snapshot shows its result
 				delete(p.done, name)
@@ -553,10 +567,50 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 		if _, used := p.inflight(name, since); used {
 			continue
 		}
-		p.create(ctx, name)
+		var units []gpu.Unit
+		if p.cfg.GPUs != nil {
+			var err error
+			if units, err = p.cfg.GPUs.Take(name, p.cfg.GPUsPerRunner); err != nil {
+				p.log.Debug("no runner started: its GPUs are taken", "runner", name, "err", err)
+				break
+			}
+		}
+		p.create(ctx, name, units)
 		need--
 	}
 	return view, nil
+}
+
+// syncGPUs makes the GPU allocator agree with the machines listed: a
+// running machine holds the GPUs it was given (which, after a restart, is
+// how the allocator learns them), and a slot whose machine is gone frees
+// its GPUs, unless an operation on it is in flight. Called with p.mu held.
+func (p *Pool) syncGPUs(slots map[string]*slot, since uint64) {
+	if p.cfg.GPUs == nil {
+		return
+	}
+	for _, s := range slots {
+		if s.inst == nil || len(s.inst.GPUs) == 0 {
+			continue
+		}
+		if c := p.cfg.GPUs.Hold(s.name, s.inst.GPUs); len(c) > 0 {
+			// Only a second manager on this host's GPUs, or GPUs that
+			// went away, can make that.
+			p.log.Error("runner holds GPUs that another runner holds, or that this host lacks", "runner", s.name, "gpus", c)
+		}
+	}
+	for holder := range p.cfg.GPUs.Holders() {
+		if !p.Owns(holder) {
+			continue
+		}
+		if s, ok := slots[holder]; ok && s.inst != nil {
+			continue
+		}
+		if _, busy := p.inflight(holder, since); busy {
+			continue
+		}
+		p.cfg.GPUs.Release(holder)
+	}
 }
 
 // observer returns a copy of the pool whose decisions change nothing: the
@@ -726,19 +780,22 @@ func (p *Pool) reportLost(ctx context.Context, name, machine string) {
 	f.Lost(context.WithoutCancel(ctx), name)
 }
 
-// create registers a runner and starts its machine, in the background.
-// Called with p.mu held.
-func (p *Pool) create(ctx context.Context, name string) {
+// create registers a runner and starts its machine, in the background,
+// with the GPUs taken for it. Called with p.mu held.
+func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit) {
 	p.pending[name] = "create"
 	p.created++
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
 		start := p.now()
-		err := p.createRunner(ctx, name)
+		err := p.createRunner(ctx, name, units)
 		p.mu.Lock()
 		p.finish(name, "create")
 		if err != nil {
+			if p.cfg.GPUs != nil {
+				p.cfg.GPUs.Release(name)
+			}
 			p.created--
 			p.failures++
 			wait := min(time.Second<<min(p.failures-1, 6), time.Minute)
@@ -755,15 +812,25 @@ func (p *Pool) create(ctx context.Context, name string) {
 	}()
 }
 
-func (p *Pool) createRunner(ctx context.Context, name string) error {
-	cred, err := p.forge.Register(ctx, forge.RunnerRequest{Name: name, Labels: p.cfg.Labels})
+func (p *Pool) createRunner(ctx context.Context, name string, units []gpu.Unit) error {
+	labels := p.cfg.Labels
+	if p.cfg.HardwareLabels {
+		labels = slices.Clone(labels)
+		for _, l := range gpu.Labels(units, p.cfg.CUDA) {
+			if !slices.Contains(labels, l) {
+				labels = append(labels, l)
+			}
+		}
+	}
+	cred, err := p.forge.Register(ctx, forge.RunnerRequest{Name: name, Labels: labels})
 	if err != nil {
 		return err
 	}
 	spec, err := p.agent.Spec(agent.Runner{
-		Name: name, Manager: p.cfg.Manager, Pool: p.cfg.Name, Labels: p.cfg.Labels, Env: p.cfg.Env,
+		Name: name, Manager: p.cfg.Manager, Pool: p.cfg.Name, Labels: labels, Env: p.cfg.Env,
 	}, cred)
 	if err == nil {
+		spec.GPUs = gpu.IDs(units)
 		_, err = p.prov.Create(ctx, spec)
 	}
 	if err != nil {

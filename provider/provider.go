@@ -27,6 +27,12 @@ type Spec struct {
 	// Files are written into the runner's fresh working directory, keyed
 	// by relative path, with mode 0600, before the agent starts.
 	Files map[string][]byte
+	// GPUs are the GPU (or MIG device) ids this runner alone may use:
+	// Docker's DeviceIDs, or CUDA_VISIBLE_DEVICES and
+	// NVIDIA_VISIBLE_DEVICES for a host process. The provider records
+	// them with the machine, so that a restarted manager knows which
+	// GPUs are taken.
+	GPUs []string
 }
 
 // State is a machine's lifecycle state.
@@ -49,6 +55,8 @@ type Instance struct {
 	// Log is a file on this host holding the agent's output, when the
 	// provider keeps one.
 	Log string
+	// GPUs are the ids the machine was given (Spec.GPUs).
+	GPUs []string
 }
 
 // Provider is a compute backend.

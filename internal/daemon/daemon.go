@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +20,7 @@ import (
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/forge/gitea"
 	"github.com/runfleet/runfleet/forge/github"
+	"github.com/runfleet/runfleet/gpu"
 	"github.com/runfleet/runfleet/pool"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/docker"
@@ -35,7 +38,14 @@ type Fleet struct {
 	Pools  []*pool.Pool
 	// Forges by pool name, for reading jobs.
 	Forges map[string]forge.Forge
-	log    *slog.Logger
+	// Providers by pool name.
+	Providers map[string]provider.Provider
+	// Inventory is this host's GPUs, read when a pool needs them.
+	Inventory *gpu.Inventory
+	// GPUs hands out the GPUs to the pools' runners; nil when no pool
+	// gives runners GPUs of their own.
+	GPUs *gpu.Allocator
+	log  *slog.Logger
 
 	docker  *dockerclient.Client
 	closers []func()
@@ -45,7 +55,7 @@ type Fleet struct {
 // it fails only on what is wrong locally (an agent binary that is missing,
 // a directory that cannot be made), which is a configuration error.
 func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
-	f := &Fleet{Config: cfg, Forges: map[string]forge.Forge{}, log: log}
+	f := &Fleet{Config: cfg, Forges: map[string]forge.Forge{}, Providers: map[string]provider.Provider{}, log: log}
 	drivers := map[string]forge.Forge{}
 	for _, fc := range cfg.Forges {
 		switch fc.Type {
@@ -84,16 +94,24 @@ func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
 		}
 	}
 	var errs []error
-	for i, pc := range cfg.Pools {
+	f.detectGPUs()
+	for i := range cfg.Pools {
+		pc := &cfg.Pools[i]
+		per, err := f.fitGPUs(pc)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pools[%d]: %w", i, err))
+			continue
+		}
 		fc, _ := cfg.Forge(pc.Forge)
-		prov, ag, err := f.newProvider(pc, fc.Type)
+		prov, ag, err := f.newProvider(*pc, fc.Type)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pools[%d]: %w", i, err))
 			continue
 		}
 		fd := drivers[pc.Forge]
 		f.Forges[pc.Name] = fd
-		f.Pools = append(f.Pools, pool.New(pool.Config{
+		f.Providers[pc.Name] = prov
+		pcfg := pool.Config{
 			Name:             pc.Name,
 			Manager:          cfg.ID,
 			Labels:           pc.Labels,
@@ -106,13 +124,115 @@ func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
 			Resync:           cfg.Resync.Duration,
 			RetryLost:        pc.RetryLost == nil || *pc.RetryLost,
 			Once:             pc.Single,
-		}, fd, prov, ag, pool.WithLogger(log)))
+		}
+		if per != 0 {
+			pcfg.GPUs, pcfg.GPUsPerRunner = f.GPUs, per
+			pcfg.CUDA, pcfg.HardwareLabels = f.Inventory.CUDA, pc.HasHardwareLabels()
+		}
+		f.Pools = append(f.Pools, pool.New(pcfg, fd, prov, ag, pool.WithLogger(log)))
 	}
 	if err := errors.Join(errs...); err != nil {
 		f.Close()
 		return nil, err
 	}
 	return f, nil
+}
+
+// needsGPUs reports whether a pool needs the host's inventory: it gives
+// runners GPUs, or chooses its image by CUDA version.
+func needsGPUs(pc config.Pool) bool {
+	return pc.GPUsPerRunner != 0 || pc.Docker != nil && (len(pc.Docker.Images) > 0 || gpu.IsTemplate(pc.Docker.Image))
+}
+
+// detectGPUs reads the host's GPUs once, if a pool needs them: a CPU-only
+// configuration never runs nvidia-smi.
+func (f *Fleet) detectGPUs() {
+	if !slices.ContainsFunc(f.Config.Pools, needsGPUs) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	inv := gpu.Detect(ctx, f.Config.GPU.NvidiaSMI)
+	f.Inventory = &inv
+	f.GPUs = gpu.NewAllocator(inv.Units())
+	if len(inv.GPUs) == 0 {
+		f.log.Warn("no GPU found", "reason", inv.Reason, "source", inv.Source)
+		return
+	}
+	f.log.Info("GPUs found", "gpus", len(inv.GPUs), "units", f.GPUs.Len(), "driver", inv.Driver, "cuda", inv.CUDA, "source", inv.Source)
+}
+
+// fitGPUs checks a pool's GPU needs against the host, sizes a pool whose
+// size comes from its GPUs, and picks its image by CUDA version. It
+// returns the GPUs per runner for the pool (-1 all, 0 none).
+func (f *Fleet) fitGPUs(pc *config.Pool) (int, error) {
+	if !needsGPUs(*pc) {
+		return 0, nil
+	}
+	inv := *f.Inventory
+	if pc.Docker != nil {
+		image, err := gpu.PickImage(pc.Docker.Image, pc.Docker.GPUImages(), inv)
+		if err != nil {
+			return 0, fmt.Errorf("docker.image: %w", err)
+		}
+		if image != pc.Docker.Image {
+			f.log.Info("image chosen for the driver's CUDA version", "pool", pc.Name, "image", image, "cuda", inv.CUDA)
+		}
+		d := *pc.Docker
+		d.Image, d.Images = image, nil
+		pc.Docker = &d
+	}
+	per := int(pc.GPUsPerRunner)
+	if per == 0 {
+		return 0, nil
+	}
+	units := f.GPUs.Len()
+	switch {
+	case units == 0:
+		return 0, fmt.Errorf("gpus_per_runner: %s, and this host has no GPU (%s)", gpusText(per), inv.Reason)
+	case per > units:
+		return 0, fmt.Errorf("gpus_per_runner: %d, and this host has %d GPUs", per, units)
+	}
+	if pc.SizeFromGPUs {
+		pc.Size = 1
+		if per > 0 {
+			pc.Size = units / per
+		}
+		pc.Max = max(pc.Max, pc.Size)
+		f.log.Info("pool sized by its GPUs", "pool", pc.Name, "size", pc.Size, "gpus_per_runner", gpusText(per))
+	}
+	return per, nil
+}
+
+func gpusText(per int) string {
+	if per < 0 {
+		return "all"
+	}
+	return strconv.Itoa(per)
+}
+
+// Holders maps each GPU id held by a runner of this manager to the
+// runner, from the providers' own records (container labels, process
+// records), so it holds whether or not the manager runs.
+func (f *Fleet) Holders(ctx context.Context) (map[string]string, error) {
+	out := map[string]string{}
+	seen := map[provider.Provider]bool{}
+	for _, prov := range f.Providers {
+		if seen[prov] {
+			continue
+		}
+		seen[prov] = true
+		insts, err := prov.List(ctx, f.Config.ID)
+		if err != nil {
+			return nil, err
+		}
+		for _, in := range insts {
+			for _, id := range in.GPUs {
+				out[id] = in.Name
+			}
+		}
+	}
+	return out, nil
 }
 
 // newProvider makes a pool's provider and agent.

@@ -43,6 +43,8 @@ const (
 	LabelPool    = "runfleet.pool"
 	LabelRunner  = "runfleet.runner" // the runner's name, <pool>-<slot>
 	LabelSlot    = "runfleet.slot"
+	// LabelGPUs holds the GPU ids a container was given, comma-separated.
+	LabelGPUs = "runfleet.gpus"
 )
 
 // Mount is a bind mount or a named volume.
@@ -198,7 +200,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	}
 	return provider.Instance{
 		Name: spec.Name, Manager: spec.Manager, Pool: spec.Pool,
-		State: provider.StateRunning, Created: time.Now(), ID: id,
+		State: provider.StateRunning, Created: time.Now(), ID: id, GPUs: slices.Clone(spec.GPUs),
 	}, nil
 }
 
@@ -242,6 +244,9 @@ func (p *Provider) instance(c container.Summary, st provider.State) provider.Ins
 		Created: time.Unix(c.Created, 0),
 		ID:      c.ID,
 	}
+	if g := c.Labels[LabelGPUs]; g != "" {
+		in.GPUs = strings.Split(g, ",")
+	}
 	if p.opt.LogDir != "" && in.Name != "" {
 		in.Log = p.logFile(c.ID, in.Name)
 	}
@@ -269,6 +274,9 @@ func (p *Provider) containerConfig(spec provider.Spec) (*container.Config, *cont
 		LabelPool:    spec.Pool,
 		LabelRunner:  spec.Name,
 		LabelSlot:    strings.TrimPrefix(spec.Name, spec.Pool+"-"),
+	}
+	if len(spec.GPUs) > 0 {
+		labels[LabelGPUs] = strings.Join(spec.GPUs, ",")
 	}
 	cfg := &container.Config{
 		Image:      p.opt.Image,
@@ -304,12 +312,15 @@ func (p *Provider) containerConfig(spec provider.Spec) (*container.Config, *cont
 	if p.opt.MountDockerSocket {
 		host.Mounts = append(host.Mounts, mountpkg.Mount{Type: mountpkg.TypeBind, Source: "/var/run/docker.sock", Target: "/var/run/docker.sock"})
 	}
-	if p.opt.GPUs.All || len(p.opt.GPUs.IDs) > 0 {
+	if len(spec.GPUs) > 0 || p.opt.GPUs.All || len(p.opt.GPUs.IDs) > 0 {
 		req := container.DeviceRequest{Driver: "nvidia", Capabilities: [][]string{{"gpu"}}}
 		// One of Count and DeviceIDs, never both: the engine refuses that.
-		if p.opt.GPUs.All {
+		switch {
+		case len(spec.GPUs) > 0: // this runner's own, from the pool
+			req.DeviceIDs = slices.Clone(spec.GPUs)
+		case p.opt.GPUs.All:
 			req.Count = -1
-		} else {
+		default:
 			req.DeviceIDs = slices.Clone(p.opt.GPUs.IDs)
 		}
 		host.DeviceRequests = []container.DeviceRequest{req}

@@ -303,15 +303,19 @@ func TestGPUDeviceRequests(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		gpus GPUs
+		own  []string // the runner's own, from the pool's allocator
 		want container.DeviceRequest
 	}{
-		{"all", GPUs{All: true}, container.DeviceRequest{Driver: "nvidia", Count: -1, Capabilities: [][]string{{"gpu"}}}},
-		{"ids", GPUs{IDs: []string{"0", "GPU-8d5e5d0a-3c1b-4f6e-9a57-111111111111"}}, container.DeviceRequest{Driver: "nvidia", DeviceIDs: []string{"0", "GPU-8d5e5d0a-3c1b-4f6e-9a57-111111111111"}, Capabilities: [][]string{{"gpu"}}}},
+		{"all", GPUs{All: true}, nil, container.DeviceRequest{Driver: "nvidia", Count: -1, Capabilities: [][]string{{"gpu"}}}},
+		{"ids", GPUs{IDs: []string{"0", "GPU-8d5e5d0a-3c1b-4f6e-9a57-111111111111"}}, nil, container.DeviceRequest{Driver: "nvidia", DeviceIDs: []string{"0", "GPU-8d5e5d0a-3c1b-4f6e-9a57-111111111111"}, Capabilities: [][]string{{"gpu"}}}},
+		{"own", GPUs{}, []string{"GPU-1", "MIG-2"}, container.DeviceRequest{Driver: "nvidia", DeviceIDs: []string{"GPU-1", "MIG-2"}, Capabilities: [][]string{{"gpu"}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newProvider(t, Options{GPUs: tc.gpus})
 			ctx := context.Background()
-			id, _, err := p.create(ctx, sleeper(p, "p-1", "true"))
+			spec := sleeper(p, "p-1", "true")
+			spec.GPUs = tc.own
+			id, _, err := p.create(ctx, spec)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -322,6 +326,11 @@ func TestGPUDeviceRequests(t *testing.T) {
 			got := res.Container.HostConfig.DeviceRequests
 			if len(got) != 1 || fmt.Sprintf("%+v", got[0]) != fmt.Sprintf("%+v", tc.want) {
 				t.Errorf("device requests = %+v, want [%+v]", got, tc.want)
+			}
+			// The label is how a restarted manager learns which GPUs
+			// the runner holds.
+			if l := res.Container.Config.Labels[LabelGPUs]; l != strings.Join(tc.own, ",") {
+				t.Errorf("label %s = %q, want %q", LabelGPUs, l, strings.Join(tc.own, ","))
 			}
 		})
 	}

@@ -64,6 +64,7 @@ type record struct {
 	Workdir string    `json:"workdir"`
 	Log     string    `json:"log"`
 	Created time.Time `json:"created"`
+	GPUs    []string  `json:"gpus,omitempty"`
 }
 
 // New returns a provider. It creates its directories.
@@ -122,6 +123,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		Name: spec.Name, Manager: spec.Manager, Pool: spec.Pool, Workdir: workdir,
 		Log:     filepath.Join(p.logDir(), fmt.Sprintf("%s-%d.log", spec.Name, time.Now().UnixNano())),
 		Created: time.Now().UTC(),
+		GPUs:    slices.Clone(spec.GPUs),
 	}
 	fail := func(err error) (provider.Instance, error) {
 		_ = os.RemoveAll(workdir)
@@ -156,6 +158,14 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	env := map[string]string{"HOME": workdir, "TMPDIR": tmp}
 	for k, v := range spec.Env {
 		env[k] = v
+	}
+	if len(spec.GPUs) > 0 {
+		// By UUID, never by index: CUDA's default order is not NVML's.
+		// NVIDIA_VISIBLE_DEVICES is for the containers a job starts
+		// with NVIDIA's runtime.
+		ids := strings.Join(spec.GPUs, ",")
+		env["CUDA_VISIBLE_DEVICES"], env["NVIDIA_VISIBLE_DEVICES"] = ids, ids
+		env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
 	}
 	cmd := exec.Command(spec.Command, spec.Args...)
 	cmd.Dir = workdir
@@ -425,7 +435,7 @@ func (p *Provider) pruneLogs() {
 func instance(rec record, st provider.State) provider.Instance {
 	return provider.Instance{
 		Name: rec.Name, Manager: rec.Manager, Pool: rec.Pool, State: st,
-		Created: rec.Created, ID: strconv.Itoa(rec.PID), Log: rec.Log,
+		Created: rec.Created, ID: strconv.Itoa(rec.PID), Log: rec.Log, GPUs: rec.GPUs,
 	}
 }
 

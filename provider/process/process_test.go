@@ -214,3 +214,33 @@ func TestRemoveWorkdirRefusesOutsideRoot(t *testing.T) {
 }
 
 func fmtSscan(s string, v *int) (int, error) { return fmt.Sscan(s, v) }
+
+// A runner's GPUs reach its agent (and so its jobs) by UUID, and come
+// back from List after a restart, from the record.
+func TestGPUsInEnvironmentAndRecord(t *testing.T) {
+	dir := t.TempDir()
+	p := newProvider(t, dir)
+	ctx := context.Background()
+	spec := sh("p-1", `env > env.txt; sleep 30`)
+	spec.GPUs = []string{"GPU-aaaa", "MIG-bbbb"}
+	if _, err := p.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Delete(ctx, "p-1")
+	rec, _ := p.readRecord("p-1")
+	var env string
+	waitFor(t, "env.txt", func() bool {
+		b, _ := os.ReadFile(filepath.Join(rec.Workdir, "env.txt"))
+		env = string(b)
+		return strings.Contains(env, "PATH=")
+	})
+	for _, want := range []string{"CUDA_VISIBLE_DEVICES=GPU-aaaa,MIG-bbbb\n", "NVIDIA_VISIBLE_DEVICES=GPU-aaaa,MIG-bbbb\n", "CUDA_DEVICE_ORDER=PCI_BUS_ID\n"} {
+		if !strings.Contains(env, want) {
+			t.Errorf("agent environment lacks %q:\n%s", want, env)
+		}
+	}
+	list, err := newProvider(t, dir).List(ctx, "m") // a restarted manager
+	if err != nil || len(list) != 1 || fmt.Sprint(list[0].GPUs) != "[GPU-aaaa MIG-bbbb]" {
+		t.Fatalf("List: %+v, %v", list, err)
+	}
+}
