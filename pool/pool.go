@@ -293,7 +293,8 @@ type Runner struct {
 	State    State
 	RunnerID int64 // at the forge; 0 without a registration
 	Created  time.Time
-	Machine  string // the provider's id (pid, container id)
+	Machine  string   // the provider's id (pid, container id)
+	GPUs     []string // the GPUs its machine was given
 }
 
 type doneOp struct {
@@ -488,7 +489,7 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 			r.RunnerID = s.reg.ID
 		}
 		if s.inst != nil {
-			r.Created, r.Machine = s.inst.Created, s.inst.ID
+			r.Created, r.Machine, r.GPUs = s.inst.Created, s.inst.ID, s.inst.GPUs
 		}
 		if op, ok := p.inflight(name, since); ok {
 			r.State = StateStopping

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -24,6 +26,7 @@ type RunnerStatus struct {
 	Machine  string    `json:"machine,omitempty"`
 	Created  time.Time `json:"created,omitzero"`
 	AgeSec   float64   `json:"age_seconds"`
+	GPUs     []string  `json:"gpus,omitempty"`
 	Job      *JobRef   `json:"job,omitempty"`
 }
 
@@ -112,7 +115,7 @@ func collect(ctx context.Context, fleet *daemon.Fleet) []PoolStatus {
 			jobsByForge[f] = jobs
 		}
 		for _, r := range runners {
-			rs := RunnerStatus{Pool: r.Pool, Name: r.Name, State: string(r.State), RunnerID: r.RunnerID, Machine: r.Machine, Created: r.Created}
+			rs := RunnerStatus{Pool: r.Pool, Name: r.Name, State: string(r.State), RunnerID: r.RunnerID, Machine: r.Machine, Created: r.Created, GPUs: r.GPUs}
 			if !r.Created.IsZero() {
 				rs.AgeSec = now.Sub(r.Created).Round(time.Second).Seconds()
 			}
@@ -128,7 +131,14 @@ func collect(ctx context.Context, fleet *daemon.Fleet) []PoolStatus {
 
 func printTable(w io.Writer, pools []PoolStatus) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tRUNNER\tSTATE\tAGE\tJOB")
+	gpus := slices.ContainsFunc(pools, func(p PoolStatus) bool {
+		return slices.ContainsFunc(p.Runners, func(r RunnerStatus) bool { return len(r.GPUs) > 0 })
+	})
+	fmt.Fprint(tw, "POOL\tRUNNER\tSTATE\tAGE\t")
+	if gpus {
+		fmt.Fprint(tw, "GPUS\t")
+	}
+	fmt.Fprintln(tw, "JOB")
 	for _, p := range pools {
 		if p.Error != "" {
 			fmt.Fprintf(tw, "%s\t-\terror\t-\t%s\n", p.Name, p.Error)
@@ -146,7 +156,15 @@ func printTable(w io.Writer, pools []PoolStatus) {
 			if r.Job != nil {
 				job = fmt.Sprintf("%s (run %d, job %d)", r.Job.Name, r.Job.RunID, r.Job.ID)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Name, r.Name, r.State, age, job)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t", p.Name, r.Name, r.State, age)
+			if gpus {
+				g := strings.Join(r.GPUs, ",")
+				if g == "" {
+					g = "-"
+				}
+				fmt.Fprintf(tw, "%s\t", g)
+			}
+			fmt.Fprintln(tw, job)
 		}
 	}
 	tw.Flush()

@@ -2,6 +2,10 @@ package daemon
 
 import (
 	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/runfleet/runfleet/config"
@@ -41,5 +45,92 @@ pools:
 	}
 	if opt.GPUs.All || fmt.Sprint(opt.GPUs.IDs) != "[0 GPU-1234]" {
 		t.Errorf("gpus = %+v", opt.GPUs)
+	}
+}
+
+// fakeSMI is an nvidia-smi that prints the named fixture of the gpu
+// package, or fails as on a host without a driver ("").
+func fakeSMI(t *testing.T, fixture string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "nvidia-smi")
+	script := "#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"\nexit 9\n"
+	if fixture != "" {
+		abs, err := filepath.Abs(filepath.Join("..", "..", "gpu", "testdata", fixture))
+		if err != nil {
+			t.Fatal(err)
+		}
+		script = "#!/bin/sh\n[ \"$1\" = -L ] && exit 0\ncat " + abs + "\n"
+	}
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func gpuConfig(t *testing.T, smi, pool string) *config.Config {
+	t.Helper()
+	t.Setenv("T_TOKEN", "x")
+	cfg, err := config.Parse([]byte(`
+state_dir: ` + t.TempDir() + `
+gpu: {nvidia_smi: ` + smi + `}
+forges:
+  - {name: f, type: gitea, url: "http://127.0.0.1:3000", token: "${T_TOKEN}", repo: a/b}
+pools:
+  - name: gpu
+    labels: [gpu]
+` + pool))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func TestGPUPoolsFitTheHost(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	h100 := fakeSMI(t, "h100x4-v12.xml")
+	tests := []struct {
+		name, smi, pool string
+		size, max       int
+		image           string
+		err             string
+	}{
+		{name: "sized by GPUs", smi: h100, pool: "    gpus_per_runner: 1\n    agent: {path: /bin/true}\n", size: 4, max: 4},
+		{name: "pairs", smi: h100, pool: "    gpus_per_runner: 2\n    max: 6\n    agent: {path: /bin/true}\n", size: 2, max: 6},
+		{name: "all", smi: h100, pool: "    gpus_per_runner: all\n    agent: {path: /bin/true}\n", size: 1, max: 1},
+		{name: "explicit size", smi: h100, pool: "    gpus_per_runner: 1\n    size: 2\n    agent: {path: /bin/true}\n", size: 2, max: 2},
+		{name: "template", smi: h100, pool: "    gpus_per_runner: 1\n    docker: {image: 'nvidia/cuda:{{.CUDA}}.1-runtime-ubuntu22.04'}\n", size: 4, max: 4, image: "nvidia/cuda:12.4.1-runtime-ubuntu22.04"},
+		{name: "image list", smi: h100, pool: "    gpus_per_runner: 1\n    docker: {images: [{image: 'r:cu118', min_cuda: '11.8'}, {image: 'r:cu126', min_cuda: '12.6'}, {image: 'r:cu121', min_cuda: '12.1'}]}\n", size: 4, max: 4, image: "r:cu121"},
+		{name: "no image fits", smi: h100, pool: "    gpus_per_runner: 1\n    docker: {images: [{image: 'r:cu126', min_cuda: '12.6'}]}\n", err: "pools[0]: docker.image: no image fits: the driver (550.54.15) supports CUDA up to 12.4; r:cu126 needs CUDA 12.6"},
+		{name: "more than the host has", smi: h100, pool: "    gpus_per_runner: 5\n    agent: {path: /bin/true}\n", err: "pools[0]: gpus_per_runner: 5, and this host has 4 GPUs"},
+		{name: "no driver", smi: fakeSMI(t, ""), pool: "    gpus_per_runner: 1\n    agent: {path: /bin/true}\n", err: "this host has no GPU ("},
+		{name: "no GPU", smi: fakeSMI(t, "nogpu-v12.xml"), pool: "    gpus_per_runner: all\n    agent: {path: /bin/true}\n", err: "gpus_per_runner: all, and this host has no GPU (nvidia-smi reports no GPU attached)"},
+		// A CPU-only pool never runs nvidia-smi: a broken one is no matter.
+		{name: "cpu only", smi: "/nonexistent/nvidia-smi", pool: "    size: 2\n    agent: {path: /bin/true}\n", size: 2, max: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := gpuConfig(t, tt.smi, tt.pool)
+			f, err := New(cfg, log)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("err %v, want %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			pc := f.Config.Pools[0]
+			if pc.Size != tt.size || pc.Max != tt.max {
+				t.Errorf("size %d max %d, want %d %d", pc.Size, pc.Max, tt.size, tt.max)
+			}
+			if tt.image != "" && pc.Docker.Image != tt.image {
+				t.Errorf("image %q, want %q", pc.Docker.Image, tt.image)
+			}
+			if tt.name == "cpu only" && (f.Inventory != nil || f.GPUs != nil) {
+				t.Errorf("a CPU-only config read the GPUs: %+v", f.Inventory)
+			}
+		})
 	}
 }

@@ -58,7 +58,7 @@ func dockerForgeURL() string {
 // containers lists this fleet's containers, running or not.
 func (f *fleet) containers() []container.Summary {
 	f.t.Helper()
-	res, err := dockerCli.ContainerList(context.Background(), client.ContainerListOptions{
+	res, err := f.cli().ContainerList(context.Background(), client.ContainerListOptions{
 		All: true, Filters: make(client.Filters).Add("label", docker.LabelManager+"=e2e-"+f.repo),
 	})
 	if err != nil {
@@ -69,7 +69,7 @@ func (f *fleet) containers() []container.Summary {
 
 func (f *fleet) inspect(id string) container.InspectResponse {
 	f.t.Helper()
-	res, err := dockerCli.ContainerInspect(context.Background(), id, client.ContainerInspectOptions{})
+	res, err := f.cli().ContainerInspect(context.Background(), id, client.ContainerInspectOptions{})
 	if err != nil {
 		f.t.Fatalf("inspect %s: %v", id, err)
 	}
@@ -78,6 +78,14 @@ func (f *fleet) inspect(id string) container.InspectResponse {
 
 func (f *fleet) removeContainers() {
 	for _, c := range f.containers() {
-		_, _ = dockerCli.ContainerRemove(context.Background(), c.ID, client.ContainerRemoveOptions{Force: true})
+		_, _ = f.cli().ContainerRemove(context.Background(), c.ID, client.ContainerRemoveOptions{Force: true})
 	}
+}
+
+// cli is the fleet's Docker engine.
+func (f *fleet) cli() *client.Client {
+	if f.engine != nil {
+		return f.engine
+	}
+	return dockerCli
 }

@@ -76,6 +76,11 @@ type ghOptions struct {
 	Sim       ghsim.Options
 	Forge     string // appended to the forge
 	Pool      string // appended to the pool
+	// Top is added at the top of the config.
+	Top string
+	// Engine runs the containers instead of the default engine, with
+	// host networking.
+	Engine *gpuEngine
 }
 
 // newGitHubFleet makes a manager config for a pool on a simulated GitHub
@@ -84,7 +89,11 @@ func newGitHubFleet(t testing.TB, name string, opt ghOptions) *fleet {
 	t.Helper()
 	bin := needGitHubRunner(t)
 	image := ""
-	if opt.Docker {
+	switch {
+	case opt.Engine != nil:
+		image = opt.Engine.image(t, bin)
+		opt.Sim.RunnerHost = "127.0.0.1" // host networking
+	case opt.Docker:
 		image = needGitHubImage(t)
 		opt.Sim.RunnerHost = "host.docker.internal"
 	}
@@ -100,7 +109,10 @@ func newGitHubFleet(t testing.TB, name string, opt ghOptions) *fleet {
 	}
 	dir := t.TempDir()
 	f := &fleet{t: t, repo: name, dir: dir, state: filepath.Join(dir, "state"), work: filepath.Join(dir, "work"), gh: sim, docker: opt.Docker}
-	cfg := fmt.Sprintf(`id: e2e-%[1]s
+	if opt.Engine != nil {
+		f.engine, f.env = opt.Engine.cli, []string{"DOCKER_HOST=" + opt.Engine.host}
+	}
+	cfg := opt.Top + fmt.Sprintf(`id: e2e-%[1]s
 state_dir: %[2]s
 resync: 2s
 drain_timeout: 2m
@@ -117,8 +129,14 @@ forges:
     workdir: %[6]s
     bootstrap_timeout: 1m
 `, name, f.state, sim.URL, opt.Size, opt.Max, f.work, opt.Forge)
+	if opt.Size < 0 { // sized by the pool's GPUs
+		cfg = strings.Replace(cfg, fmt.Sprintf("    size: %d\n    max: %d\n", opt.Size, opt.Max), "", 1)
+	}
 	if opt.Docker {
 		cfg += "    agent:\n      path: /bin/github-runner\n    docker:\n      image: " + image + "\n      pull: never\n"
+		if opt.Engine != nil {
+			cfg += "      network: host\n"
+		}
 	} else {
 		cfg += "    agent:\n      path: " + bin + "\n"
 	}

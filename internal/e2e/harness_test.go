@@ -20,6 +20,8 @@ import (
 
 	sdk "code.gitea.io/sdk/gitea"
 
+	"github.com/moby/moby/client"
+
 	"github.com/runfleet/runfleet/internal/ghsim"
 	"github.com/runfleet/runfleet/internal/peers"
 )
@@ -60,6 +62,7 @@ func TestMain(m *testing.M) {
 		if gitea != nil {
 			defer gitea.Stop()
 		}
+		defer stopGPUEngine()
 		return m.Run()
 	}()
 	os.Exit(code)
@@ -94,6 +97,11 @@ type fleet struct {
 	startCnt int
 	docker   bool
 	gh       *ghsim.Server // a GitHub fleet's simulator
+	// engine is the Docker engine of a Docker fleet when it is not the
+	// default one (the GPU engine), and env what the manager needs to
+	// reach it.
+	engine *client.Client
+	env    []string
 }
 
 type fleetOptions struct {
@@ -186,6 +194,7 @@ func (f *fleet) start() {
 	}
 	f.cmd = exec.Command(fleetBin, "serve", "-c", f.config, "--log-level", "debug")
 	f.cmd.Env = append(os.Environ(), "E2E_GITEA_TOKEN="+gitea.Token, "E2E_GITHUB_TOKEN="+ghToken)
+	f.cmd.Env = append(f.cmd.Env, f.env...)
 	f.cmd.Stdout, f.cmd.Stderr = logf, logf
 	if err := f.cmd.Start(); err != nil {
 		f.t.Fatal(err)

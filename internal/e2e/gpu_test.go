@@ -1,0 +1,413 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
+
+	"github.com/runfleet/runfleet/internal/ghsim"
+	"github.com/runfleet/runfleet/internal/peers"
+	"github.com/runfleet/runfleet/provider/docker"
+)
+
+// gpuEngine is a private Docker engine that accepts GPU device requests
+// on a machine without GPUs. Docker registers its "nvidia" device driver
+// when NVIDIA's prestart hook, nvidia-container-runtime-hook, is on the
+// daemon's PATH; this engine's PATH holds a stand-in hook that does
+// nothing. The engine itself then does what it does on a GPU host: it
+// checks the request and sets NVIDIA_VISIBLE_DEVICES in the container to
+// the requested device ids, which is what a job sees. The default engine
+// is left alone: the private one has its own data root, exec root,
+// containerd, socket and bridge.
+type gpuEngine struct {
+	dir    string
+	host   string // DOCKER_HOST
+	cli    *client.Client
+	cmd    *exec.Cmd
+	bridge string
+
+	imgOnce sync.Once
+	img     string
+	imgErr  error
+}
+
+var (
+	gpuEngineOnce sync.Once
+	theGPUEngine  *gpuEngine
+	gpuEngineErr  error
+)
+
+// needGPUEngine starts the private engine on first use. It needs root and
+// dockerd; without them the test is skipped, or fails in CI.
+func needGPUEngine(t testing.TB) *gpuEngine {
+	t.Helper()
+	need(t)
+	gpuEngineOnce.Do(func() { theGPUEngine, gpuEngineErr = startGPUEngine() })
+	if gpuEngineErr != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the GPU test engine is required in CI: %v", gpuEngineErr)
+		}
+		t.Skipf("needs a private Docker engine (root and dockerd): %v", gpuEngineErr)
+	}
+	return theGPUEngine
+}
+
+func startGPUEngine() (*gpuEngine, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("not root")
+	}
+	dockerd, err := exec.LookPath("dockerd")
+	if err != nil {
+		return nil, err
+	}
+	// A short path: the socket's must fit in 108 bytes.
+	dir, err := os.MkdirTemp("", "rfgpu")
+	if err != nil {
+		return nil, err
+	}
+	e := &gpuEngine{dir: dir, host: "unix://" + filepath.Join(dir, "docker.sock"), bridge: fmt.Sprintf("rfgpu%d", os.Getpid()%100000)}
+	fail := func(err error) (*gpuEngine, error) {
+		e.stop()
+		return nil, err
+	}
+	bin := filepath.Join(dir, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		return fail(err)
+	}
+	hook := "#!/bin/sh\n# Stand-in for NVIDIA's prestart hook: there is no GPU to set up.\ncat >/dev/null\nexit 0\n"
+	if err := os.WriteFile(filepath.Join(bin, "nvidia-container-runtime-hook"), []byte(hook), 0o755); err != nil {
+		return fail(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "daemon.json"), []byte("{}"), 0o644); err != nil {
+		return fail(err)
+	}
+	// Its own bridge: an engine started with --bridge none would delete
+	// the default engine's docker0.
+	subnet := fmt.Sprintf("10.231.%d.1/24", os.Getpid()%250)
+	for _, args := range [][]string{
+		{"link", "add", e.bridge, "type", "bridge"},
+		{"addr", "add", subnet, "dev", e.bridge},
+		{"link", "set", e.bridge, "up"},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fail(fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out))
+		}
+	}
+	logf, err := os.Create(filepath.Join(dir, "dockerd.log"))
+	if err != nil {
+		return fail(err)
+	}
+	defer logf.Close()
+	e.cmd = exec.Command(dockerd,
+		"--config-file", filepath.Join(dir, "daemon.json"),
+		"--host", e.host,
+		"--data-root", filepath.Join(dir, "data"),
+		"--exec-root", filepath.Join(dir, "exec"),
+		"--pidfile", filepath.Join(dir, "docker.pid"),
+		"--bridge", e.bridge,
+		"--iptables=false", "--ip6tables=false",
+		"--containerd-namespace", "rfgpu", "--containerd-plugins-namespace", "rfgpu-plugins",
+	)
+	e.cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"))
+	e.cmd.Stdout, e.cmd.Stderr = logf, logf
+	if err := e.cmd.Start(); err != nil {
+		return fail(err)
+	}
+	if e.cli, err = client.New(client.WithHost(e.host)); err != nil {
+		return fail(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := e.cli.Ping(ctx, client.PingOptions{})
+		cancel()
+		if err == nil {
+			return e, nil
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(filepath.Join(dir, "dockerd.log"))
+			return fail(fmt.Errorf("private dockerd did not answer: %v\n%s", err, tailString(string(b), 3000)))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// image builds the stand-in runner image on this engine.
+func (e *gpuEngine) image(t testing.TB, bin string) string {
+	t.Helper()
+	e.imgOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		e.img, e.imgErr = peers.AgentImage(ctx, e.cli, "runfleet-test/github-runner", "github-runner", bin)
+	})
+	if e.imgErr != nil {
+		t.Fatal(e.imgErr)
+	}
+	return e.img
+}
+
+// stop ends the engine and removes everything it made.
+func (e *gpuEngine) stop() {
+	if e.cli != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if res, err := e.cli.ContainerList(ctx, client.ContainerListOptions{All: true}); err == nil {
+			for _, c := range res.Items {
+				_, _ = e.cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true})
+			}
+		}
+		cancel()
+		_ = e.cli.Close()
+	}
+	if e.cmd != nil && e.cmd.Process != nil {
+		_ = e.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = e.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = e.cmd.Process.Kill()
+			<-done
+		}
+	}
+	// What the engine mounted under its directories (its network
+	// namespace, overlay layers), deepest first.
+	if f, err := os.Open("/proc/self/mounts"); err == nil {
+		var mounts []string
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if fields := strings.Fields(sc.Text()); len(fields) > 1 && strings.HasPrefix(fields[1], e.dir+"/") {
+				mounts = append(mounts, fields[1])
+			}
+		}
+		f.Close()
+		slices.Reverse(mounts)
+		for _, m := range mounts {
+			_ = syscall.Unmount(m, syscall.MNT_DETACH)
+		}
+	}
+	_ = exec.Command("ip", "link", "del", e.bridge).Run()
+	_ = os.RemoveAll(e.dir)
+}
+
+// stopGPUEngine is called by TestMain once the tests are done.
+func stopGPUEngine() {
+	if theGPUEngine != nil {
+		theGPUEngine.stop()
+	}
+}
+
+// The injected inventory: four H100s, written from NVIDIA's nvsmi DTD,
+// read by a stand-in nvidia-smi, so that runfleet's own detection runs.
+var h100UUIDs = []string{
+	"GPU-0b1e2d3c-4a5b-6c7d-8e9f-a0b1c2d3e4f5",
+	"GPU-1c2d3e4f-5a6b-4c7d-9e8f-0a1b2c3d4e5f",
+	"GPU-5a6b7c8d-9e0f-4a1b-8c2d-3e4f5a6b7c8d",
+	"GPU-7e4c1a3b-9d2e-4f61-8a0b-3c5d7e9f1a20",
+}
+
+func fakeNvidiaSMI(t testing.TB) string {
+	t.Helper()
+	fixture, err := filepath.Abs("../../gpu/testdata/h100x4-v12.xml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "nvidia-smi")
+	script := fmt.Sprintf("#!/bin/sh\ncase \"$1\" in -L) exit 0;; esac\ncat %s\n", fixture)
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// gpusOf returns, for each running container of the fleet, the device
+// ids of its one nvidia device request, failing on anything else.
+func (f *fleet) gpusOf() map[string][]string {
+	f.t.Helper()
+	out := map[string][]string{}
+	for _, c := range f.containers() {
+		if c.State != container.StateRunning {
+			continue
+		}
+		hc := f.inspect(c.ID).HostConfig
+		if len(hc.DeviceRequests) != 1 {
+			f.t.Fatalf("container %s has device requests %+v, want one", c.ID[:12], hc.DeviceRequests)
+		}
+		req := hc.DeviceRequests[0]
+		if req.Driver != "nvidia" || req.Count != 0 || !slices.Equal(req.Capabilities[0], []string{"gpu"}) {
+			f.t.Fatalf("container %s: device request %+v", c.ID[:12], req)
+		}
+		if l := c.Labels[docker.LabelGPUs]; l != strings.Join(req.DeviceIDs, ",") {
+			f.t.Fatalf("container %s: label %q, device ids %v", c.ID[:12], l, req.DeviceIDs)
+		}
+		out[c.ID] = req.DeviceIDs
+	}
+	return out
+}
+
+// disjoint checks that no device is in two containers' requests, and
+// returns every device requested.
+func disjoint(t testing.TB, held map[string][]string) []string {
+	t.Helper()
+	seen := map[string]string{}
+	for id, devs := range held {
+		for _, d := range devs {
+			if o, ok := seen[d]; ok {
+				t.Fatalf("%s is in the device requests of containers %s and %s", d, o[:12], id[:12])
+			}
+			seen[d] = id
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
+}
+
+// TestDockerGPUsOnePerRunner gives each of four runner containers its own
+// GPU of an injected 4-GPU inventory: each container's device request
+// holds exactly one distinct UUID, the engine sets the job's
+// NVIDIA_VISIBLE_DEVICES to it, a replacement gets the GPU its
+// predecessor freed, and a restarted manager adopts the assignment.
+func TestDockerGPUsOnePerRunner(t *testing.T) {
+	eng := needGPUEngine(t)
+	smi := fakeNvidiaSMI(t)
+	f := newGitHubFleet(t, "gpuone", ghOptions{
+		Size: -1, Docker: true, Engine: eng,
+		Top:  "gpu:\n  nvidia_smi: " + smi + "\n",
+		Pool: "    gpus_per_runner: 1\n",
+	})
+	sim := f.gh
+	f.start()
+	eventually(t, time.Minute, "4 idle runners, one per GPU", func() bool { return idleGitHub(sim) == 4 })
+	held := f.gpusOf()
+	all := disjoint(t, held)
+	t.Logf("4 containers, device requests: %v", held)
+	if len(held) != 4 || !slices.Equal(all, h100UUIDs) {
+		t.Fatalf("containers hold %v, want the 4 UUIDs one each", held)
+	}
+	for _, devs := range held {
+		if len(devs) != 1 {
+			t.Fatalf("a container has %v, want one GPU", devs)
+		}
+	}
+	for _, r := range sim.Runners() {
+		for _, l := range []string{"gpu", "gpu-h100", "gpus-1", "cuda-12.4", "gpuone"} {
+			if !slices.Contains(r.Labels, l) {
+				t.Errorf("runner %s has labels %v, lacking %s", r.Name, r.Labels, l)
+			}
+		}
+	}
+
+	// A job asks for the hardware by label and sees its own GPU.
+	sim.Queue("acme/gpuone", ghsim.JobSpec{Name: "train", Labels: []string{"self-hosted", "gpu-h100", "cuda-12.4"}, Script: `echo "visible=$NVIDIA_VISIBLE_DEVICES"; sleep 0.5`})
+	eventually(t, time.Minute, "the job done", func() bool { done, _ := completed(sim); return done == 1 })
+	job := sim.Jobs()[0]
+	if job.Conclusion != "success" {
+		t.Fatalf("job: %s\n%s", job.Conclusion, job.Output)
+	}
+	var used string
+	for _, u := range h100UUIDs {
+		if strings.Contains(job.Output, "visible="+u+"\n") {
+			used = u
+		}
+	}
+	if used == "" {
+		t.Fatalf("the job did not see one of the GPUs in NVIDIA_VISIBLE_DEVICES:\n%s", job.Output)
+	}
+	t.Logf("job ran with NVIDIA_VISIBLE_DEVICES=%s", used)
+
+	// Its container ended; the replacement gets the freed GPU.
+	var replacement string
+	eventually(t, time.Minute, "a replacement holding the freed GPU", func() bool {
+		if idleGitHub(sim) != 4 {
+			return false
+		}
+		now := f.gpusOf()
+		for id, devs := range now {
+			if _, old := held[id]; !old && slices.Equal(devs, []string{used}) {
+				replacement = id
+			}
+		}
+		return replacement != "" && len(now) == 4
+	})
+	after := f.gpusOf()
+	disjoint(t, after)
+	t.Logf("replacement container %s holds the freed %s", replacement[:12], used)
+
+	// A manager killed and restarted learns the assignment from the
+	// containers' labels: it starts nothing on a GPU that is taken.
+	f.kill9()
+	f.start()
+	time.Sleep(5 * time.Second) // two resync periods
+	eventually(t, time.Minute, "4 idle runners after the restart", func() bool { return idleGitHub(sim) == 4 })
+	if again := f.gpusOf(); fmt.Sprint(again) != fmt.Sprint(after) {
+		t.Fatalf("after a restart: %v, before: %v", again, after)
+	}
+
+	st := exec.Command(fleetBin, "status", "-c", f.config)
+	st.Env = append(append(os.Environ(), f.env...), "E2E_GITHUB_TOKEN="+ghToken)
+	if out, err := st.CombinedOutput(); err != nil || strings.Count(string(out), "GPU-") != 4 {
+		t.Errorf("runfleet status does not show the 4 runners' GPUs: %v\n%s", err, out)
+	} else {
+		t.Logf("runfleet status -c:\n%s", out)
+	}
+
+	gpus := exec.Command(fleetBin, "gpus", "-c", f.config)
+	gpus.Env = append(append(os.Environ(), f.env...), "E2E_GITHUB_TOKEN="+ghToken)
+	out, err := gpus.CombinedOutput()
+	if err != nil {
+		t.Fatalf("runfleet gpus: %v\n%s", err, out)
+	}
+	t.Logf("runfleet gpus -c:\n%s", out)
+	for _, u := range h100UUIDs {
+		if !strings.Contains(string(out), u) {
+			t.Errorf("runfleet gpus does not list %s", u)
+		}
+	}
+	if n := strings.Count(string(out), "gpuone-"); n != 4 {
+		t.Errorf("runfleet gpus shows %d holders, want 4", n)
+	}
+	f.stopLeavesNothing()
+}
+
+// TestDockerGPUsTwoPerRunner: with two GPUs per runner, the 4-GPU host
+// runs two runners with disjoint pairs.
+func TestDockerGPUsTwoPerRunner(t *testing.T) {
+	eng := needGPUEngine(t)
+	f := newGitHubFleet(t, "gputwo", ghOptions{
+		Size: -1, Docker: true, Engine: eng,
+		Top:  "gpu:\n  nvidia_smi: " + fakeNvidiaSMI(t) + "\n",
+		Pool: "    gpus_per_runner: 2\n",
+	})
+	f.start()
+	eventually(t, time.Minute, "2 idle runners", func() bool { return idleGitHub(f.gh) == 2 })
+	time.Sleep(3 * time.Second) // a third would show by now
+	held := f.gpusOf()
+	all := disjoint(t, held)
+	t.Logf("2 per runner: %v", held)
+	if len(held) != 2 || !slices.Equal(all, h100UUIDs) {
+		t.Fatalf("containers hold %v, want two disjoint pairs of the 4 GPUs", held)
+	}
+	for _, devs := range held {
+		if len(devs) != 2 {
+			t.Fatalf("a container has %v, want two GPUs", devs)
+		}
+	}
+	for _, r := range f.gh.Runners() {
+		if !slices.Contains(r.Labels, "gpus-2") {
+			t.Errorf("runner %s has labels %v, lacking gpus-2", r.Name, r.Labels)
+		}
+	}
+	f.stopLeavesNothing()
+}
