@@ -193,13 +193,17 @@ func (f *Fleet) fitGPUs(pc *config.Pool) (int, error) {
 	case per > units:
 		return 0, fmt.Errorf("gpus_per_runner: %d, and this host has %d GPUs", per, units)
 	}
-	if pc.SizeFromGPUs {
-		pc.Size = 1
-		if per > 0 {
-			pc.Size = units / per
-		}
+	fit := 1 // runners the GPUs allow at once
+	if per > 0 {
+		fit = units / per
+	}
+	switch {
+	case pc.SizeFromGPUs:
+		pc.Size = fit
 		pc.Max = max(pc.Max, pc.Size)
 		f.log.Info("pool sized by its GPUs", "pool", pc.Name, "size", pc.Size, "gpus_per_runner", gpusText(per))
+	case pc.Max > fit:
+		f.log.Warn("the pool asks for more runners than the GPUs allow; it runs at most what they allow", "pool", pc.Name, "max", pc.Max, "runners_the_gpus_allow", fit)
 	}
 	return per, nil
 }
