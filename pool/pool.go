@@ -90,6 +90,18 @@ type Config struct {
 	// HardwareLabels adds labels that describe each runner's GPUs
 	// ("gpu", "gpu-h200", "gpus-1", "cuda-12.4") to Labels.
 	HardwareLabels bool
+
+	// Demand returns the queued jobs matched to this pool that no
+	// runner has taken yet: the pool keeps Size + Demand() runners idle
+	// or starting, within Max. Nil is no demand.
+	Demand func() int
+	// OnStarted is called with how long a runner took to start: from
+	// the pass that decided to start it (a slot freed, or demand) until
+	// its machine runs.
+	OnStarted func(time.Duration)
+	// OnError is called when the provider fails an operation ("create",
+	// "delete").
+	OnError func(op string)
 }
 
 // Pool reconciles one pool.
@@ -534,11 +546,17 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 		return view, nil
 	}
 
-	// Idle runners above Size, past the idle timeout, go first.
+	// The pool keeps Size runners idle, plus one for each queued job
+	// matched to it that no runner has taken yet.
+	want := p.cfg.Size
+	if p.cfg.Demand != nil && !p.cfg.Once {
+		want += max(p.cfg.Demand(), 0)
+	}
+	// Idle runners above that, past the idle timeout, go first.
 	if !p.draining {
 		for i := range view {
 			r := &view[i]
-			if idle <= p.cfg.Size {
+			if idle <= want {
 				break
 			}
 			if r.State == StateIdle && now.Sub(r.Created) > p.cfg.IdleTimeout {
@@ -551,7 +569,7 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 		}
 	}
 
-	need := min(p.cfg.Size-idle, p.cfg.Max-total)
+	need := min(want-idle, p.cfg.Max-total)
 	if p.cfg.Once {
 		need = min(need, p.cfg.Size-p.created)
 	}
@@ -799,6 +817,9 @@ func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit) {
 			}
 			p.created--
 			p.failures++
+			if p.cfg.OnError != nil {
+				p.cfg.OnError("create")
+			}
 			wait := min(time.Second<<min(p.failures-1, 6), time.Minute)
 			p.createAfter = p.now().Add(wait)
 			p.mu.Unlock()
@@ -807,6 +828,9 @@ func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit) {
 			p.failures = 0
 			p.createAfter = time.Time{}
 			p.mu.Unlock()
+			if p.cfg.OnStarted != nil {
+				p.cfg.OnStarted(p.now().Sub(start))
+			}
 			p.log.Info("runner started", "runner", name, "took", p.now().Sub(start).Round(time.Millisecond))
 		}
 		p.Trigger()
@@ -887,6 +911,9 @@ func (p *Pool) retire(ctx context.Context, s *slot, why string) {
 		if inst != nil {
 			if err := p.prov.Delete(ctx, s.name); err != nil {
 				p.log.Warn("delete machine failed", "runner", s.name, "err", err)
+				if p.cfg.OnError != nil {
+					p.cfg.OnError("delete")
+				}
 				return
 			}
 		}

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
@@ -63,7 +64,22 @@ type Driver struct {
 
 	mu       sync.Mutex
 	regToken string // cached: Gitea returns the same token until it is reset
+	calls    atomic.Int64
 }
+
+// counting counts the HTTP requests a driver sends, for its metrics.
+type counting struct {
+	next http.RoundTripper
+	n    *atomic.Int64
+}
+
+func (c counting) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return c.next.RoundTrip(r)
+}
+
+// Calls returns the HTTP requests sent to Gitea so far.
+func (d *Driver) Calls() int64 { return d.calls.Load() }
 
 // New returns a driver. It makes no call: an unreachable Gitea shows up
 // on the first call, which the caller retries.
@@ -83,12 +99,17 @@ func New(cfg Config) *Driver {
 		log = slog.Default()
 	}
 	cfg.URL = strings.TrimRight(cfg.URL, "/")
-	return &Driver{
-		cfg:    cfg,
-		hc:     hc,
-		runner: runnerv1connect.NewRunnerServiceClient(hc, cfg.URL+"/api/actions"),
-		log:    log,
+	d := &Driver{cfg: cfg, log: log}
+	// A copy of the client that counts its requests.
+	counted := *hc
+	next := counted.Transport
+	if next == nil {
+		next = http.DefaultTransport
 	}
+	counted.Transport = counting{next: next, n: &d.calls}
+	d.hc = &counted
+	d.runner = runnerv1connect.NewRunnerServiceClient(d.hc, cfg.URL+"/api/actions")
+	return d
 }
 
 // api returns an SDK client bound to ctx. The SDK keeps one context per

@@ -1,0 +1,297 @@
+// Package demand tracks the jobs that wait for a runner, from a forge's
+// webhooks and from polling its queue, and matches each to the pool that
+// should serve it, so that pools grow when jobs queue and shrink when
+// none do.
+//
+// Webhooks and polls report the same jobs, in any order and more than
+// once: a job's state only moves forward (queued, in progress, completed),
+// so a late or repeated report changes nothing.
+package demand
+
+import (
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Status of a job, in the order a job passes through them.
+type Status int
+
+const (
+	Queued Status = iota + 1
+	InProgress
+	Completed
+)
+
+func (s Status) String() string {
+	switch s {
+	case Queued:
+		return "queued"
+	case InProgress:
+		return "in_progress"
+	case Completed:
+		return "completed"
+	}
+	return "unknown"
+}
+
+// ParseStatus reads a forge's job status or webhook action: GitHub's and
+// Gitea's queued, waiting, in_progress, completed (and Gitea's running,
+// success, failure, cancelled, skipped). ok is false for others.
+func ParseStatus(s string) (Status, bool) {
+	switch strings.ToLower(s) {
+	case "queued", "waiting", "pending", "blocked":
+		return Queued, true
+	case "in_progress", "running":
+		return InProgress, true
+	case "completed", "success", "failure", "cancelled", "skipped", "failed", "canceled":
+		return Completed, true
+	}
+	return 0, false
+}
+
+// Job is a report of one job.
+type Job struct {
+	Forge      string // the config's forge name
+	ID         int64
+	RunID      int64
+	Name       string
+	Labels     []string
+	Status     Status
+	Conclusion string
+	Runner     string
+	// When the forge says it was queued, started and completed; zero
+	// where it does not say.
+	Queued, Started, Completed time.Time
+}
+
+// Pool is what the tracker knows of a pool.
+type Pool struct {
+	Name  string
+	Forge string
+	// Labels the pool's runners have, the forge's implicit ones
+	// included (GitHub adds self-hosted, linux and x64).
+	Labels []string
+}
+
+// Event is what a report changed, for metrics and logs.
+type Event struct {
+	Job  Job
+	Pool string // the pool the job is matched to; "" for none
+	// New is set on the first report of a job; From is the status it
+	// had before this report (0 when new).
+	New  bool
+	From Status
+}
+
+// Tracker holds the jobs of every forge of a manager.
+type Tracker struct {
+	mu    sync.Mutex
+	now   func() time.Time
+	pools []Pool
+	jobs  map[key]*entry
+	// OnChange is called, without the lock held, for each report that
+	// moves a job forward.
+	onChange func(Event)
+	keep     time.Duration // how long ended jobs are remembered
+}
+
+type key struct {
+	forge string
+	id    int64
+}
+
+type entry struct {
+	job  Job
+	pool string
+	seen time.Time // first report, by our clock
+	// fromPoll marks a job last seen queued by a poll, so that a later
+	// poll that no longer lists it knows it left the queue.
+	fromPoll bool
+}
+
+// New returns a tracker for the pools, matched in their order.
+func New(pools []Pool, onChange func(Event)) *Tracker {
+	return &Tracker{now: time.Now, pools: pools, jobs: map[key]*entry{}, onChange: onChange, keep: time.Hour}
+}
+
+// SetPools replaces the pools (a reloaded config); queued jobs are matched
+// again.
+func (t *Tracker) SetPools(pools []Pool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.pools = pools
+	for _, e := range t.jobs {
+		if e.job.Status == Queued {
+			e.pool = t.match(e.job)
+		}
+	}
+}
+
+// Match returns the pool that serves a job: the first, in config order,
+// of the job's forge whose labels include all of the job's labels
+// (case-insensitively, as both forges compare them); "" for none.
+func (t *Tracker) Match(j Job) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.match(j)
+}
+
+func (t *Tracker) match(j Job) string {
+	for _, p := range t.pools {
+		if p.Forge == j.Forge && covers(p.Labels, j.Labels) {
+			return p.Name
+		}
+	}
+	return ""
+}
+
+func covers(have, want []string) bool {
+	for _, w := range want {
+		if !slices.ContainsFunc(have, func(h string) bool { return strings.EqualFold(h, w) }) {
+			return false
+		}
+	}
+	return true
+}
+
+// Observe records a report of a job. It reports whether the job moved
+// forward; a duplicate, or a report older than what is known, changes
+// nothing.
+func (t *Tracker) Observe(j Job) bool {
+	return t.observe(j, false)
+}
+
+func (t *Tracker) observe(j Job, fromPoll bool) bool {
+	if j.Status == 0 {
+		return false
+	}
+	t.mu.Lock()
+	k := key{j.Forge, j.ID}
+	e, ok := t.jobs[k]
+	ev := Event{New: !ok}
+	switch {
+	case !ok:
+		e = &entry{job: j, seen: t.now(), fromPoll: fromPoll}
+		e.pool = t.match(j)
+		t.jobs[k] = e
+	case j.Status <= e.job.Status:
+		t.mu.Unlock()
+		return false
+	default:
+		ev.From = e.job.Status
+		merge(&e.job, j)
+		e.fromPoll = fromPoll
+	}
+	if e.job.Queued.IsZero() && e.job.Status == Queued {
+		e.job.Queued = e.seen
+	}
+	ev.Job, ev.Pool = e.job, e.pool
+	t.mu.Unlock()
+	if t.onChange != nil {
+		t.onChange(ev)
+	}
+	return true
+}
+
+// merge takes what a newer report knows.
+func merge(dst *Job, src Job) {
+	dst.Status = src.Status
+	if src.Name != "" {
+		dst.Name = src.Name
+	}
+	if len(src.Labels) > 0 {
+		dst.Labels = src.Labels
+	}
+	if src.Conclusion != "" {
+		dst.Conclusion = src.Conclusion
+	}
+	if src.Runner != "" {
+		dst.Runner = src.Runner
+	}
+	if !src.Started.IsZero() {
+		dst.Started = src.Started
+	}
+	if !src.Completed.IsZero() {
+		dst.Completed = src.Completed
+	}
+	if dst.Queued.IsZero() {
+		dst.Queued = src.Queued
+	}
+}
+
+// Poll records a forge's whole queue, as a poll reads it: every job listed
+// is queued, and a job that an earlier poll saw queued and that is no
+// longer listed has left the queue (a runner took it, or it was
+// cancelled).
+func (t *Tracker) Poll(forge string, queued []Job) {
+	listed := map[int64]bool{}
+	for _, j := range queued {
+		j.Forge, j.Status = forge, Queued
+		listed[j.ID] = true
+		t.observe(j, true)
+	}
+	t.mu.Lock()
+	var left []Job
+	for k, e := range t.jobs {
+		if k.forge == forge && e.job.Status == Queued && e.fromPoll && !listed[k.id] {
+			j := e.job
+			j.Status = InProgress
+			left = append(left, j)
+		}
+	}
+	t.mu.Unlock()
+	for _, j := range left {
+		t.observe(j, true)
+	}
+}
+
+// Queued returns the number of queued jobs matched to each pool. It also
+// forgets jobs that ended long ago.
+func (t *Tracker) Queued() map[string]int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now()
+	out := map[string]int{}
+	for k, e := range t.jobs {
+		switch {
+		case e.job.Status == Queued && e.pool != "":
+			out[e.pool]++
+		case e.job.Status == Completed && now.Sub(e.seen) > t.keep:
+			delete(t.jobs, k)
+		}
+	}
+	return out
+}
+
+// QueuedFor returns the number of queued jobs matched to one pool.
+func (t *Tracker) QueuedFor(pool string) int { return t.Queued()[pool] }
+
+// Recent returns up to n jobs, the most recently reported first, and
+// forgets jobs that ended long ago.
+func (t *Tracker) Recent(n int) []JobView {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now()
+	var out []JobView
+	for k, e := range t.jobs {
+		if e.job.Status == Completed && now.Sub(e.seen) > t.keep {
+			delete(t.jobs, k)
+			continue
+		}
+		out = append(out, JobView{Job: e.job, Pool: e.pool, Seen: e.seen})
+	}
+	slices.SortFunc(out, func(a, b JobView) int { return b.Seen.Compare(a.Seen) })
+	if len(out) > n {
+		out = out[:n]
+	}
+	return out
+}
+
+// JobView is a job as the status page shows it.
+type JobView struct {
+	Job
+	Pool string
+	Seen time.Time
+}
