@@ -35,6 +35,10 @@ type Config struct {
 
 	// GPU says how this host's GPUs are found.
 	GPU GPUDetection `json:"gpu"`
+	// Listen is the address of `serve`'s HTTP server: webhooks
+	// (/webhook/<forge>), /metrics, /healthz and the status page (/).
+	// "" turns it off.
+	Listen string `json:"listen"`
 
 	Forges []Forge `json:"forges"`
 	Pools  []Pool  `json:"pools"`
@@ -82,6 +86,15 @@ type Forge struct {
 	// CacheTTL is how long a listing of runners is reused; the driver
 	// keeps it current in between from what it does itself.
 	CacheTTL Duration `json:"cache_ttl"`
+
+	// WebhookSecret turns on /webhook/<name>: workflow_job deliveries
+	// signed with it report queued jobs at once. It may be "${ENV_VAR}".
+	WebhookSecret Secret `json:"webhook_secret"`
+	// PollInterval is how often the forge's job queue is read, so that a
+	// lost webhook never strands a job; "0s" turns polling off.
+	PollInterval Duration `json:"poll_interval"`
+	// PollOff is set when poll_interval is written as zero.
+	PollOff bool `json:"-"`
 }
 
 // Pool is a set of identical single-job runners.
@@ -186,6 +199,7 @@ const (
 	DefaultMaxLifetime      = 12 * time.Hour
 	DefaultBootstrapTimeout = 2 * time.Minute
 	DefaultFetchInterval    = 2 * time.Second
+	DefaultPollInterval     = 30 * time.Second
 )
 
 // Forge types and providers known to this build.
@@ -217,11 +231,18 @@ func Parse(data []byte) (*Config, error) {
 	if err := yaml.UnmarshalStrict(data, &c); err != nil {
 		return nil, parseError(err)
 	}
-	// A pool of GPU runners without a size is sized by its GPUs.
+	// A pool of GPU runners without a size is sized by its GPUs; a forge
+	// with poll_interval written as zero is not polled.
 	var given struct {
-		Pools []map[string]json.RawMessage `json:"pools"`
+		Forges []map[string]json.RawMessage `json:"forges"`
+		Pools  []map[string]json.RawMessage `json:"pools"`
 	}
 	if err := yaml.Unmarshal(data, &given); err == nil {
+		for i := range min(len(given.Forges), len(c.Forges)) {
+			if _, ok := given.Forges[i]["poll_interval"]; ok && c.Forges[i].PollInterval.Duration == 0 && c.Forges[i].PollInterval.invalid == "" {
+				c.Forges[i].PollOff = true
+			}
+		}
 		for i := range min(len(given.Pools), len(c.Pools)) {
 			if _, ok := given.Pools[i]["size"]; !ok && c.Pools[i].GPUsPerRunner != 0 {
 				c.Pools[i].SizeFromGPUs = true
@@ -281,6 +302,11 @@ func (c *Config) resolve() error {
 			errs = append(errs, fmt.Errorf("%s.token: %w", field, err))
 		}
 		f.Token = Secret(tok)
+		hook, err := expand(string(f.WebhookSecret))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s.webhook_secret: %w", field, err))
+		}
+		f.WebhookSecret = Secret(hook)
 		if f.TokenFile != "" {
 			if f.Token != "" {
 				errs = append(errs, fmt.Errorf("%s: set token or token_file, not both", field))
@@ -347,6 +373,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.DrainTimeout.Duration == 0 && c.DrainTimeout.invalid == "" {
 		c.DrainTimeout = D(DefaultDrainTimeout)
+	}
+	for i := range c.Forges {
+		f := &c.Forges[i]
+		if f.PollInterval.Duration == 0 && f.PollInterval.invalid == "" && !f.PollOff {
+			f.PollInterval = D(DefaultPollInterval)
+		}
 	}
 	for i := range c.Forges {
 		f := &c.Forges[i]
@@ -469,6 +501,14 @@ func (c *Config) Validate() error {
 			if err := checkURL(f.RunnerURL); err != nil {
 				bad(field+".runner_url", "%v", err)
 			}
+		}
+		if err := f.PollInterval.check(); err != nil {
+			bad(field+".poll_interval", "%v", err)
+		} else if !f.PollOff && f.PollInterval.Duration < time.Second {
+			bad(field+".poll_interval", "%s is too short (at least 1s, or 0s for no polling)", f.PollInterval.Duration)
+		}
+		if f.WebhookSecret != "" && len(f.WebhookSecret) < 16 {
+			bad(field+".webhook_secret", "is too short (at least 16 characters)")
 		}
 		if f.Type == "github" {
 			c.validateGitHub(field, f, bad)
@@ -633,6 +673,17 @@ func checkURL(s string) error {
 }
 
 // Forge returns the forge with the given name.
+// Pool returns the pool of that name.
+func (c *Config) Pool(name string) (Pool, bool) {
+	for _, p := range c.Pools {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return Pool{}, false
+}
+
+// Forge returns the forge of that name.
 func (c *Config) Forge(name string) (Forge, bool) {
 	for _, f := range c.Forges {
 		if f.Name == name {

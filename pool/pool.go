@@ -179,6 +179,21 @@ func New(cfg Config, f Forge, prov provider.Provider, a agent.Agent, opts ...Opt
 	return p
 }
 
+// Update applies a reloaded config's settings: labels and environment
+// (for runners started from now on), size, max, timeouts and retry_lost.
+// The caller stops the pool's loop and waits for its operations first.
+func (p *Pool) Update(c Config) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cfg.Labels, p.cfg.Env = c.Labels, c.Env
+	p.cfg.Size, p.cfg.Max = c.Size, max(c.Max, c.Size)
+	p.cfg.IdleTimeout, p.cfg.MaxLifetime, p.cfg.BootstrapTimeout = c.IdleTimeout, c.MaxLifetime, c.BootstrapTimeout
+	p.cfg.RetryLost = c.RetryLost
+	if c.Resync > 0 {
+		p.cfg.Resync = c.Resync
+	}
+}
+
 // Name returns the pool's name.
 func (p *Pool) Name() string { return p.cfg.Name }
 

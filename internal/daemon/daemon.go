@@ -17,10 +17,12 @@ import (
 
 	"github.com/runfleet/runfleet/agent"
 	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/demand"
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/forge/gitea"
 	"github.com/runfleet/runfleet/forge/github"
 	"github.com/runfleet/runfleet/gpu"
+	"github.com/runfleet/runfleet/metrics"
 	"github.com/runfleet/runfleet/pool"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/docker"
@@ -45,7 +47,17 @@ type Fleet struct {
 	// GPUs hands out the GPUs to the pools' runners; nil when no pool
 	// gives runners GPUs of their own.
 	GPUs *gpu.Allocator
-	log  *slog.Logger
+	// Demand tracks queued jobs, from webhooks and polls.
+	Demand *demand.Tracker
+	// Metrics are the manager's Prometheus metrics.
+	Metrics *metrics.Metrics
+	log     *slog.Logger
+
+	drivers map[string]forge.Forge    // by forge name
+	written map[string]*config.Docker // pools' docker sections as written
+	mu      sync.Mutex                // guards Pools, Config and runs during a reload
+	runs    map[string]*poolRun       // by pool name, while Run runs
+	runCtx  context.Context
 
 	docker  *dockerclient.Client
 	closers []func()
@@ -55,7 +67,8 @@ type Fleet struct {
 // it fails only on what is wrong locally (an agent binary that is missing,
 // a directory that cannot be made), which is a configuration error.
 func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
-	f := &Fleet{Config: cfg, Forges: map[string]forge.Forge{}, Providers: map[string]provider.Provider{}, log: log}
+	f := &Fleet{Config: cfg, Forges: map[string]forge.Forge{}, Providers: map[string]provider.Provider{}, log: log, runs: map[string]*poolRun{}, written: map[string]*config.Docker{}}
+	f.Metrics = metrics.New(f)
 	drivers := map[string]forge.Forge{}
 	for _, fc := range cfg.Forges {
 		switch fc.Type {
@@ -93,49 +106,69 @@ func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
 			return nil, fmt.Errorf("forges: type %q is not supported by this build", fc.Type)
 		}
 	}
+	f.drivers = drivers
 	var errs []error
-	f.detectGPUs()
+	f.detectGPUs(cfg)
+	f.Demand = demand.New(nil, f.jobChanged)
 	for i := range cfg.Pools {
-		pc := &cfg.Pools[i]
-		per, err := f.fitGPUs(pc)
+		p, err := f.buildPool(&cfg.Pools[i])
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pools[%d]: %w", i, err))
 			continue
 		}
-		fc, _ := cfg.Forge(pc.Forge)
-		prov, ag, err := f.newProvider(*pc, fc.Type)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("pools[%d]: %w", i, err))
-			continue
-		}
-		fd := drivers[pc.Forge]
-		f.Forges[pc.Name] = fd
-		f.Providers[pc.Name] = prov
-		pcfg := pool.Config{
-			Name:             pc.Name,
-			Manager:          cfg.ID,
-			Labels:           pc.Labels,
-			Env:              pc.Env,
-			Size:             pc.Size,
-			Max:              pc.Max,
-			IdleTimeout:      pc.IdleTimeout.Duration,
-			MaxLifetime:      pc.MaxLifetime.Duration,
-			BootstrapTimeout: pc.BootstrapTimeout.Duration,
-			Resync:           cfg.Resync.Duration,
-			RetryLost:        pc.RetryLost == nil || *pc.RetryLost,
-			Once:             pc.Single,
-		}
-		if per != 0 {
-			pcfg.GPUs, pcfg.GPUsPerRunner = f.GPUs, per
-			pcfg.CUDA, pcfg.HardwareLabels = f.Inventory.CUDA, pc.HasHardwareLabels()
-		}
-		f.Pools = append(f.Pools, pool.New(pcfg, fd, prov, ag, pool.WithLogger(log)))
+		f.Pools = append(f.Pools, p)
 	}
 	if err := errors.Join(errs...); err != nil {
 		f.Close()
 		return nil, err
 	}
+	f.Demand.SetPools(f.demandPools(cfg))
 	return f, nil
+}
+
+// buildPool makes one pool's provider, agent and reconciler. It may set
+// the pool's size (from its GPUs) and image (by CUDA version).
+func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
+	per, err := f.fitGPUs(pc)
+	if err != nil {
+		return nil, err
+	}
+	fc, _ := f.Config.Forge(pc.Forge)
+	prov, ag, err := f.newProvider(*pc, fc.Type)
+	if err != nil {
+		return nil, err
+	}
+	fd := f.drivers[pc.Forge]
+	f.Forges[pc.Name] = fd
+	f.Providers[pc.Name] = prov
+	name := pc.Name
+	pcfg := f.poolConfig(*pc)
+	if per != 0 {
+		pcfg.GPUs, pcfg.GPUsPerRunner = f.GPUs, per
+		pcfg.CUDA, pcfg.HardwareLabels = f.Inventory.CUDA, pc.HasHardwareLabels()
+	}
+	pcfg.Demand = func() int { return f.Demand.QueuedFor(name) }
+	pcfg.OnStarted = func(d time.Duration) { f.Metrics.RunnerStart.WithLabelValues(name).Observe(d.Seconds()) }
+	pcfg.OnError = func(op string) { f.Metrics.ProviderErrors.WithLabelValues(name, op).Inc() }
+	return pool.New(pcfg, fd, prov, ag, pool.WithLogger(f.log)), nil
+}
+
+// poolConfig is the part of a pool's settings that a reload may change.
+func (f *Fleet) poolConfig(pc config.Pool) pool.Config {
+	return pool.Config{
+		Name:             pc.Name,
+		Manager:          f.Config.ID,
+		Labels:           pc.Labels,
+		Env:              pc.Env,
+		Size:             pc.Size,
+		Max:              pc.Max,
+		IdleTimeout:      pc.IdleTimeout.Duration,
+		MaxLifetime:      pc.MaxLifetime.Duration,
+		BootstrapTimeout: pc.BootstrapTimeout.Duration,
+		Resync:           f.Config.Resync.Duration,
+		RetryLost:        pc.RetryLost == nil || *pc.RetryLost,
+		Once:             pc.Single,
+	}
 }
 
 // needsGPUs reports whether a pool needs the host's inventory: it gives
@@ -146,13 +179,13 @@ func needsGPUs(pc config.Pool) bool {
 
 // detectGPUs reads the host's GPUs once, if a pool needs them: a CPU-only
 // configuration never runs nvidia-smi.
-func (f *Fleet) detectGPUs() {
-	if !slices.ContainsFunc(f.Config.Pools, needsGPUs) {
+func (f *Fleet) detectGPUs(cfg *config.Config) {
+	if !slices.ContainsFunc(cfg.Pools, needsGPUs) || f.Inventory != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	inv := gpu.Detect(ctx, f.Config.GPU.NvidiaSMI)
+	inv := gpu.Detect(ctx, cfg.GPU.NvidiaSMI)
 	f.Inventory = &inv
 	f.GPUs = gpu.NewAllocator(inv.Units())
 	if len(inv.GPUs) == 0 {
@@ -166,6 +199,7 @@ func (f *Fleet) detectGPUs() {
 // size comes from its GPUs, and picks its image by CUDA version. It
 // returns the GPUs per runner for the pool (-1 all, 0 none).
 func (f *Fleet) fitGPUs(pc *config.Pool) (int, error) {
+	f.written[pc.Name] = pc.Docker
 	if !needsGPUs(*pc) {
 		return 0, nil
 	}
@@ -351,24 +385,6 @@ func (f *Fleet) Close() {
 	if f.docker != nil {
 		_ = f.docker.Close()
 	}
-}
-
-// Run reconciles every pool until ctx ends, then drains them: no new
-// runners, idle ones removed with their registrations, busy ones awaited
-// for up to the config's drain timeout. It returns the runners still left
-// after that; busy runners are never killed.
-func (f *Fleet) Run(ctx context.Context) []pool.Runner {
-	var wg sync.WaitGroup
-	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	for _, p := range f.Pools {
-		wg.Go(func() { p.Run(runCtx) })
-	}
-	f.log.Info("runfleet started", "manager", f.Config.ID, "pools", len(f.Pools), "version", Version)
-	<-ctx.Done()
-	stop()
-	wg.Wait()
-	defer f.Close()
-	return f.Drain(context.Background(), f.Config.DrainTimeout.Duration)
 }
 
 // Drain drains every pool at once, for up to timeout.

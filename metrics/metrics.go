@@ -1,0 +1,107 @@
+// Package metrics defines runfleet's Prometheus metrics: runners by pool
+// and state, jobs started and completed, how long jobs wait for a runner,
+// how long runners take to start, forge API calls and rate limits,
+// provider errors and webhook deliveries.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// RunnerCount is the number of a pool's runners in one state.
+type RunnerCount struct {
+	Pool, State string
+	N           int
+}
+
+// ForgeStats is what a forge driver counts.
+type ForgeStats struct {
+	Forge string
+	Calls int64
+	// RateRemaining is the last X-RateLimit-Remaining seen; -1 when the
+	// forge sends none.
+	RateRemaining int64
+}
+
+// Source is read at every scrape.
+type Source interface {
+	RunnerCounts() []RunnerCount
+	ForgeStats() []ForgeStats
+}
+
+// Metrics are one manager's metrics, in their own registry.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	JobsStarted    *prometheus.CounterVec   // pool
+	JobsCompleted  *prometheus.CounterVec   // pool, conclusion
+	JobWait        *prometheus.HistogramVec // pool: queued until started
+	RunnerStart    *prometheus.HistogramVec // pool: decided until running
+	ProviderErrors *prometheus.CounterVec   // pool, op
+	Webhooks       *prometheus.CounterVec   // forge, result
+	Polls          *prometheus.CounterVec   // forge, result
+}
+
+// New registers the metrics, reading runner counts and forge stats from
+// src at each scrape.
+func New(src Source) *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		JobsStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "runfleet_jobs_started_total", Help: "Jobs a runner of the pool took.",
+		}, []string{"pool"}),
+		JobsCompleted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "runfleet_jobs_completed_total", Help: "Jobs of the pool that ended, by conclusion.",
+		}, []string{"pool", "conclusion"}),
+		JobWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "runfleet_job_startup_seconds",
+			Help:    "Time from a job being queued until a runner started it.",
+			Buckets: []float64{0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800},
+		}, []string{"pool"}),
+		RunnerStart: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "runfleet_replenish_seconds",
+			Help:    "Time from a pool deciding to start a runner (a slot freed, or a job queued) until the runner's machine runs.",
+			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300},
+		}, []string{"pool"}),
+		ProviderErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "runfleet_provider_errors_total", Help: "Provider operations that failed, by operation.",
+		}, []string{"pool", "op"}),
+		Webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "runfleet_webhook_deliveries_total", Help: "Webhook deliveries by result: accepted, duplicate, ignored, bad_signature, bad_request.",
+		}, []string{"forge", "result"}),
+		Polls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "runfleet_queue_polls_total", Help: "Polls of a forge's job queue, by result: ok or error.",
+		}, []string{"forge", "result"}),
+	}
+	m.Registry.MustRegister(m.JobsStarted, m.JobsCompleted, m.JobWait, m.RunnerStart, m.ProviderErrors, m.Webhooks, m.Polls,
+		collector{src}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+var (
+	runnersDesc = prometheus.NewDesc("runfleet_runners", "Runners by pool and state (starting, idle, busy, stopping, orphan).", []string{"pool", "state"}, nil)
+	callsDesc   = prometheus.NewDesc("runfleet_forge_api_calls_total", "HTTP requests sent to the forge's API.", []string{"forge"}, nil)
+	rateDesc    = prometheus.NewDesc("runfleet_forge_rate_limit_remaining", "The forge's last X-RateLimit-Remaining.", []string{"forge"}, nil)
+)
+
+// collector reads what the pools and forges already hold, at scrape time.
+type collector struct{ src Source }
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- runnersDesc
+	ch <- callsDesc
+	ch <- rateDesc
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	for _, r := range c.src.RunnerCounts() {
+		ch <- prometheus.MustNewConstMetric(runnersDesc, prometheus.GaugeValue, float64(r.N), r.Pool, r.State)
+	}
+	for _, f := range c.src.ForgeStats() {
+		ch <- prometheus.MustNewConstMetric(callsDesc, prometheus.CounterValue, float64(f.Calls), f.Forge)
+		if f.RateRemaining >= 0 {
+			ch <- prometheus.MustNewConstMetric(rateDesc, prometheus.GaugeValue, float64(f.RateRemaining), f.Forge)
+		}
+	}
+}

@@ -1,0 +1,171 @@
+package server
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/runfleet/runfleet/demand"
+	"github.com/runfleet/runfleet/metrics"
+)
+
+const secret = "hook-secret-42"
+
+type nothing struct{}
+
+func (nothing) RunnerCounts() []metrics.RunnerCount { return nil }
+func (nothing) ForgeStats() []metrics.ForgeStats     { return nil }
+
+func sign(body string) string {
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte(body))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+const ghQueued = `{"action":"queued","workflow_job":{"id":101,"run_id":7,"name":"train (1)","status":"queued","labels":["self-hosted","gpu"],"created_at":"2026-11-21T10:00:00Z"},"repository":{"full_name":"acme/models"}}`
+
+const giteaQueued = `{"action":"queued","workflow_job":{"id":5,"run_id":3,"name":"test","status":"queued","labels":["lab"],"created_at":"2026-11-21T10:00:00Z"},"repository":{"full_name":"ml/models"}}`
+
+func ghRequest(body, sig, event string) *http.Request {
+	r := httptest.NewRequest("POST", "/webhook/gh", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("X-GitHub-Event", event)
+	r.Header.Set("X-GitHub-Delivery", "d-1")
+	if sig != "" {
+		r.Header.Set("X-Hub-Signature-256", "sha256="+sig)
+	}
+	return r
+}
+
+func giteaRequest(body, sig string) *http.Request {
+	r := httptest.NewRequest("POST", "/webhook/lab", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("X-Gitea-Event", "workflow_job")
+	r.Header.Set("X-Gitea-Event-Type", "workflow_job")
+	r.Header.Set("X-Gitea-Signature", sig)
+	return r
+}
+
+func newTestServer(t testing.TB) (http.Handler, *demand.Tracker, *metrics.Metrics) {
+	tr := demand.New([]demand.Pool{
+		{Name: "gpu", Forge: "gh", Labels: []string{"self-hosted", "gpu"}},
+		{Name: "lab", Forge: "lab", Labels: []string{"lab"}},
+	}, nil)
+	m := metrics.New(nothing{})
+	h := New(Config{
+		Hooks:   map[string]Hook{"gh": {Type: "github", Secret: []byte(secret)}, "lab": {Type: "gitea", Secret: []byte(secret)}, "off": {Type: "gitea"}},
+		Report:  tr.Observe,
+		Metrics: m,
+	})
+	return h, tr, m
+}
+
+func do(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func TestWebhooks(t *testing.T) {
+	h, tr, m := newTestServer(t)
+	for _, tt := range []struct {
+		name   string
+		req    *http.Request
+		code   int
+		queued map[string]int
+	}{
+		{"github queued", ghRequest(ghQueued, sign(ghQueued), "workflow_job"), 202, map[string]int{"gpu": 1}},
+		{"github duplicate delivery", ghRequest(ghQueued, sign(ghQueued), "workflow_job"), 200, map[string]int{"gpu": 1}},
+		{"github bad signature", ghRequest(strings.Replace(ghQueued, "101", "102", 1), sign(ghQueued), "workflow_job"), 401, map[string]int{"gpu": 1}},
+		{"github unsigned", ghRequest(strings.Replace(ghQueued, "101", "103", 1), "", "workflow_job"), 401, map[string]int{"gpu": 1}},
+		{"github ping", ghRequest(`{"zen":"hi"}`, sign(`{"zen":"hi"}`), "ping"), 204, map[string]int{"gpu": 1}},
+		{"github job without id", ghRequest(`{"action":"queued","workflow_job":{}}`, sign(`{"action":"queued","workflow_job":{}}`), "workflow_job"), 400, map[string]int{"gpu": 1}},
+		{"github started", ghRequest(strings.Replace(ghQueued, `"action":"queued"`, `"action":"in_progress"`, 1), sign(strings.Replace(ghQueued, `"action":"queued"`, `"action":"in_progress"`, 1)), "workflow_job"), 202, map[string]int{}},
+		{"gitea queued", giteaRequest(giteaQueued, sign(giteaQueued)), 202, map[string]int{"lab": 1}},
+		{"gitea bad signature", giteaRequest(strings.Replace(giteaQueued, `"id":5`, `"id":6`, 1), sign(giteaQueued)), 401, map[string]int{"lab": 1}},
+		{"gitea not hex", giteaRequest(giteaQueued, "zz"), 401, map[string]int{"lab": 1}},
+		{"gitea bad json", giteaRequest(`{"action":`, sign(`{"action":`)), 400, map[string]int{"lab": 1}},
+		{"webhooks off for a forge", giteaRequest(giteaQueued, sign(giteaQueued)), 404, map[string]int{"lab": 1}},
+	} {
+		if tt.name == "webhooks off for a forge" {
+			tt.req.URL.Path = "/webhook/off"
+		}
+		w := do(h, tt.req)
+		if w.Code != tt.code {
+			t.Errorf("%s: %d %s, want %d", tt.name, w.Code, w.Body, tt.code)
+		}
+		got := tr.Queued()
+		for k, v := range tt.queued {
+			if got[k] != v {
+				t.Errorf("%s: queued %v, want %v", tt.name, got, tt.queued)
+			}
+		}
+		if len(tt.queued) == 0 && got["gpu"] != 0 {
+			t.Errorf("%s: queued %v", tt.name, got)
+		}
+	}
+	for forge, want := range map[string]float64{"gh": 2, "lab": 2} {
+		if got := testutil.ToFloat64(m.Webhooks.WithLabelValues(forge, "bad_signature")); got != want {
+			t.Errorf("bad signatures counted for %s: %v, want %v", forge, got, want)
+		}
+	}
+	if got := testutil.ToFloat64(m.Webhooks.WithLabelValues("gh", "accepted")); got != 2 {
+		t.Errorf("accepted: %v", got)
+	}
+}
+
+func TestMetricsAndHealth(t *testing.T) {
+	h, _, m := newTestServer(t)
+	m.JobsStarted.WithLabelValues("gpu").Inc()
+	w := do(h, httptest.NewRequest("GET", "/metrics", nil))
+	if w.Code != 200 || !strings.Contains(w.Body.String(), `runfleet_jobs_started_total{pool="gpu"} 1`) {
+		t.Errorf("metrics: %d\n%s", w.Code, w.Body)
+	}
+	if w := do(h, httptest.NewRequest("GET", "/healthz", nil)); w.Code != 200 {
+		t.Errorf("healthz: %d", w.Code)
+	}
+}
+
+// FuzzWebhook throws arbitrary bodies, signatures and events at both
+// forges' webhook: nothing may panic, an unsigned or wrongly signed
+// delivery never reaches the tracker, and every answer is one of the
+// documented codes. `go test` runs the seed corpus.
+func FuzzWebhook(f *testing.F) {
+	f.Add(ghQueued, true, "workflow_job", true)
+	f.Add(ghQueued, false, "workflow_job", true)
+	f.Add(giteaQueued, true, "workflow_job", false)
+	f.Add(`{"action":"completed","workflow_job":{"id":1,"labels":null}}`, true, "workflow_job", false)
+	f.Add(`{"action":"in_progress","workflow_job":{"id":-4,"run_id":"x"}}`, true, "workflow_job", true)
+	f.Add(`not json`, true, "workflow_job", true)
+	f.Add(``, true, "ping", true)
+	f.Add(`{"workflow_job":{"id":9,"status":"queued","labels":["`+strings.Repeat("a", 300)+`"]}}`, true, "workflow_job", false)
+	f.Fuzz(func(t *testing.T, body string, signed bool, event string, github bool) {
+		h, tr, _ := newTestServer(t)
+		sig := sign(body)
+		if !signed {
+			sig = sign(body + "x")
+		}
+		var r *http.Request
+		if github {
+			r = ghRequest(body, sig, event)
+		} else {
+			r = giteaRequest(body, sig)
+			r.Header.Set("X-Gitea-Event-Type", event)
+		}
+		w := do(h, r)
+		switch w.Code {
+		case 200, 202, 204, 400, 401:
+		default:
+			t.Fatalf("answered %d", w.Code)
+		}
+		if !signed && (w.Code != 401 || len(tr.Recent(10)) != 0) {
+			t.Fatalf("a wrongly signed delivery was answered %d and recorded %v", w.Code, tr.Recent(10))
+		}
+	})
+}
