@@ -20,7 +20,7 @@ const secret = "hook-secret-42"
 type nothing struct{}
 
 func (nothing) RunnerCounts() []metrics.RunnerCount { return nil }
-func (nothing) ForgeStats() []metrics.ForgeStats     { return nil }
+func (nothing) ForgeStats() []metrics.ForgeStats    { return nil }
 
 func sign(body string) string {
 	m := hmac.New(sha256.New, []byte(secret))
