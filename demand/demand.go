@@ -37,11 +37,11 @@ func (s Status) String() string {
 }
 
 // ParseStatus reads a forge's job status or webhook action: GitHub's and
-// Gitea's queued, waiting, in_progress, completed (and Gitea's running,
+// Gitea's queued, in_progress, completed (and Gitea's running,
 // success, failure, cancelled, skipped). ok is false for others.
 func ParseStatus(s string) (Status, bool) {
 	switch strings.ToLower(s) {
-	case "queued", "waiting", "pending", "blocked":
+	case "queued", "pending":
 		return Queued, true
 	case "in_progress", "running":
 		return InProgress, true

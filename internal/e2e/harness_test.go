@@ -111,6 +111,8 @@ type fleetOptions struct {
 	// Docker, when set, is the pool's docker section (indented by six
 	// spaces) and makes it a Docker pool.
 	Docker string
+	// Top is added at the top of the config, Forge to the forge.
+	Top, Forge string
 }
 
 func newFleet(t testing.TB, name string, opt fleetOptions) *fleet {
@@ -127,7 +129,7 @@ func newFleet(t testing.TB, name string, opt fleetOptions) *fleet {
 	if opt.Drain == "" {
 		opt.Drain = "2m"
 	}
-	cfg := fmt.Sprintf(`id: e2e-%[1]s
+	cfg := opt.Top + fmt.Sprintf(`id: e2e-%[1]s
 state_dir: %[2]s
 resync: 2s
 drain_timeout: %[9]s
@@ -137,7 +139,7 @@ forges:
     url: %[3]s
     token: ${E2E_GITEA_TOKEN}
     repo: %[4]s/%[1]s
-pools:
+%[10]spools:
   - name: %[1]s
     labels: [%[1]s]
     size: %[5]d
@@ -147,7 +149,7 @@ pools:
     agent:
       path: %[8]s
       fetch_interval: 1s
-`, name, f.state, gitea.URL, gitea.User, opt.Size, opt.Max, f.work, runnerBin, opt.Drain)
+`, name, f.state, gitea.URL, gitea.User, opt.Size, opt.Max, f.work, runnerBin, opt.Drain, opt.Forge)
 	if opt.Docker != "" {
 		f.docker = true
 		// The agent is the image's; the forge is reached from the bridge.
@@ -460,4 +462,21 @@ func (f *fleet) statusTable() string {
 		f.t.Fatalf("status: %v\n%s", err, out)
 	}
 	return string(out)
+}
+
+// liveRunners counts the runners with a live process: the distinct
+// working directories that live processes run in (an agent and its job's
+// steps share one).
+func (f *fleet) liveRunners() int {
+	dirs := map[string]bool{}
+	for _, pid := range f.runnerPIDs() {
+		cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+		if err != nil {
+			continue
+		}
+		rel, _ := strings.CutPrefix(cwd, f.work+"/")
+		top, _, _ := strings.Cut(rel, "/")
+		dirs[top] = true
+	}
+	return len(dirs)
 }

@@ -1,0 +1,193 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	sdk "code.gitea.io/sdk/gitea"
+)
+
+// hookSecret signs Gitea's webhooks to the manager.
+const hookSecret = "e2e-webhook-secret-0123456789"
+
+func freePort(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// scaleFleet is a pool of size 0 and max 4 whose runners are idle for at
+// most idle seconds, fed by webhooks or by polling.
+func scaleFleet(t *testing.T, name string, webhooks, polling bool) (*fleet, string) {
+	t.Helper()
+	addr := freePort(t)
+	forge := ""
+	if webhooks {
+		forge += "    webhook_secret: " + hookSecret + "\n"
+	}
+	if polling {
+		forge += "    poll_interval: 2s\n"
+	} else {
+		forge += "    poll_interval: 0s\n"
+	}
+	f := newFleet(t, name, fleetOptions{
+		Size: 0, Max: 4,
+		Top:   "listen: " + addr + "\n",
+		Forge: forge,
+		Extra: "    idle_timeout: 8s\n",
+	})
+	if webhooks {
+		_, _, err := f.client().CreateRepoHook(gitea.User, name, sdk.CreateHookOption{
+			Type:   sdk.HookTypeGitea,
+			Config: map[string]string{"url": "http://" + addr + "/webhook/local", "content_type": "json", "secret": hookSecret},
+			Events: []string{"workflow_job"},
+			Active: true,
+		})
+		if err != nil {
+			t.Fatalf("create webhook: %v", err)
+		}
+	}
+	return f, "http://" + addr
+}
+
+func get(t testing.TB, url string) (int, string) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
+// metric returns the value of one sample line of /metrics, 0 if absent.
+func metric(t testing.TB, base, sample string) float64 {
+	t.Helper()
+	_, body := get(t, base+"/metrics")
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			var f float64
+			fmt.Sscan(v, &f)
+			return f
+		}
+	}
+	return 0
+}
+
+// TestScaleFromZero runs a workflow of 6 jobs on a pool of size 0 and max
+// 4: with webhooks only (polling off), then with polling only (no
+// webhook). No runner exists while idle; runners appear for the queued
+// jobs, never more than 4; all 6 jobs succeed; after idle_timeout no
+// runner is left.
+func TestScaleFromZero(t *testing.T) {
+	for _, mode := range []string{"webhooks", "polling"} {
+		t.Run(mode, func(t *testing.T) {
+			name := "zero" + mode[:4]
+			f, base := scaleFleet(t, name, mode == "webhooks", mode == "polling")
+			f.start()
+			eventually(t, 30*time.Second, "the status page", func() bool {
+				code, body := get(t, base+"/")
+				return code == 200 && strings.Contains(body, name)
+			})
+			time.Sleep(3 * time.Second) // a pass or two at size 0
+			if n := len(f.runners()); n != 0 || len(f.runnerPIDs()) != 0 {
+				t.Fatalf("%d registrations, %d runner processes while idle at size 0", n, len(f.runnerPIDs()))
+			}
+			if code, _ := get(t, base+"/healthz"); code != 200 {
+				t.Fatalf("/healthz: %d", code)
+			}
+
+			// At most 4 runners at any time, sampled while the jobs run.
+			var most atomic.Int64
+			stop := make(chan struct{})
+			go func() {
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(50 * time.Millisecond):
+					}
+					if n := int64(f.liveRunners()); n > most.Load() {
+						most.Store(n)
+					}
+				}
+			}()
+			start := time.Now()
+			f.push(matrix(name, 6, "echo job ${{ matrix.n }}\nsleep 2"))
+			jobs := f.waitJobs(6, 3*time.Minute)
+			close(stop)
+			t.Logf("%s: 6 jobs done in %s with at most %d runners at once", mode, time.Since(start).Round(100*time.Millisecond), most.Load())
+			for _, j := range jobs {
+				if j.Conclusion != "success" {
+					t.Errorf("job %s: %s", j.Name, j.Conclusion)
+				}
+			}
+			if most.Load() > 4 {
+				t.Errorf("%d runners at once, max is 4", most.Load())
+			}
+			accepted := metric(t, base, `runfleet_webhook_deliveries_total{forge="local",result="accepted"}`)
+			polls := metric(t, base, `runfleet_queue_polls_total{forge="local",result="ok"}`)
+			started := metric(t, base, `runfleet_jobs_started_total{pool="`+name+`"}`)
+			t.Logf("%s: webhook deliveries accepted %v, polls %v, jobs started (metric) %v", mode, accepted, polls, started)
+			switch mode {
+			case "webhooks":
+				if accepted < 6 || polls != 0 {
+					t.Errorf("webhooks only: %v deliveries accepted, %v polls", accepted, polls)
+				}
+				badSignature(t, base, f)
+			case "polling":
+				if accepted != 0 || polls < 1 {
+					t.Errorf("polling only: %v deliveries accepted, %v polls", accepted, polls)
+				}
+			}
+
+			// Idle runners above size 0 go after idle_timeout (8s).
+			eventually(t, 45*time.Second, "no runner left after idle_timeout", func() bool {
+				return len(f.runners()) == 0 && len(f.runnerPIDs()) == 0
+			})
+			f.stopLeavesNothing()
+		})
+	}
+}
+
+// badSignature posts a forged delivery: 401, counted, and no runner.
+func badSignature(t *testing.T, base string, f *fleet) {
+	t.Helper()
+	before := len(f.runners())
+	body := `{"action":"queued","workflow_job":{"id":999999,"run_id":1,"name":"forged","status":"queued","labels":["` + f.repo + `"]}}`
+	m := hmac.New(sha256.New, []byte("not-the-secret"))
+	m.Write([]byte(body))
+	req, _ := http.NewRequest("POST", base+"/webhook/local", bytes.NewReader([]byte(body)))
+	req.Header.Set("X-Gitea-Event-Type", "workflow_job")
+	req.Header.Set("X-Gitea-Signature", hex.EncodeToString(m.Sum(nil)))
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusUnauthorized {
+		t.Errorf("forged delivery: %d, want 401", res.StatusCode)
+	}
+	if n := metric(t, base, `runfleet_webhook_deliveries_total{forge="local",result="bad_signature"}`); n != 1 {
+		t.Errorf("bad signatures counted: %v, want 1", n)
+	}
+	time.Sleep(2 * time.Second)
+	if n := len(f.runners()); n > before {
+		t.Errorf("a forged delivery started runners: %d, before %d", n, before)
+	}
+}
