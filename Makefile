@@ -21,12 +21,13 @@ test: deps
 	go test -race -timeout 40m ./...
 
 # Test images are built FROM scratch (no registry is needed) out of static
-# binaries from Debian's bash-static and busybox-static packages.
+# binaries from Debian's bash-static and busybox-static packages; the status
+# page is checked in Debian's headless Chromium.
 deps:
-	@if [ ! -x /bin/bash-static ] || [ ! -x /bin/busybox ]; then \
-		echo "installing bash-static and busybox-static for the test images"; \
+	@if [ ! -x /bin/bash-static ] || [ ! -x /bin/busybox ] || ! command -v chromium >/dev/null; then \
+		echo "installing bash-static, busybox-static and chromium for the tests"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bash-static busybox-static; \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bash-static busybox-static chromium; \
 	fi
 
 build:

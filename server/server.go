@@ -136,6 +136,15 @@ func (s *server) webhook(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusAccepted)
 }
 
+// Time drops the placeholders forges send for a time that has not come
+// (Gitea writes the Unix epoch for a job not yet completed).
+func Time(t time.Time) time.Time {
+	if t.Year() < 2000 {
+		return time.Time{}
+	}
+	return t
+}
+
 var errSignature = errors.New("signature does not match the webhook secret")
 
 type badRequest struct{ msg string }
@@ -172,7 +181,7 @@ func githubJob(r *http.Request, secret []byte) (*demand.Job, string, error) {
 	return &demand.Job{
 		ID: wj.GetID(), RunID: wj.GetRunID(), Name: wj.GetName(), Labels: wj.Labels,
 		Status: st, Conclusion: wj.GetConclusion(), Runner: wj.GetRunnerName(),
-		Queued: wj.GetCreatedAt().Time, Started: wj.GetStartedAt().Time, Completed: wj.GetCompletedAt().Time,
+		Queued: Time(wj.GetCreatedAt().Time), Started: Time(wj.GetStartedAt().Time), Completed: Time(wj.GetCompletedAt().Time),
 	}, event, nil
 }
 
@@ -223,7 +232,7 @@ func giteaJob(r *http.Request, secret []byte) (*demand.Job, string, error) {
 	return &demand.Job{
 		ID: wj.ID, RunID: wj.RunID, Name: wj.Name, Labels: wj.Labels,
 		Status: st, Conclusion: wj.Conclusion, Runner: wj.RunnerName,
-		Queued: wj.CreatedAt, Started: wj.StartedAt, Completed: wj.CompletedAt,
+		Queued: Time(wj.CreatedAt), Started: Time(wj.StartedAt), Completed: Time(wj.CompletedAt),
 	}, event, nil
 }
 
@@ -253,6 +262,7 @@ type PoolView struct {
 	Size, Max, Queued     int
 	Error                 string
 	Runners               []RunnerRow
+	GPUs                  bool // a runner has GPUs of its own
 }
 
 // RunnerRow is one runner.

@@ -105,7 +105,7 @@ func (f *Fleet) PollOnce(ctx context.Context, forgeName string) error {
 	f.Metrics.Polls.WithLabelValues(forgeName, "ok").Inc()
 	queued := make([]demand.Job, 0, len(jobs))
 	for _, j := range jobs {
-		queued = append(queued, demand.Job{ID: j.ID, RunID: j.RunID, Name: j.Name, Labels: j.Labels, Queued: j.CreatedAt})
+		queued = append(queued, demand.Job{ID: j.ID, RunID: j.RunID, Name: j.Name, Labels: j.Labels, Queued: server.Time(j.CreatedAt)})
 	}
 	f.Demand.Poll(forgeName, queued)
 	return nil
@@ -276,6 +276,7 @@ func (f *Fleet) Page(ctx context.Context) server.Page {
 			if j, ok := byRunner[r.Name]; ok {
 				row.Job = j.Name
 			}
+			pv.GPUs = pv.GPUs || len(r.GPUs) > 0
 			pv.Runners = append(pv.Runners, row)
 		}
 		page.Pools = append(page.Pools, pv)
