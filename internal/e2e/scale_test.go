@@ -32,7 +32,7 @@ func freePort(t testing.TB) string {
 
 // scaleFleet is a pool of size 0 and max 4 whose runners are idle for at
 // most idle seconds, fed by webhooks or by polling.
-func scaleFleet(t *testing.T, name string, webhooks, polling bool) (*fleet, string) {
+func scaleFleet(t testing.TB, name string, webhooks, polling bool, dockerSection ...string) (*fleet, string) {
 	t.Helper()
 	addr := freePort(t)
 	forge := ""
@@ -44,12 +44,16 @@ func scaleFleet(t *testing.T, name string, webhooks, polling bool) (*fleet, stri
 	} else {
 		forge += "    poll_interval: 0s\n"
 	}
-	f := newFleet(t, name, fleetOptions{
+	opt := fleetOptions{
 		Size: 0, Max: 4,
 		Top:   "listen: " + addr + "\n",
 		Forge: forge,
 		Extra: "    idle_timeout: 8s\n",
-	})
+	}
+	if len(dockerSection) > 0 {
+		opt.Docker = dockerSection[0]
+	}
+	f := newFleet(t, name, opt)
 	if webhooks {
 		_, _, err := f.client().CreateRepoHook(gitea.User, name, sdk.CreateHookOption{
 			Type:   sdk.HookTypeGitea,

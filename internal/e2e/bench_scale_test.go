@@ -1,0 +1,78 @@
+package e2e
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// BenchmarkScaleFromZero measures how long a job waits for a runner when
+// its pool has none: a pool of size 0 (max 4), fed by Gitea's webhooks
+// (with polling every 2s behind them); each iteration pushes a workflow of
+// one job and times it from when Gitea's API first lists it queued until
+// it lists it in progress (polled every 20ms), then waits for the pool to
+// be back at zero. Host processes and containers; reports p50 and p95.
+//
+//	go test ./internal/e2e -run '^$' -bench ScaleFromZero -benchtime 20x
+func BenchmarkScaleFromZero(b *testing.B) {
+	for _, mode := range []string{"process", "docker"} {
+		b.Run(mode, func(b *testing.B) {
+			name := fmt.Sprintf("sfz%s-%d", mode[:1], b.N)
+			var f *fleet
+			if mode == "docker" {
+				f, _ = scaleFleet(b, name, true, true, "      image: "+needDocker(b)+"\n")
+			} else {
+				f, _ = scaleFleet(b, name, true, true)
+			}
+			f.start()
+			time.Sleep(2 * time.Second)
+			var lat []time.Duration
+			for i := range b.N {
+				prev := int64(0)
+				for _, j := range f.jobs() {
+					prev = max(prev, j.RunID)
+				}
+				f.push(fmt.Sprintf("name: ci\non: [push]\njobs:\n  one:\n    runs-on: %s\n    steps:\n      - run: echo %d\n", name, i))
+				var queued, started time.Time
+				deadline := time.Now().Add(2 * time.Minute)
+				for started.IsZero() {
+					if time.Now().After(deadline) {
+						b.Fatalf("job %d did not start", i)
+					}
+					for _, j := range f.jobs() {
+						if j.RunID <= prev {
+							continue
+						}
+						now := time.Now()
+						if queued.IsZero() {
+							queued = now
+						}
+						if j.Status != "queued" && j.Status != "waiting" {
+							started = now
+						}
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				lat = append(lat, started.Sub(queued))
+				eventually(b, 2*time.Minute, "the job done and no runner left", func() bool {
+					done := true
+					for _, j := range f.jobs() {
+						done = done && j.Status == "completed"
+					}
+					return done && len(f.runners()) == 0
+				})
+			}
+			b.StopTimer()
+			if err := f.stop(time.Minute); err != nil {
+				b.Error(err)
+			}
+			slices.Sort(lat)
+			pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
+			b.ReportMetric(float64(pct(0.50).Milliseconds()), "p50-ms")
+			b.ReportMetric(float64(pct(0.95).Milliseconds()), "p95-ms")
+			b.ReportMetric(float64(lat[len(lat)-1].Milliseconds()), "max-ms")
+			b.Logf("%s: queued→in_progress over %d jobs: %v", mode, len(lat), lat)
+		})
+	}
+}
