@@ -531,6 +531,10 @@ func (d *Driver) forget(id int64) {
 // call.
 func (d *Driver) Ended(id int64) { d.forget(id) }
 
+// ListsJobs reports whether Jobs works: GitHub lists queued jobs per
+// repository only.
+func (d *Driver) ListsJobs() bool { return d.scope.Repo != "" }
+
 // Jobs lists the repository's jobs with the given status ("queued",
 // "in_progress"), from the runs with that status.
 func (d *Driver) Jobs(ctx context.Context, st string) ([]forge.Job, error) {

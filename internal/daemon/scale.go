@@ -41,6 +41,10 @@ func (f *Fleet) Run(ctx context.Context) []pool.Runner {
 	f.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, fc := range f.Config.Forges {
+		if l, ok := f.drivers[fc.Name].(interface{ ListsJobs() bool }); ok && !l.ListsJobs() && !fc.PollOff {
+			f.log.Warn("this forge's queue cannot be polled (GitHub lists queued jobs per repository); pools scale on its webhooks only", "forge", fc.Name)
+			continue
+		}
 		if !fc.PollOff {
 			wg.Go(func() { f.poll(runCtx, fc.Name, fc.PollInterval.Duration) })
 		}
