@@ -187,6 +187,11 @@ func (t *Tracker) observe(j Job, fromPoll bool) bool {
 	if e.job.Queued.IsZero() && e.job.Status == Queued {
 		e.job.Queued = e.seen
 	}
+	// A job seen to leave the queue without the forge saying when (a
+	// poll no longer lists it) started about now.
+	if e.job.Started.IsZero() && e.job.Status >= InProgress && (ev.New || ev.From == Queued) && !e.job.Queued.IsZero() {
+		e.job.Started = t.now()
+	}
 	ev.Job, ev.Pool = e.job, e.pool
 	t.mu.Unlock()
 	if t.onChange != nil {

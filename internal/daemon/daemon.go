@@ -397,7 +397,7 @@ func (f *Fleet) Drain(ctx context.Context, timeout time.Duration) []pool.Runner 
 		left []pool.Runner
 		wg   sync.WaitGroup
 	)
-	for _, p := range f.Pools {
+	for _, p := range f.pools() {
 		wg.Go(func() {
 			l := p.Drain(ctx)
 			mu.Lock()

@@ -35,12 +35,13 @@ func (f *Fleet) Run(ctx context.Context) []pool.Runner {
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	f.mu.Lock()
 	f.runCtx = runCtx
+	cfg, npools := f.Config, len(f.Pools)
 	for _, p := range f.Pools {
 		f.startPool(p)
 	}
 	f.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, fc := range f.Config.Forges {
+	for _, fc := range cfg.Forges {
 		if l, ok := f.drivers[fc.Name].(interface{ ListsJobs() bool }); ok && !l.ListsJobs() && !fc.PollOff {
 			f.log.Warn("this forge's queue cannot be polled (GitHub lists queued jobs per repository); pools scale on its webhooks only", "forge", fc.Name)
 			continue
@@ -49,17 +50,18 @@ func (f *Fleet) Run(ctx context.Context) []pool.Runner {
 			wg.Go(func() { f.poll(runCtx, fc.Name, fc.PollInterval.Duration) })
 		}
 	}
-	f.log.Info("runfleet started", "manager", f.Config.ID, "pools", len(f.Pools), "version", Version)
+	f.log.Info("runfleet started", "manager", cfg.ID, "pools", npools, "version", Version)
 	<-ctx.Done()
 	stop()
 	f.mu.Lock()
 	for _, r := range f.runs {
 		<-r.done
 	}
+	timeout := f.Config.DrainTimeout.Duration
 	f.mu.Unlock()
 	wg.Wait()
 	defer f.Close()
-	return f.Drain(context.Background(), f.Config.DrainTimeout.Duration)
+	return f.Drain(context.Background(), timeout)
 }
 
 // startPool starts a pool's loop. Called with f.mu held.
@@ -254,7 +256,10 @@ func (f *Fleet) healthy() error {
 // pools' last passes, the jobs reported): it makes no forge call.
 func (f *Fleet) Page(ctx context.Context) server.Page {
 	now := time.Now()
-	page := server.Page{Manager: f.Config.ID, Version: Version, Now: now}
+	f.mu.Lock()
+	cfg, inventory, alloc := f.Config, f.Inventory, f.GPUs
+	f.mu.Unlock()
+	page := server.Page{Manager: cfg.ID, Version: Version, Now: now}
 	jobs := f.Demand.Recent(30)
 	byRunner := map[string]demand.JobView{}
 	for _, j := range jobs {
@@ -263,9 +268,6 @@ func (f *Fleet) Page(ctx context.Context) server.Page {
 		}
 	}
 	queued := f.Demand.Queued()
-	f.mu.Lock()
-	cfg := f.Config
-	f.mu.Unlock()
 	for _, p := range f.pools() {
 		pc, _ := cfg.Pool(p.Name())
 		pv := server.PoolView{Name: p.Name(), Forge: pc.Forge, Provider: pc.Provider, Size: pc.Size, Max: pc.Max, Queued: queued[p.Name()]}
@@ -285,15 +287,15 @@ func (f *Fleet) Page(ctx context.Context) server.Page {
 		}
 		page.Pools = append(page.Pools, pv)
 	}
-	if f.Inventory != nil {
-		inv := *f.Inventory
+	if inventory != nil {
+		inv := *inventory
 		gv := &server.GPUView{Summary: fmt.Sprintf("driver %s, CUDA %s, %d GPUs (%s)", inv.Driver, inv.CUDA, len(inv.GPUs), inv.Source)}
 		if len(inv.GPUs) == 0 {
 			gv.Summary = "no GPU: " + inv.Reason
 		}
 		holders := map[string]string{}
-		if f.GPUs != nil {
-			for runner, ids := range f.GPUs.Holders() {
+		if alloc != nil {
+			for runner, ids := range alloc.Holders() {
 				for _, id := range ids {
 					holders[id] = runner
 				}

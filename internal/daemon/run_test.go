@@ -1,0 +1,109 @@
+package daemon
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/config"
+)
+
+func runConfig(t *testing.T, dir string, size int) *config.Config {
+	t.Helper()
+	t.Setenv("T_TOKEN", "x")
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`
+state_dir: %s
+resync: 1s
+drain_timeout: 5s
+forges:
+  - {name: f, type: gitea, url: "http://127.0.0.1:1", token: "${T_TOKEN}", repo: a/b, webhook_secret: 0123456789abcdef, poll_interval: 1s}
+pools:
+  - name: p
+    labels: [gpu]
+    size: %d
+    max: 4
+    agent: {path: /bin/true}
+`, dir, size)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// TestRunServeAndReloadConcurrently runs the manager against an
+// unreachable forge while config reloads, webhook deliveries, status page
+// and metrics requests arrive at once: under -race, none of it may race,
+// and the manager still stops.
+func TestRunServeAndReloadConcurrently(t *testing.T) {
+	dir := t.TempDir()
+	f, err := New(runConfig(t, dir, 1), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := f.Handler()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { f.Run(ctx); close(done) }()
+
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range 10 {
+			if err := f.Reload(runConfig(t, dir, i%3)); err != nil {
+				t.Errorf("reload %d: %v", i, err)
+			}
+		}
+	})
+	wg.Go(func() {
+		for i := range 50 {
+			body := fmt.Sprintf(`{"action":"queued","workflow_job":{"id":%d,"labels":["gpu"]}}`, i+1)
+			m := hmac.New(sha256.New, []byte("0123456789abcdef"))
+			m.Write([]byte(body))
+			r := httptest.NewRequest("POST", "/webhook/f", strings.NewReader(body))
+			r.Header.Set("X-Gitea-Event-Type", "workflow_job")
+			r.Header.Set("X-Gitea-Signature", hex.EncodeToString(m.Sum(nil)))
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			if w.Code != http.StatusAccepted {
+				t.Errorf("webhook %d: %d", i, w.Code)
+			}
+		}
+	})
+	wg.Go(func() {
+		for range 20 {
+			for _, path := range []string{"/", "/metrics", "/healthz"} {
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, httptest.NewRequest("GET", path, nil))
+			}
+		}
+	})
+	wg.Wait()
+	if q := f.Demand.QueuedFor("p"); q != 50 {
+		t.Errorf("queued for p: %d, want 50", q)
+	}
+	// A reload that changes the forge is refused whole.
+	bad := runConfig(t, dir, 2)
+	bad.Forges[0].PollInterval.Duration = 7 * time.Second
+	if err := f.Reload(bad); err == nil || !strings.Contains(err.Error(), "forges") {
+		t.Errorf("forge change: %v", err)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+	if !strings.Contains(w.Body.String(), "queued jobs 50") {
+		t.Errorf("status page lacks the queue:\n%s", w.Body)
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return")
+	}
+}
