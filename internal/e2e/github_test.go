@@ -331,3 +331,49 @@ func TestGitHubLostRunnerReruns(t *testing.T) {
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// TestGitHubScaleFromZeroWebhooks scales a GitHub pool of size 0 (max 3)
+// on the simulator's workflow_job webhooks alone, each delivered twice and
+// in no set order: 5 jobs succeed on at most 3 runners, redeliveries are
+// counted as duplicates, and after idle_timeout no registration is left.
+func TestGitHubScaleFromZeroWebhooks(t *testing.T) {
+	addr := freePort(t)
+	f := newGitHubFleet(t, "ghzero", ghOptions{
+		Size: 0, Max: 3,
+		Sim:   ghsim.Options{WebhookURL: "http://" + addr + "/webhook/gh", WebhookSecret: hookSecret, Redeliver: true},
+		Top:   "listen: " + addr + "\n",
+		Forge: "    webhook_secret: " + hookSecret + "\n    poll_interval: 0s\n",
+		Pool:  "    idle_timeout: 5s\n",
+	})
+	sim := f.gh
+	f.start()
+	base := "http://" + addr
+	eventually(t, 30*time.Second, "the server", func() bool { code, _ := get(t, base+"/healthz"); return code == 200 })
+	time.Sleep(2 * time.Second)
+	if n := len(sim.Runners()); n != 0 {
+		t.Fatalf("%d runners at size 0 with no job", n)
+	}
+	specs := make([]ghsim.JobSpec, 5)
+	for i := range specs {
+		specs[i] = ghsim.JobSpec{Name: fmt.Sprintf("train (%d)", i+1), Labels: []string{"self-hosted", "ghzero"}, Script: "sleep 1"}
+	}
+	most := 0
+	sim.Queue("acme/ghzero", specs...)
+	eventually(t, 2*time.Minute, "5 jobs done", func() bool {
+		most = max(most, len(sim.Runners()))
+		done, _ := completed(sim)
+		return done == 5
+	})
+	_, ok := completed(sim)
+	dups := metric(t, base, `runfleet_webhook_deliveries_total{forge="gh",result="duplicate"}`)
+	accepted := metric(t, base, `runfleet_webhook_deliveries_total{forge="gh",result="accepted"}`)
+	t.Logf("5 jobs, %d succeeded, at most %d registrations at once; deliveries: %d answered 2xx, %v accepted, %v duplicates", ok, most, sim.Delivered(), accepted, dups)
+	if ok != 5 || most > 3 {
+		t.Errorf("%d of 5 succeeded, %d registrations at once (max 3)", ok, most)
+	}
+	if accepted < 10 || dups < 5 {
+		t.Errorf("accepted %v, duplicates %v: every job has 3 states, each delivered twice", accepted, dups)
+	}
+	eventually(t, 45*time.Second, "no registration after idle_timeout", func() bool { return len(sim.Runners()) == 0 })
+	f.stopLeavesNothing()
+}

@@ -19,8 +19,11 @@
 package ghsim
 
 import (
+	"bytes"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -61,6 +64,13 @@ type Options struct {
 	// LostAfter is how long a runner may go without a heartbeat before
 	// GitHub gives it up: a job it held fails. Default 3s.
 	LostAfter time.Duration
+	// WebhookURL receives workflow_job deliveries (queued, in_progress,
+	// completed) signed with WebhookSecret in X-Hub-Signature-256, as a
+	// repository webhook of GitHub sends them: each from its own
+	// goroutine, so in no guaranteed order.
+	WebhookURL, WebhookSecret string
+	// Redeliver sends every delivery twice, as a redelivery does.
+	Redeliver bool
 }
 
 // Runner is a runner registration.
@@ -130,7 +140,9 @@ type Server struct {
 	limited   int            // requests answered 403 rate limited
 	dups      int            // JIT requests refused for a name in use
 	reruns    []int64
+	delivered int // webhook deliveries answered 2xx
 	stop      chan struct{}
+	hooks     sync.WaitGroup
 }
 
 // New starts a simulator. Close it when done.
@@ -195,6 +207,7 @@ func New(opt Options) *Server {
 
 // Close stops the server.
 func (s *Server) Close() {
+	s.hooks.Wait()
 	close(s.stop)
 	s.ts.CloseClientConnections()
 	s.ts.Close()
@@ -312,6 +325,7 @@ func (s *Server) Queue(repo string, jobs ...JobSpec) *Run {
 		job := &Job{ID: s.id(), RunID: run.ID, Attempt: 1, Repo: repo, Name: j.Name, Labels: j.Labels, Script: j.Script, Status: "queued", CreatedAt: time.Now()}
 		s.jobs[job.ID] = job
 		run.Jobs = append(run.Jobs, job.ID)
+		s.deliver("queued", job)
 	}
 	s.runs[run.ID] = run
 	cp := *run
@@ -785,6 +799,7 @@ func (s *Server) rerunFailed(w http.ResponseWriter, r *http.Request, scope strin
 		nj := &Job{ID: s.id(), RunID: run.ID, Attempt: run.Attempt, Repo: run.Repo, Name: j.Name, Labels: j.Labels, Script: j.Script, Status: "queued", CreatedAt: time.Now()}
 		s.jobs[nj.ID] = nj
 		run.Jobs = append(run.Jobs, nj.ID)
+		s.deliver("queued", nj)
 	}
 	s.reruns = append(s.reruns, run.ID)
 	writeJSON(w, http.StatusCreated, map[string]any{})
@@ -878,6 +893,7 @@ func (s *Server) runnerAcquire(w http.ResponseWriter, r *http.Request) {
 		if pick != nil && x.JobID == 0 {
 			pick.Status, pick.RunnerID, pick.RunnerName, pick.StartedAt = "in_progress", x.ID, x.Name, time.Now()
 			x.JobID = pick.ID
+			s.deliver("in_progress", pick)
 			out := map[string]any{"id": pick.ID, "name": pick.Name, "script": pick.Script, "run_id": pick.RunID, "repository": pick.Repo}
 			s.mu.Unlock()
 			writeJSON(w, http.StatusOK, out)
@@ -936,6 +952,7 @@ func (s *Server) runnerComplete(w http.ResponseWriter, r *http.Request) {
 func (s *Server) finish(x *Runner, j *Job, conclusion string) {
 	j.Status, j.Conclusion, j.CompletedAt = "completed", conclusion, time.Now()
 	x.JobID = 0
+	s.deliver("completed", j)
 	if x.Ephemeral {
 		delete(s.runners, x.ID)
 	}
@@ -965,4 +982,56 @@ func (s *Server) reap() {
 		}
 		s.mu.Unlock()
 	}
+}
+
+// deliver sends a workflow_job webhook for a job's new state, in the
+// background. Called with s.mu held.
+func (s *Server) deliver(action string, j *Job) {
+	if s.opt.WebhookURL == "" {
+		return
+	}
+	body, _ := json.Marshal(map[string]any{
+		"action":       action,
+		"workflow_job": j.json(),
+		"repository":   map[string]any{"full_name": j.Repo},
+	})
+	mac := hmac.New(sha256.New, []byte(s.opt.WebhookSecret))
+	mac.Write(body)
+	sig := "sha256=" + hex.EncodeToString(mac.Sum(nil))
+	n := 1
+	if s.opt.Redeliver {
+		n = 2
+	}
+	delivery := randHex(16)
+	for range n {
+		s.hooks.Go(func() {
+			req, err := http.NewRequest("POST", s.opt.WebhookURL, bytes.NewReader(body))
+			if err != nil {
+				return
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("User-Agent", "GitHub-Hookshot/ghsim")
+			req.Header.Set("X-GitHub-Event", "workflow_job")
+			req.Header.Set("X-GitHub-Delivery", delivery)
+			req.Header.Set("X-Hub-Signature-256", sig)
+			c := &http.Client{Timeout: 10 * time.Second}
+			res, err := c.Do(req)
+			if err != nil {
+				return
+			}
+			res.Body.Close()
+			if res.StatusCode/100 == 2 {
+				s.mu.Lock()
+				s.delivered++
+				s.mu.Unlock()
+			}
+		})
+	}
+}
+
+// Delivered returns the webhook deliveries answered with a 2xx.
+func (s *Server) Delivered() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.delivered
 }
