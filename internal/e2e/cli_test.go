@@ -71,14 +71,18 @@ pools:
 	if !strings.Contains(log, "connection refused") || !strings.Contains(log, addr) {
 		t.Errorf("log does not say the forge at %s refused the connection:\n%s", addr, log)
 	}
-	retries := regexp.MustCompile(`retry_in=(\d+s)`).FindAllStringSubmatch(log, -1)
-	var got []string
-	for _, r := range retries {
-		got = append(got, r[1])
-	}
-	// 8 seconds: tries at 0, 1, 3, 7 — each wait doubles, no tight loop.
-	if len(got) < 3 || len(got) > 5 || got[0] != "1s" || got[1] != "2s" || got[2] != "4s" {
-		t.Errorf("retry waits = %v, want 1s, 2s, 4s, ...", got)
+	// The pool's passes and the queue's polls back off alike, each on
+	// its own.
+	for _, what := range []string{"reconcile failed", "poll of queued jobs failed"} {
+		retries := regexp.MustCompile(`msg="`+what+`".*retry_in=(\d+s)`).FindAllStringSubmatch(log, -1)
+		var got []string
+		for _, r := range retries {
+			got = append(got, r[1])
+		}
+		// 8 seconds: tries at 0, 1, 3, 7 — each wait doubles, no tight loop.
+		if len(got) < 3 || len(got) > 5 || got[0] != "1s" || got[1] != "2s" || got[2] != "4s" {
+			t.Errorf("%s: retry waits = %v, want 1s, 2s, 4s, ...", what, got)
+		}
 	}
 	if strings.Contains(log, "unreachable-secret-token") {
 		t.Error("token in the log")

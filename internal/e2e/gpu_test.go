@@ -98,8 +98,11 @@ func startGPUEngine() (*gpuEngine, error) {
 	// Its own bridge: an engine started with --bridge none would delete
 	// the default engine's docker0.
 	subnet := fmt.Sprintf("10.231.%d.1/24", os.Getpid()%250)
+	// A fixed address: a bridge made by hand otherwise takes its lowest
+	// port's, which changes as containers come and go and leaves their
+	// neighbours' ARP entries stale.
 	for _, args := range [][]string{
-		{"link", "add", e.bridge, "type", "bridge"},
+		{"link", "add", e.bridge, "address", "02:42:0a:e7:00:01", "type", "bridge"},
 		{"addr", "add", subnet, "dev", e.bridge},
 		{"link", "set", e.bridge, "up"},
 	} {

@@ -264,6 +264,12 @@ func (f *fleet) dumpLogs() {
 		f.t.Logf("manager log %d:\n%s", i, tailString(string(b), 6000))
 	}
 	logs, _ := filepath.Glob(filepath.Join(f.state, "logs", "*.log"))
+	for _, l := range logs {
+		// A GitHub runner that took a job and never finished it.
+		if b, _ := os.ReadFile(l); !strings.Contains(string(b), "completed with result") && strings.Contains(string(b), "Running job") {
+			f.t.Logf("unfinished agent log %s:\n%s", filepath.Base(l), tailString(string(b), 3000))
+		}
+	}
 	for _, l := range logs[max(0, len(logs)-4):] {
 		b, _ := os.ReadFile(l)
 		f.t.Logf("agent log %s:\n%s", filepath.Base(l), tailString(string(b), 1500))
