@@ -61,6 +61,7 @@ type Job struct {
 	Status     Status
 	Conclusion string
 	Runner     string
+	RunnerID   int64 // the runner's registration at the forge, never reused
 	// When the forge says it was queued, started and completed; zero
 	// where it does not say.
 	Queued, Started, Completed time.Time
@@ -85,6 +86,10 @@ type Event struct {
 	From Status
 }
 
+// maxQueued is how long a job stays queued at most: GitHub cancels a job
+// that found no runner in 24 hours.
+const maxQueued = 24 * time.Hour
+
 // Tracker holds the jobs of every forge of a manager.
 type Tracker struct {
 	mu    sync.Mutex
@@ -106,9 +111,6 @@ type entry struct {
 	job  Job
 	pool string
 	seen time.Time // first report, by our clock
-	// fromPoll marks a job last seen queued by a poll, so that a later
-	// poll that no longer lists it knows it left the queue.
-	fromPoll bool
 }
 
 // New returns a tracker for the pools, matched in their order.
@@ -160,10 +162,6 @@ func covers(have, want []string) bool {
 // forward; a duplicate, or a report older than what is known, changes
 // nothing.
 func (t *Tracker) Observe(j Job) bool {
-	return t.observe(j, false)
-}
-
-func (t *Tracker) observe(j Job, fromPoll bool) bool {
 	if j.Status == 0 {
 		return false
 	}
@@ -173,7 +171,7 @@ func (t *Tracker) observe(j Job, fromPoll bool) bool {
 	ev := Event{New: !ok}
 	switch {
 	case !ok:
-		e = &entry{job: j, seen: t.now(), fromPoll: fromPoll}
+		e = &entry{job: j, seen: t.now()}
 		e.pool = t.match(j)
 		t.jobs[k] = e
 	case j.Status <= e.job.Status:
@@ -182,7 +180,6 @@ func (t *Tracker) observe(j Job, fromPoll bool) bool {
 	default:
 		ev.From = e.job.Status
 		merge(&e.job, j)
-		e.fromPoll = fromPoll
 	}
 	if e.job.Queued.IsZero() && e.job.Status == Queued {
 		e.job.Queued = e.seen
@@ -215,6 +212,9 @@ func merge(dst *Job, src Job) {
 	if src.Runner != "" {
 		dst.Runner = src.Runner
 	}
+	if src.RunnerID != 0 {
+		dst.RunnerID = src.RunnerID
+	}
 	if !src.Started.IsZero() {
 		dst.Started = src.Started
 	}
@@ -226,21 +226,23 @@ func merge(dst *Job, src Job) {
 	}
 }
 
-// Poll records a forge's whole queue, as a poll reads it: every job listed
-// is queued, and a job that an earlier poll saw queued and that is no
-// longer listed has left the queue (a runner took it, or it was
-// cancelled).
-func (t *Tracker) Poll(forge string, queued []Job) {
-	listed := map[int64]bool{}
+// Poll records a forge's whole queue as a poll read it, the listing asked
+// for at listed: every job listed is queued, and a job known as queued
+// since before listed that is not listed has left the queue (a runner
+// took it, or it was cancelled), whether its report of leaving was lost
+// or is still on its way. A job first reported after listed may be
+// missing from the listing only because it is newer: it stays queued.
+func (t *Tracker) Poll(forge string, queued []Job, listed time.Time) {
+	ids := map[int64]bool{}
 	for _, j := range queued {
 		j.Forge, j.Status = forge, Queued
-		listed[j.ID] = true
-		t.observe(j, true)
+		ids[j.ID] = true
+		t.Observe(j)
 	}
 	t.mu.Lock()
 	var left []Job
 	for k, e := range t.jobs {
-		if k.forge == forge && e.job.Status == Queued && e.fromPoll && !listed[k.id] {
+		if k.forge == forge && e.job.Status == Queued && !ids[k.id] && e.seen.Before(listed) {
 			j := e.job
 			j.Status = InProgress
 			left = append(left, j)
@@ -248,7 +250,7 @@ func (t *Tracker) Poll(forge string, queued []Job) {
 	}
 	t.mu.Unlock()
 	for _, j := range left {
-		t.observe(j, true)
+		t.Observe(j)
 	}
 }
 
@@ -261,6 +263,9 @@ func (t *Tracker) Queued() map[string]int {
 	out := map[string]int{}
 	for k, e := range t.jobs {
 		switch {
+		case e.job.Status == Queued && now.Sub(e.seen) > maxQueued:
+			// Forges cancel a job queued this long; its report was lost.
+			delete(t.jobs, k)
 		case e.job.Status == Queued && e.pool != "":
 			out[e.pool]++
 		case e.job.Status == Completed && now.Sub(e.seen) > t.keep:
@@ -272,6 +277,48 @@ func (t *Tracker) Queued() map[string]int {
 
 // QueuedFor returns the number of queued jobs matched to one pool.
 func (t *Tracker) QueuedFor(pool string) int { return t.Queued()[pool] }
+
+// Unserved returns a pool's queued jobs less those that the pool's
+// runners took lately (tookJob, their registration ids) without the
+// tracker having heard of it yet. A runner is accounted for by a running
+// job that names its registration (a webhook), or else by a job seen
+// leaving the queue within window that names none (a poll), which it
+// then claims, so that one such job accounts for one runner only; the
+// rest took jobs still counted as queued.
+func (t *Tracker) Unserved(pool string, tookJob []int64, window time.Duration) int {
+	queued := t.QueuedFor(pool)
+	if len(tookJob) == 0 {
+		return queued
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now()
+	named := map[int64]bool{}
+	var anonymous []*entry
+	for _, e := range t.jobs {
+		if e.pool != pool || e.job.Status != InProgress {
+			continue
+		}
+		if e.job.RunnerID != 0 {
+			named[e.job.RunnerID] = true
+		} else if now.Sub(e.job.Started) <= window {
+			anonymous = append(anonymous, e)
+		}
+	}
+	slices.SortFunc(anonymous, func(a, b *entry) int { return a.job.Started.Compare(b.job.Started) })
+	unknown := 0
+	for _, r := range tookJob {
+		switch {
+		case named[r]:
+		case len(anonymous) > 0:
+			anonymous[0].job.RunnerID = r
+			anonymous = anonymous[1:]
+		default:
+			unknown++
+		}
+	}
+	return max(0, queued-unknown)
+}
 
 // Recent returns up to n jobs, the most recently reported first, and
 // forgets jobs that ended long ago.

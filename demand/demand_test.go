@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 )
 
 func TestMatchAndCount(t *testing.T) {
@@ -58,21 +59,28 @@ func TestMatchAndCount(t *testing.T) {
 
 func TestPollSeesJobsLeaveTheQueue(t *testing.T) {
 	tr := New([]Pool{{Name: "p", Forge: "f", Labels: []string{"gpu"}}}, nil)
-	tr.Poll("f", []Job{{ID: 1, Labels: []string{"gpu"}}, {ID: 2, Labels: []string{"gpu"}}})
+	tr.Poll("f", []Job{{ID: 1, Labels: []string{"gpu"}}, {ID: 2, Labels: []string{"gpu"}}}, time.Now())
 	if n := tr.QueuedFor("p"); n != 2 {
 		t.Fatalf("%d queued", n)
 	}
 	// Job 1 was taken: the next poll no longer lists it.
-	tr.Poll("f", []Job{{ID: 2, Labels: []string{"gpu"}}})
+	tr.Poll("f", []Job{{ID: 2, Labels: []string{"gpu"}}}, time.Now())
 	if n := tr.QueuedFor("p"); n != 1 {
 		t.Fatalf("%d queued after job 1 left the queue", n)
 	}
-	// A job known from a webhook only is not taken for gone by a poll
-	// that raced with its delivery.
+	// Job 3 is reported by a webhook after the next listing was asked
+	// for: missing from it, it stays queued.
+	listed := time.Now()
 	tr.Observe(Job{Forge: "f", ID: 3, Status: Queued, Labels: []string{"gpu"}})
-	tr.Poll("f", []Job{{ID: 2, Labels: []string{"gpu"}}})
+	tr.Poll("f", []Job{{ID: 2, Labels: []string{"gpu"}}}, listed)
 	if n := tr.QueuedFor("p"); n != 2 {
 		t.Fatalf("%d queued, want 2", n)
+	}
+	// Its start's webhook is lost: the next listing, asked for after it
+	// was reported, no longer has it, so it left the queue.
+	tr.Poll("f", []Job{{ID: 2, Labels: []string{"gpu"}}}, time.Now())
+	if n := tr.QueuedFor("p"); n != 1 {
+		t.Fatalf("%d queued, want 1: job 3's start was missed", n)
 	}
 }
 
@@ -93,5 +101,51 @@ func TestConcurrentReports(t *testing.T) {
 		if j.Status != Completed {
 			t.Fatalf("job %d ended %s, want completed (the furthest report wins)", j.ID, j.Status)
 		}
+	}
+}
+
+// A runner that took a job is subtracted from the queue until the job's
+// start is heard of, by the runner's name or by a poll, so the pool does
+// not start a replacement for a job already taken.
+func TestUnservedSubtractsRunnersThatTookJobs(t *testing.T) {
+	tr := New([]Pool{{Name: "p", Forge: "f", Labels: []string{"gpu"}}}, nil)
+	for id := range int64(3) {
+		tr.Observe(Job{Forge: "f", ID: id + 1, Status: Queued, Labels: []string{"gpu"}})
+	}
+	if n := tr.Unserved("p", nil, time.Minute); n != 3 {
+		t.Fatalf("unserved %d, want 3", n)
+	}
+	// p-1 and p-2 took jobs; no report yet.
+	if n := tr.Unserved("p", []int64{11, 12}, time.Minute); n != 1 {
+		t.Fatalf("unserved %d, want 1", n)
+	}
+	// A webhook names p-1's job: it is no longer queued, p-1 is known.
+	tr.Observe(Job{Forge: "f", ID: 1, Status: InProgress, Runner: "p-1", RunnerID: 11})
+	if n := tr.Unserved("p", []int64{11, 12}, time.Minute); n != 1 {
+		t.Fatalf("unserved %d after p-1's webhook, want 1", n)
+	}
+	// A poll sees job 2 leave the queue, without a runner's name: p-2
+	// is accounted for by it.
+	tr.Poll("f", []Job{{ID: 3, Labels: []string{"gpu"}}}, time.Now())
+	if n := tr.Unserved("p", []int64{11, 12}, time.Minute); n != 1 {
+		t.Fatalf("unserved %d after the poll, want 1 (job 3)", n)
+	}
+	if n := tr.Unserved("p", []int64{11, 12, 13}, time.Minute); n != 0 {
+		t.Fatalf("unserved %d with p-3 busy too, want 0", n)
+	}
+}
+
+// A job seen leaving the queue by a poll accounts for one runner only:
+// once its runner is gone, it cannot account for the next one.
+func TestUnservedClaimsEachPolledStartOnce(t *testing.T) {
+	tr := New([]Pool{{Name: "p", Forge: "f", Labels: []string{"gpu"}}}, nil)
+	tr.Poll("f", []Job{{ID: 1, Labels: []string{"gpu"}}, {ID: 2, Labels: []string{"gpu"}}}, time.Now())
+	tr.Poll("f", []Job{{ID: 2, Labels: []string{"gpu"}}}, time.Now()) // job 1 taken
+	if n := tr.Unserved("p", []int64{21}, time.Minute); n != 1 {
+		t.Fatalf("unserved %d, want 1: runner 21 took job 1", n)
+	}
+	// Runner 21 is done; runner 22 takes job 2 before the next poll.
+	if n := tr.Unserved("p", []int64{22}, time.Minute); n != 0 {
+		t.Fatalf("unserved %d, want 0: job 1's start was runner 21's, not 22's", n)
 	}
 }

@@ -92,9 +92,15 @@ type Config struct {
 	HardwareLabels bool
 
 	// Demand returns the queued jobs matched to this pool that no
-	// runner has taken yet: the pool keeps Size + Demand() runners idle
-	// or starting, within Max. Nil is no demand.
-	Demand func() int
+	// runner has taken yet: the pool keeps Size + Demand runners idle or
+	// starting, within Max. Nil is no demand. It is given the runners
+	// that took a job lately (within TookWindow), so that a job whose
+	// start the forge has not reported yet is not counted twice: once
+	// as still queued, and once more as the busy runner's replacement.
+	Demand func(tookJob []int64) int
+	// TookWindow is how long a runner that took a job is reported to
+	// Demand; 1m by default.
+	TookWindow time.Duration
 	// OnStarted is called with how long a runner took to start: from
 	// the pass that decided to start it (a slot freed, or demand) until
 	// its machine runs.
@@ -134,6 +140,7 @@ type Pool struct {
 	lost         map[string]bool      // runner/machine reported lost
 	logs         map[string]string    // slot -> agent log of its last machine seen
 	vanished     map[string]time.Time // slot whose machine vanished mid-job, since
+	took         map[int64]time.Time  // registration seen to take a job, when
 	createAfter  time.Time            // no create before this (backoff)
 	view         []Runner             // after the last pass
 	lastErr      error
@@ -171,6 +178,10 @@ func New(cfg Config, f Forge, prov provider.Provider, a agent.Agent, opts ...Opt
 		lost:         map[string]bool{},
 		logs:         map[string]string{},
 		vanished:     map[string]time.Time{},
+		took:         map[int64]time.Time{},
+	}
+	if cfg.TookWindow <= 0 {
+		p.cfg.TookWindow = time.Minute
 	}
 	for _, o := range opts {
 		o(p)
@@ -556,6 +567,7 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 			total++
 		}
 	}
+	prev := p.view
 	p.view = view
 	if !act {
 		return view, nil
@@ -563,9 +575,14 @@ func (p *Pool) pass(ctx context.Context, act bool) ([]Runner, error) {
 
 	// The pool keeps Size runners idle, plus one for each queued job
 	// matched to it that no runner has taken yet.
-	want := p.cfg.Size
+	want, demand := p.cfg.Size, 0
 	if p.cfg.Demand != nil && !p.cfg.Once {
-		want += max(p.cfg.Demand(), 0)
+		took := p.tookJob(prev, view, now)
+		demand = max(p.cfg.Demand(took), 0)
+		want += demand
+		if demand > 0 || len(took) > 0 {
+			p.log.Debug("demand", "queued_unserved", demand, "took_job_lately", took, "idle_or_starting", idle, "total", total)
+		}
 	}
 	// Idle runners above that, past the idle timeout, go first.
 	if !p.draining {
@@ -645,6 +662,35 @@ func (p *Pool) syncGPUs(slots map[string]*slot, since uint64) {
 		}
 		p.cfg.GPUs.Release(holder)
 	}
+}
+
+// tookJob returns the registrations of the runners seen to go from idle
+// or starting to busy within TookWindow. Called with p.mu held.
+func (p *Pool) tookJob(prev, view []Runner, now time.Time) []int64 {
+	was := map[string]State{}
+	for _, r := range prev {
+		was[r.Name] = r.State
+	}
+	busy := map[int64]bool{}
+	for _, r := range view {
+		if r.State != StateBusy || r.RunnerID == 0 {
+			continue
+		}
+		busy[r.RunnerID] = true
+		if st := was[r.Name]; (st == StateIdle || st == StateStarting) && p.took[r.RunnerID].IsZero() {
+			p.took[r.RunnerID] = now
+		}
+	}
+	var out []int64
+	for id, at := range p.took {
+		if !busy[id] || now.Sub(at) > p.cfg.TookWindow {
+			delete(p.took, id)
+			continue
+		}
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // observer returns a copy of the pool whose decisions change nothing: the

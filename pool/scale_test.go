@@ -16,7 +16,7 @@ import (
 
 func TestDemandGrowsPoolAndIdleShrinksIt(t *testing.T) {
 	var queued atomic.Int64
-	h := newHarness(t, Config{Size: 0, Max: 4, IdleTimeout: time.Minute, Demand: func() int { return int(queued.Load()) }})
+	h := newHarness(t, Config{Size: 0, Max: 4, IdleTimeout: time.Minute, Demand: func([]int64) int { return int(queued.Load()) }})
 	h.settle()
 	if n := len(h.prov.running()); n != 0 {
 		t.Fatalf("%d runners with no demand and size 0", n)
@@ -121,7 +121,7 @@ func TestScaleDownNeverRemovesBusyRunner(t *testing.T) {
 		p := New(Config{
 			Name: "gpu", Manager: "m1", Labels: []string{"gpu"}, Size: rng.IntN(2), Max: 2 + rng.IntN(4),
 			IdleTimeout: 0, BootstrapTimeout: time.Hour, OrphanGrace: time.Hour,
-			Demand: func() int { return int(demand.Load()) },
+			Demand: func([]int64) int { return int(demand.Load()) },
 		}, rf, checkingProvider{fp, rf}, fakeAgent{}, WithClock(clk.Now), WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 
 		var wg sync.WaitGroup

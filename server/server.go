@@ -180,7 +180,7 @@ func githubJob(r *http.Request, secret []byte) (*demand.Job, string, error) {
 	}
 	return &demand.Job{
 		ID: wj.GetID(), RunID: wj.GetRunID(), Name: wj.GetName(), Labels: wj.Labels,
-		Status: st, Conclusion: wj.GetConclusion(), Runner: wj.GetRunnerName(),
+		Status: st, Conclusion: wj.GetConclusion(), Runner: wj.GetRunnerName(), RunnerID: wj.GetRunnerID(),
 		Queued: Time(wj.GetCreatedAt().Time), Started: Time(wj.GetStartedAt().Time), Completed: Time(wj.GetCompletedAt().Time),
 	}, event, nil
 }
@@ -231,7 +231,7 @@ func giteaJob(r *http.Request, secret []byte) (*demand.Job, string, error) {
 	}
 	return &demand.Job{
 		ID: wj.ID, RunID: wj.RunID, Name: wj.Name, Labels: wj.Labels,
-		Status: st, Conclusion: wj.Conclusion, Runner: wj.RunnerName,
+		Status: st, Conclusion: wj.Conclusion, Runner: wj.RunnerName, RunnerID: wj.RunnerID,
 		Queued: Time(wj.CreatedAt), Started: Time(wj.StartedAt), Completed: Time(wj.CompletedAt),
 	}, event, nil
 }

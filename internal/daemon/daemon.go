@@ -147,7 +147,8 @@ func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 		pcfg.GPUs, pcfg.GPUsPerRunner = f.GPUs, per
 		pcfg.CUDA, pcfg.HardwareLabels = f.Inventory.CUDA, pc.HasHardwareLabels()
 	}
-	pcfg.Demand = func() int { return f.Demand.QueuedFor(name) }
+	pcfg.TookWindow = time.Minute
+	pcfg.Demand = func(took []int64) int { return f.Demand.Unserved(name, took, pcfg.TookWindow) }
 	pcfg.OnStarted = func(d time.Duration) { f.Metrics.RunnerStart.WithLabelValues(name).Observe(d.Seconds()) }
 	pcfg.OnError = func(op string) { f.Metrics.ProviderErrors.WithLabelValues(name, op).Inc() }
 	return pool.New(pcfg, fd, prov, ag, pool.WithLogger(f.log)), nil

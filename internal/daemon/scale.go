@@ -103,6 +103,7 @@ func (f *Fleet) poll(ctx context.Context, forgeName string, every time.Duration)
 // PollOnce reads one forge's queued jobs into the demand tracker.
 func (f *Fleet) PollOnce(ctx context.Context, forgeName string) error {
 	fd := f.drivers[forgeName]
+	listed := time.Now()
 	jobs, err := fd.Jobs(ctx, "queued")
 	if err != nil {
 		f.Metrics.Polls.WithLabelValues(forgeName, "error").Inc()
@@ -113,7 +114,7 @@ func (f *Fleet) PollOnce(ctx context.Context, forgeName string) error {
 	for _, j := range jobs {
 		queued = append(queued, demand.Job{ID: j.ID, RunID: j.RunID, Name: j.Name, Labels: j.Labels, Queued: server.Time(j.CreatedAt)})
 	}
-	f.Demand.Poll(forgeName, queued)
+	f.Demand.Poll(forgeName, queued, listed)
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -148,6 +149,22 @@ func TestScaleFromZero(t *testing.T) {
 			polls := metric(t, base, `runfleet_queue_polls_total{forge="local",result="ok"}`)
 			started := metric(t, base, `runfleet_jobs_started_total{pool="`+name+`"}`)
 			t.Logf("%s: webhook deliveries accepted %v, polls %v, jobs started (metric) %v", mode, accepted, polls, started)
+			b, _ := os.ReadFile(f.logPath)
+			startedRunners := strings.Count(string(b), `msg="runner started"`)
+			t.Logf("%s: %d runners started for 6 jobs", mode, startedRunners)
+			// A runner for each job; one more at most, where a pass
+			// falls between a runner taking a job and the forge saying
+			// so. More is a runner kept idle for nothing.
+			if startedRunners > 7 {
+				t.Errorf("%d runners started for 6 jobs", startedRunners)
+			}
+			if os.Getenv("E2E_SCALE_LOG") != "" {
+				for _, l := range strings.Split(string(b), "\n") {
+					if strings.Contains(l, "runner started") || strings.Contains(l, "msg=demand") || strings.Contains(l, "job queued") || strings.Contains(l, "state=busy") && strings.Contains(l, "slot") {
+						t.Log(l)
+					}
+				}
+			}
 			switch mode {
 			case "webhooks":
 				if accepted < 6 || polls != 0 {
