@@ -46,7 +46,13 @@ func TestMain(m *testing.M) {
 		if setupErr == nil {
 			defer os.RemoveAll(dir)
 			fleetBin = filepath.Join(dir, "runfleet")
-			out, err := exec.Command("go", "build", "-o", fleetBin, "github.com/runfleet/runfleet/cmd/runfleet").CombinedOutput()
+			args := []string{"build", "-o", fleetBin}
+			if os.Getenv("E2E_RACE") != "" {
+				// The manager itself under the race detector; a
+				// report in its log fails the test (see cleanup).
+				args = append(args, "-race")
+			}
+			out, err := exec.Command("go", append(args, "github.com/runfleet/runfleet/cmd/runfleet")...).CombinedOutput()
 			if err != nil {
 				setupErr = fmt.Errorf("build runfleet: %v\n%s", err, out)
 			}
@@ -172,6 +178,11 @@ func (f *fleet) cleanup() {
 	if f.cmd != nil && f.cmd.ProcessState == nil {
 		_ = f.cmd.Process.Signal(syscall.SIGKILL)
 		<-f.waitErr
+	}
+	for i := 1; i <= f.startCnt; i++ {
+		if b, _ := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("manager-%d.log", i))); bytes.Contains(b, []byte("WARNING: DATA RACE")) {
+			f.t.Errorf("the manager reported a data race (manager log %d)", i)
+		}
 	}
 	if f.t.Failed() || os.Getenv("E2E_LOGS") != "" {
 		f.dumpLogs()
