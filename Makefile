@@ -22,12 +22,13 @@ test: deps
 
 # Test images are built FROM scratch (no registry is needed) out of static
 # binaries from Debian's bash-static and busybox-static packages; the status
-# page is checked in Debian's headless Chromium.
+# page is checked in Debian's headless Chromium; the GPU tests give their
+# private Docker engine a bridge with iproute2.
 deps:
-	@if [ ! -x /bin/bash-static ] || [ ! -x /bin/busybox ] || ! command -v chromium >/dev/null; then \
-		echo "installing bash-static, busybox-static and chromium for the tests"; \
+	@if [ ! -x /bin/bash-static ] || [ ! -x /bin/busybox ] || ! command -v chromium >/dev/null || ! command -v ip >/dev/null; then \
+		echo "installing bash-static, busybox-static, chromium and iproute2 for the tests"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bash-static busybox-static chromium; \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bash-static busybox-static chromium iproute2; \
 	fi
 
 build:
