@@ -6,6 +6,8 @@ package forge
 import (
 	"context"
 	"errors"
+	"net/http"
+	"sync/atomic"
 	"time"
 )
 
@@ -79,4 +81,23 @@ type Forge interface {
 	// Jobs lists the jobs in the forge's scope with the given status
 	// ("queued", "in_progress").
 	Jobs(ctx context.Context, status string) ([]Job, error)
+}
+
+// CountCalls wraps a transport so that every request it sends adds one to
+// n, for a driver's call count (runfleet_forge_api_calls_total).
+func CountCalls(next http.RoundTripper, n *atomic.Int64) http.RoundTripper {
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	return counting{next: next, n: n}
+}
+
+type counting struct {
+	next http.RoundTripper
+	n    *atomic.Int64
+}
+
+func (c counting) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return c.next.RoundTrip(r)
 }

@@ -67,17 +67,6 @@ type Driver struct {
 	calls    atomic.Int64
 }
 
-// counting counts the HTTP requests a driver sends, for its metrics.
-type counting struct {
-	next http.RoundTripper
-	n    *atomic.Int64
-}
-
-func (c counting) RoundTrip(r *http.Request) (*http.Response, error) {
-	c.n.Add(1)
-	return c.next.RoundTrip(r)
-}
-
 // Calls returns the HTTP requests sent to Gitea so far.
 func (d *Driver) Calls() int64 { return d.calls.Load() }
 
@@ -102,11 +91,7 @@ func New(cfg Config) *Driver {
 	d := &Driver{cfg: cfg, log: log}
 	// A copy of the client that counts its requests.
 	counted := *hc
-	next := counted.Transport
-	if next == nil {
-		next = http.DefaultTransport
-	}
-	counted.Transport = counting{next: next, n: &d.calls}
+	counted.Transport = forge.CountCalls(counted.Transport, &d.calls)
 	d.hc = &counted
 	d.runner = runnerv1connect.NewRunnerServiceClient(d.hc, cfg.URL+"/api/actions")
 	return d

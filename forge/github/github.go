@@ -151,7 +151,9 @@ func New(cfg Config) (*Driver, error) {
 	}
 	d := &Driver{cfg: cfg, scope: scope, log: cfg.Logger, reruns: map[int64]bool{}, losing: map[string]bool{}}
 	d.remaining.Store(-1)
-	var rt http.RoundTripper = counting{next: http.DefaultTransport, n: &d.calls}
+	// Every request that leaves the driver is counted, the installation
+	// token requests of a GitHub App included.
+	rt := forge.CountCalls(http.DefaultTransport, &d.calls)
 	opts := []gh.ClientOptionsFunc{gh.WithURLs(&api, &api), gh.WithUserAgent("runfleet/" + cfg.Version)}
 	switch {
 	case cfg.AppID != 0:
@@ -179,18 +181,6 @@ func New(cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("github: %w", err)
 	}
 	return d, nil
-}
-
-// counting counts the HTTP requests that leave the driver, the installation
-// token requests of a GitHub App included.
-type counting struct {
-	next http.RoundTripper
-	n    *atomic.Int64
-}
-
-func (c counting) RoundTrip(r *http.Request) (*http.Response, error) {
-	c.n.Add(1)
-	return c.next.RoundTrip(r)
 }
 
 // Calls returns the HTTP requests sent so far.

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"slices"
 	"testing"
 	"time"
 
@@ -79,11 +78,8 @@ func BenchmarkReplenishDocker(b *testing.B) {
 		f.runners()
 		api = append(api, time.Since(start))
 	}
-	p50 := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
-	p95 := func(d []time.Duration) time.Duration {
-		slices.Sort(d)
-		return d[min(len(d)-1, int(0.95*float64(len(d))))]
-	}
+	p50 := func(d []time.Duration) time.Duration { return percentile(d, 0.50) }
+	p95 := func(d []time.Duration) time.Duration { return percentile(d, 0.95) }
 	b.ReportMetric(float64(p50(lat).Milliseconds()), "p50-ms")
 	b.ReportMetric(float64(p95(lat).Milliseconds()), "p95-ms")
 	b.ReportMetric(float64(p50(floor).Milliseconds()), "floor-p50-ms")

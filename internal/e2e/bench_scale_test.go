@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"slices"
 	"testing"
 	"time"
 )
@@ -67,11 +66,7 @@ func BenchmarkScaleFromZero(b *testing.B) {
 			if err := f.stop(time.Minute); err != nil {
 				b.Error(err)
 			}
-			slices.Sort(lat)
-			pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
-			b.ReportMetric(float64(pct(0.50).Milliseconds()), "p50-ms")
-			b.ReportMetric(float64(pct(0.95).Milliseconds()), "p95-ms")
-			b.ReportMetric(float64(lat[len(lat)-1].Milliseconds()), "max-ms")
+			reportLatencies(b, lat)
 			b.Logf("%s: queued→in_progress over %d jobs: %v", mode, len(lat), lat)
 		})
 	}
