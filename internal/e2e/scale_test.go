@@ -158,7 +158,9 @@ func TestScaleFromZero(t *testing.T) {
 			if startedRunners > 7 {
 				t.Errorf("%d runners started for 6 jobs", startedRunners)
 			}
-			if os.Getenv("E2E_SCALE_LOG") != "" {
+			// E2E_SCALE_LOG=1 shows the pool's demand decisions, to see
+			// why a runner was started.
+			if os.Getenv("E2E_SCALE_LOG") != "" || startedRunners > 7 {
 				for _, l := range strings.Split(string(b), "\n") {
 					if strings.Contains(l, "runner started") || strings.Contains(l, "msg=demand") || strings.Contains(l, "job queued") || strings.Contains(l, "state=busy") && strings.Contains(l, "slot") {
 						t.Log(l)
