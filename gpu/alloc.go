@@ -2,7 +2,6 @@ package gpu
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 )
@@ -108,11 +107,6 @@ func (a *Allocator) Holders() map[string][]string {
 		}
 	}
 	return out
-}
-
-// Runners returns the runners that hold units.
-func (a *Allocator) Runners() []string {
-	return slices.Sorted(maps.Keys(a.Holders()))
 }
 
 func (a *Allocator) heldBy(runner string) []Unit {

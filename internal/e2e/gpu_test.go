@@ -277,6 +277,21 @@ func disjoint(t testing.TB, held map[string][]string) []string {
 	return slices.Sorted(maps.Keys(seen))
 }
 
+// splitsFourGPUs checks that the containers' device requests split the four
+// injected GPUs into runners disjoint sets of per each.
+func splitsFourGPUs(t *testing.T, held map[string][]string, runners, per int) {
+	t.Helper()
+	all := disjoint(t, held)
+	if len(held) != runners || !slices.Equal(all, h100UUIDs) {
+		t.Fatalf("containers hold %v, want %d disjoint sets of %d covering the 4 GPUs", held, runners, per)
+	}
+	for _, devs := range held {
+		if len(devs) != per {
+			t.Fatalf("a container has %v, want %d GPUs", devs, per)
+		}
+	}
+}
+
 // TestDockerGPUsOnePerRunner gives each of four runner containers its own
 // GPU of an injected 4-GPU inventory: each container's device request
 // holds exactly one distinct UUID, the engine sets the job's
@@ -294,16 +309,8 @@ func TestDockerGPUsOnePerRunner(t *testing.T) {
 	f.start()
 	eventually(t, time.Minute, "4 idle runners, one per GPU", func() bool { return idleGitHub(sim) == 4 })
 	held := f.gpusOf()
-	all := disjoint(t, held)
 	t.Logf("4 containers, device requests: %v", held)
-	if len(held) != 4 || !slices.Equal(all, h100UUIDs) {
-		t.Fatalf("containers hold %v, want the 4 UUIDs one each", held)
-	}
-	for _, devs := range held {
-		if len(devs) != 1 {
-			t.Fatalf("a container has %v, want one GPU", devs)
-		}
-	}
+	splitsFourGPUs(t, held, 4, 1)
 	for _, r := range sim.Runners() {
 		for _, l := range []string{"gpu", "gpu-h100", "gpus-1", "cuda-12.4", "gpuone"} {
 			if !slices.Contains(r.Labels, l) {
@@ -397,16 +404,8 @@ func TestDockerGPUsTwoPerRunner(t *testing.T) {
 	eventually(t, time.Minute, "2 idle runners", func() bool { return idleGitHub(f.gh) == 2 })
 	time.Sleep(3 * time.Second) // a third would show by now
 	held := f.gpusOf()
-	all := disjoint(t, held)
 	t.Logf("2 per runner: %v", held)
-	if len(held) != 2 || !slices.Equal(all, h100UUIDs) {
-		t.Fatalf("containers hold %v, want two disjoint pairs of the 4 GPUs", held)
-	}
-	for _, devs := range held {
-		if len(devs) != 2 {
-			t.Fatalf("a container has %v, want two GPUs", devs)
-		}
-	}
+	splitsFourGPUs(t, held, 2, 2)
 	for _, r := range f.gh.Runners() {
 		if !slices.Contains(r.Labels, "gpus-2") {
 			t.Errorf("runner %s has labels %v, lacking gpus-2", r.Name, r.Labels)
