@@ -13,43 +13,17 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/runfleet/runfleet/forge"
 )
 
-// Status of a job, in the order a job passes through them.
-type Status int
-
+// The job statuses a report may carry, in the order a job passes
+// through them; the forge drivers map their forges' words to these.
 const (
-	Queued Status = iota + 1
-	InProgress
-	Completed
+	Queued     = forge.JobQueued
+	InProgress = forge.JobInProgress
+	Completed  = forge.JobCompleted
 )
-
-func (s Status) String() string {
-	switch s {
-	case Queued:
-		return "queued"
-	case InProgress:
-		return "in_progress"
-	case Completed:
-		return "completed"
-	}
-	return "unknown"
-}
-
-// ParseStatus reads a forge's job status or webhook action: GitHub's and
-// Gitea's queued, in_progress, completed (and Gitea's running,
-// success, failure, cancelled, skipped). ok is false for others.
-func ParseStatus(s string) (Status, bool) {
-	switch strings.ToLower(s) {
-	case "queued", "pending":
-		return Queued, true
-	case "in_progress", "running":
-		return InProgress, true
-	case "completed", "success", "failure", "cancelled", "skipped", "failed", "canceled":
-		return Completed, true
-	}
-	return 0, false
-}
 
 // Job is a report of one job.
 type Job struct {
@@ -58,13 +32,23 @@ type Job struct {
 	RunID      int64
 	Name       string
 	Labels     []string
-	Status     Status
+	Status     forge.JobStatus
 	Conclusion string
 	Runner     string
 	RunnerID   int64 // the runner's registration at the forge, never reused
 	// When the forge says it was queued, started and completed; zero
 	// where it does not say.
 	Queued, Started, Completed time.Time
+}
+
+// JobOf is the report of a job that a forge's driver read (from a
+// webhook, or a poll of the queue) of the forge of that config name.
+func JobOf(forgeName string, j forge.Job) Job {
+	return Job{
+		Forge: forgeName, ID: j.ID, RunID: j.RunID, Name: j.Name, Labels: j.Labels,
+		Status: j.Status, Conclusion: j.Conclusion, Runner: j.RunnerName, RunnerID: j.RunnerID,
+		Queued: j.CreatedAt, Started: j.StartedAt, Completed: j.EndedAt,
+	}
 }
 
 // Pool is what the tracker knows of a pool.
@@ -83,7 +67,7 @@ type Event struct {
 	// New is set on the first report of a job; From is the status it
 	// had before this report (0 when new).
 	New  bool
-	From Status
+	From forge.JobStatus
 }
 
 // maxQueued is how long a job stays queued at most: GitHub cancels a job

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/runfleet/runfleet/forge"
 )
 
 func TestMatchAndCount(t *testing.T) {
@@ -90,7 +92,7 @@ func TestConcurrentReports(t *testing.T) {
 	for w := range 8 {
 		wg.Go(func() {
 			for id := range int64(200) {
-				st := Status(1 + (int(id)+w)%3)
+				st := forge.JobStatus(1 + (int(id)+w)%3)
 				tr.Observe(Job{Forge: "f", ID: id, Status: st, Labels: []string{"gpu"}})
 				tr.Queued()
 			}

@@ -1,14 +1,19 @@
 // Package forge defines what runfleet needs from a CI forge (Gitea, GitHub,
 // GitLab, ...): registering single-use runners, listing and removing them,
-// and reading queued jobs. Each forge has a driver in a sub-package.
+// and the optional capabilities a forge may add (queued jobs, webhooks,
+// re-running a lost job). Each forge has a driver in a sub-package, which
+// registers itself with Register.
 package forge
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // ErrBusy is returned by RemoveRunner when the runner is running a job.
@@ -17,6 +22,11 @@ var ErrBusy = errors.New("runner is busy")
 
 // ErrNotFound is returned when a runner does not exist at the forge.
 var ErrNotFound = errors.New("runner not found")
+
+// ErrRejected is wrapped by an error of a request the forge refused as
+// invalid (a 422 for labels it does not accept): no retry can fix it, so
+// it is reported, not retried.
+var ErrRejected = errors.New("the forge rejected the request")
 
 // RunnerRequest asks the forge for a new single-use runner registration.
 type RunnerRequest struct {
@@ -56,17 +66,44 @@ type Runner struct {
 	Labels []string
 }
 
-// Job is a workflow job as the forge reports it.
+// JobStatus is where a job is in its life. A job only moves forward
+// through them, so a late or repeated report of an earlier status changes
+// nothing. Each driver maps its forge's own words (queued, pending,
+// running, success, ...) to these.
+type JobStatus int
+
+const (
+	JobQueued JobStatus = iota + 1
+	JobInProgress
+	JobCompleted
+)
+
+func (s JobStatus) String() string {
+	switch s {
+	case JobQueued:
+		return "queued"
+	case JobInProgress:
+		return "in_progress"
+	case JobCompleted:
+		return "completed"
+	}
+	return "unknown"
+}
+
+// Job is a workflow job as the forge reports it. Times the forge leaves
+// unset are zero.
 type Job struct {
 	ID         int64
 	RunID      int64
 	Name       string
 	Labels     []string
-	Status     string // queued, in_progress, ...
-	RunnerID   int64  // set once a runner has taken it
+	Status     JobStatus
+	Conclusion string // the forge's word for how it ended: success, failure, ...
+	RunnerID   int64  // set once a runner has taken it; never reused
 	RunnerName string
 	CreatedAt  time.Time
 	StartedAt  time.Time
+	EndedAt    time.Time
 }
 
 // Forge is a CI forge that runfleet provides runners for.
@@ -78,9 +115,126 @@ type Forge interface {
 	// RemoveRunner removes a registration. It returns ErrBusy, and
 	// removes nothing, while the runner runs a job.
 	RemoveRunner(ctx context.Context, id int64) error
-	// Jobs lists the jobs in the forge's scope with the given status
-	// ("queued", "in_progress").
-	Jobs(ctx context.Context, status string) ([]Job, error)
+}
+
+// The optional capabilities of a Forge, found by type assertion.
+
+// JobLister is implemented by forges whose jobs can be listed: a poll of
+// the queue finds jobs whose webhook was lost.
+type JobLister interface {
+	// Jobs lists the jobs in the forge's scope with the given status. It
+	// returns an error wrapping errors.ErrUnsupported where the forge
+	// cannot list them in this scope (GitHub lists jobs per repository,
+	// not per organisation).
+	Jobs(ctx context.Context, status JobStatus) ([]Job, error)
+}
+
+// WebhookParser is implemented by forges that report jobs through
+// webhooks.
+type WebhookParser interface {
+	// ParseWebhook authenticates a delivery with the forge's webhook
+	// secret and reads the job it reports. The body is already limited
+	// in size. A delivery that is not authentic is an error wrapping
+	// ErrBadSignature; a malformed one wraps ErrBadPayload. A delivery
+	// of another event, or of an action that says nothing runfleet uses,
+	// has a nil Job.
+	ParseWebhook(r *http.Request, secret []byte) (Delivery, error)
+}
+
+// Delivery is what one webhook delivery reported.
+type Delivery struct {
+	Event string // the forge's event name, for logs
+	Job   *Job
+}
+
+// Errors of ParseWebhook.
+var (
+	ErrBadSignature = errors.New("signature does not match the webhook secret")
+	ErrBadPayload   = errors.New("bad payload")
+)
+
+// Labeler is implemented by forges that give every runner labels of their
+// own, which jobs may name in runs-on without a pool listing them
+// (GitHub's self-hosted, linux, x64).
+type Labeler interface {
+	ImplicitLabels() []string
+}
+
+// Rerunner is implemented by forges that can re-run a job whose runner's
+// machine went away mid-job (a spot instance taken back, a killed
+// container).
+type Rerunner interface {
+	// Lost is told that the runner's machine is gone while it ran a job.
+	// The runner's ID is 0 when the pool never saw its registration. It
+	// must return at once; the re-run happens in the background, bound
+	// to ctx.
+	Lost(ctx context.Context, r Runner)
+}
+
+// EndObserver is implemented by forges whose driver keeps a list of
+// runners between listings.
+type EndObserver interface {
+	// Ended is told that a runner's agent finished its job: the forge
+	// deleted its ephemeral registration, which the driver learns
+	// without a call.
+	Ended(id int64)
+}
+
+// Demander is implemented by forges that say themselves how many runners
+// their pool needs (GitHub's runner scale sets), in place of webhooks and
+// polls of the queue. Such a forge serves one pool.
+type Demander interface {
+	// Listen holds the forge's session and follows its demand until ctx
+	// ends, calling changed whenever the demand may have changed. It
+	// closes the session before it returns; an error says why the
+	// session ended early, and the caller opens another, with backoff.
+	// max is the most runners the pool may run.
+	Listen(ctx context.Context, max int, changed func()) error
+	// Unserved returns how many jobs the forge assigned to the pool that
+	// no runner has taken yet. took are the registrations of runners seen
+	// taking a job lately, whose start the forge may not have reported.
+	Unserved(took []int64) int
+}
+
+// StatsReporter is implemented by forges that count their API calls.
+type StatsReporter interface {
+	Stats() Stats
+}
+
+// Stats is what a driver counts.
+type Stats struct {
+	Calls int64 // HTTP requests sent
+	// RateRemaining is the forge's last X-RateLimit-Remaining, -1 when
+	// it sends none.
+	RateRemaining int64
+	// RateLimitWaits counts the waits for a rate-limit reset.
+	RateLimitWaits int64
+}
+
+// Budgeted wraps a transport so that every request it sends waits for a
+// token of the connection's budget: however a pool misbehaves, the
+// connection sends no more than the budget allows. A request whose context
+// ends first is not sent. A nil budget is none.
+func Budgeted(next http.RoundTripper, budget *rate.Limiter) http.RoundTripper {
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	if budget == nil {
+		return next
+	}
+	return budgeted{next: next, budget: budget}
+}
+
+type budgeted struct {
+	next   http.RoundTripper
+	budget *rate.Limiter
+}
+
+func (b budgeted) RoundTrip(r *http.Request) (*http.Response, error) {
+	if err := b.budget.Wait(r.Context()); err != nil {
+		return nil, fmt.Errorf("the forge connection's call budget: %w", err)
+	}
+	return b.next.RoundTrip(r)
 }
 
 // CountCalls wraps a transport so that every request it sends adds one to

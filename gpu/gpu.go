@@ -96,6 +96,16 @@ type Device struct {
 	// its MIG devices.
 	MIG        bool        `json:"mig"`
 	MIGDevices []MIGDevice `json:"mig_devices,omitempty"`
+	// Virtualization is the GPU's virtualization mode when it has one:
+	// "Pass-Through", "VGPU" (a VM's vGPU), "Host VGPU" or "Host VSGA" (a
+	// hypervisor's GPU, shared with its VMs).
+	Virtualization string `json:"virtualization,omitempty"`
+}
+
+// SharedWithVMs reports whether the GPU is a hypervisor's, in a mode that
+// shares it with virtual machines: its VMs use it, so it is not free.
+func (d Device) SharedWithVMs() bool {
+	return d.Virtualization == "Host VGPU" || d.Virtualization == "Host VSGA"
 }
 
 // Inventory is what a host has.
@@ -108,6 +118,15 @@ type Inventory struct {
 	GPUs []Device `json:"gpus"`
 	// Reason says why there is no GPU, when there is none.
 	Reason string `json:"reason,omitempty"`
+	// Error is set when the GPUs could not be read (output that is not a
+	// report): unlike an empty inventory, it says nothing of the host.
+	Error string `json:"error,omitempty"`
+	// Skipped says, by GPU UUID, why a GPU is not handed out (shared with
+	// virtual machines).
+	Skipped map[string]string `json:"skipped,omitempty"`
+	// ShareVMGPUs hands out GPUs shared with virtual machines too (the
+	// config's gpu.allow_host_vgpu).
+	ShareVMGPUs bool `json:"-"`
 }
 
 // Unit is what a runner is given: a whole GPU, or one MIG device of a GPU
@@ -127,6 +146,9 @@ type Unit struct {
 func (inv Inventory) Units() []Unit {
 	var out []Unit
 	for _, d := range inv.GPUs {
+		if d.SharedWithVMs() && !inv.ShareVMGPUs {
+			continue
+		}
 		if !d.MIG {
 			out = append(out, Unit{ID: d.UUID, Device: d})
 			continue
@@ -142,6 +164,18 @@ func (inv Inventory) Units() []Unit {
 		}
 	}
 	return out
+}
+
+// skip notes the GPUs that are not handed out, and why.
+func (inv *Inventory) skip() {
+	for _, d := range inv.GPUs {
+		if d.SharedWithVMs() {
+			if inv.Skipped == nil {
+				inv.Skipped = map[string]string{}
+			}
+			inv.Skipped[d.UUID] = fmt.Sprintf("in %s mode: virtual machines use it (set gpu.allow_host_vgpu to hand it to runners)", d.Virtualization)
+		}
+	}
 }
 
 // sortDevices orders GPUs as NVML numbers them, by PCI bus id, and sets

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -246,10 +247,48 @@ func TestDetectThroughNvidiaSMI(t *testing.T) {
 		}
 	}
 	inv = Detect(ctx, filepath.Join(t.TempDir(), "nvidia-smi"))
-	if len(inv.GPUs) != 0 || inv.Reason == "" {
+	if len(inv.GPUs) != 0 || inv.Reason == "" || inv.Error != "" {
 		t.Errorf("missing binary: %+v", inv)
 	}
 	t.Logf("missing binary: reason %q", inv.Reason)
+	// A host without GPUs is not an error; output that cannot be read
+	// is, and an empty output says it was empty.
+	full := string(read(t, "testdata/h100x4-v12.xml"))
+	for _, tt := range []struct{ name, out, want string }{
+		{"truncated", full[:len(full)/2], "nvidia-smi -q -x output: XML syntax error"},
+		{"empty", "", "nvidia-smi -q -x printed nothing"},
+	} {
+		inv := Detect(ctx, fakeSMI(t, tt.out, "", 0))
+		if len(inv.GPUs) != 0 || !strings.Contains(inv.Error, tt.want) {
+			t.Errorf("%s output: %+v, want the error %q", tt.name, inv, tt.want)
+		}
+	}
+	if inv := Detect(ctx, fakeSMI(t, string(read(t, "testdata/nogpu-v12.xml")), "", 0)); inv.Error != "" || inv.Reason == "" {
+		t.Errorf("no GPU: %+v, want a reason and no error", inv)
+	}
+}
+
+// A hypervisor's GPU shared with its VMs (Host VGPU) is not handed out by
+// default, and the inventory says why.
+func TestParseSMIHostVGPU(t *testing.T) {
+	x := strings.Replace(string(read(t, "testdata/h100x4-v12.xml")), "<virtualization_mode>None</virtualization_mode>", "<virtualization_mode>Host VGPU</virtualization_mode>", 1)
+	inv, err := ParseSMI([]byte(x))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shared []string
+	for _, d := range inv.GPUs {
+		if d.SharedWithVMs() {
+			shared = append(shared, d.UUID)
+		}
+	}
+	if len(shared) != 1 || len(inv.Units()) != 3 || slices.Contains(IDs(inv.Units()), shared[0]) || !strings.Contains(inv.Skipped[shared[0]], "Host VGPU") {
+		t.Fatalf("shared %v, units %v, skipped %v: want the Host VGPU GPU left out, with why", shared, IDs(inv.Units()), inv.Skipped)
+	}
+	inv.ShareVMGPUs = true
+	if len(inv.Units()) != 4 {
+		t.Fatalf("units %v with sharing allowed", IDs(inv.Units()))
+	}
 }
 
 func TestModel(t *testing.T) {

@@ -62,12 +62,26 @@ func FromNVML(lib nvml.Interface) (Inventory, error) {
 				return inv, fmt.Errorf("NVML device %d MIG devices: %w", i, ret)
 			}
 		}
+		// ERROR_NOT_SUPPORTED where the GPU cannot be virtualised.
+		if mode, ret := dev.GetVirtualizationMode(); ret == nvml.SUCCESS {
+			d.Virtualization = virtModes[mode]
+		}
 		inv.GPUs = append(inv.GPUs, d)
 	}
+	inv.skip()
 	if len(inv.GPUs) == 0 {
 		inv.Reason = "NVML reports no GPU"
 	}
 	return inv, nil
+}
+
+// virtModes names NVML's virtualization modes as nvidia-smi does; None
+// is no mode.
+var virtModes = map[nvml.GpuVirtualizationMode]string{
+	nvml.GPU_VIRTUALIZATION_MODE_PASSTHROUGH: "Pass-Through",
+	nvml.GPU_VIRTUALIZATION_MODE_VGPU:        "VGPU",
+	nvml.GPU_VIRTUALIZATION_MODE_HOST_VGPU:   "Host VGPU",
+	nvml.GPU_VIRTUALIZATION_MODE_HOST_VSGA:   "Host VSGA",
 }
 
 func migDevices(dev nvml.Device) ([]MIGDevice, nvml.Return) {

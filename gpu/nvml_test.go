@@ -5,6 +5,8 @@ package gpu
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -13,8 +15,39 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 )
 
+// h200 is go-nvml's DGX H200 mock, whose GPUs are in the given
+// virtualization modes (none unless given): the mock leaves the call
+// unset.
+func h200(modes map[int]nvml.GpuVirtualizationMode) *server.Server {
+	s := dgxh200.New()
+	for i, d := range s.Devices {
+		mode := modes[i]
+		d.(*server.Device).GetVirtualizationModeFunc = func() (nvml.GpuVirtualizationMode, nvml.Return) { return mode, nvml.SUCCESS }
+	}
+	return s
+}
+
+// GPUs a hypervisor shares with its VMs (Host VGPU) are not handed out,
+// and the inventory says why, unless the config opts in.
+func TestNVMLHostVGPUSkipped(t *testing.T) {
+	inv, err := FromNVML(h200(map[int]nvml.GpuVirtualizationMode{1: nvml.GPU_VIRTUALIZATION_MODE_HOST_VGPU, 2: nvml.GPU_VIRTUALIZATION_MODE_PASSTHROUGH}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inv.Units()) != 7 || slices.Contains(IDs(inv.Units()), inv.GPUs[1].UUID) {
+		t.Fatalf("units %v, want all but GPU 1", IDs(inv.Units()))
+	}
+	if why := inv.Skipped[inv.GPUs[1].UUID]; !strings.Contains(why, "Host VGPU") || inv.GPUs[2].Virtualization != "Pass-Through" {
+		t.Fatalf("skipped %v, GPU 2 %+v", inv.Skipped, inv.GPUs[2])
+	}
+	inv.ShareVMGPUs = true
+	if len(inv.Units()) != 8 {
+		t.Fatalf("units %v with sharing allowed, want 8", IDs(inv.Units()))
+	}
+}
+
 func TestNVMLDGXH200(t *testing.T) {
-	inv, err := FromNVML(dgxh200.New())
+	inv, err := FromNVML(h200(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +75,7 @@ func TestNVMLDGXH200(t *testing.T) {
 // GPU instances, made through the mock's own MIG calls, and reads them
 // back as MIG devices.
 func TestNVMLDGXH200MIG(t *testing.T) {
-	s := dgxh200.New()
+	s := h200(nil)
 	dev := s.Devices[0].(*server.Device)
 	if ret, _ := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS {
 		t.Fatal(ret)

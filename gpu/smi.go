@@ -35,6 +35,7 @@ type smiGPU struct {
 	BusID      string   `xml:"pci>pci_bus_id"`
 	Memory     string   `xml:"fb_memory_usage>total"`
 	MIGCurrent string   `xml:"mig_mode>current_mig"`
+	VirtMode   string   `xml:"gpu_virtualization_mode>virtualization_mode"`
 	MIGDevices []smiMIG `xml:"mig_devices>mig_device"` // the text "None" without MIG
 }
 
@@ -47,6 +48,9 @@ type smiMIG struct {
 
 // ParseSMI reads the output of `nvidia-smi -q -x`.
 func ParseSMI(data []byte) (Inventory, error) {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return Inventory{}, errors.New("nvidia-smi -q -x printed nothing")
+	}
 	var l smiLog
 	dec := xml.NewDecoder(bytes.NewReader(data))
 	// Reports declare UTF-8; should one not, its ASCII element names
@@ -70,6 +74,9 @@ func ParseSMI(data []byte) (Inventory, error) {
 			MemoryMiB: mib(g.Memory),
 			MIG:       strings.EqualFold(value(g.MIGCurrent), "Enabled"),
 		}
+		if v := value(g.VirtMode); v != "None" {
+			d.Virtualization = v
+		}
 		if d.PCIBusID == "" {
 			d.PCIBusID = g.ID
 		}
@@ -89,6 +96,7 @@ func ParseSMI(data []byte) (Inventory, error) {
 		inv.GPUs = append(inv.GPUs, d)
 	}
 	sortDevices(inv.GPUs)
+	inv.skip()
 	if len(inv.GPUs) == 0 {
 		inv.Reason = "nvidia-smi reports no GPU attached"
 	}
@@ -187,7 +195,7 @@ func (s SMI) Inventory(ctx context.Context) (Inventory, error) {
 	}
 	inv, err := ParseSMI(out)
 	if err != nil {
-		return Inventory{Source: "nvidia-smi", Reason: err.Error()}, err
+		return Inventory{Source: "nvidia-smi", Reason: err.Error(), Error: err.Error()}, err
 	}
 	for _, d := range inv.GPUs {
 		if d.MIG {

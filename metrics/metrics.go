@@ -24,10 +24,24 @@ type ForgeStats struct {
 	RateRemaining int64
 }
 
+// PoolBackoff is why a pool holds off starting runners.
+type PoolBackoff struct {
+	Pool string
+	// Failures counts the runners in a row that failed to start or
+	// ended without a job.
+	Failures int
+	// Seconds is how long until the next runner may start.
+	Seconds float64
+	// Halted is set when the forge refused the pool's registrations as
+	// invalid: nothing starts until the config changes.
+	Halted bool
+}
+
 // Source is read at every scrape.
 type Source interface {
 	RunnerCounts() []RunnerCount
 	ForgeStats() []ForgeStats
+	PoolBackoffs() []PoolBackoff
 }
 
 // Metrics are one manager's metrics, in their own registry.
@@ -83,6 +97,9 @@ var (
 	runnersDesc = prometheus.NewDesc("runfleet_runners", "Runners by pool and state (starting, idle, busy, stopping, orphan).", []string{"pool", "state"}, nil)
 	callsDesc   = prometheus.NewDesc("runfleet_forge_api_calls_total", "HTTP requests sent to the forge's API.", []string{"forge"}, nil)
 	rateDesc    = prometheus.NewDesc("runfleet_forge_rate_limit_remaining", "The forge's last X-RateLimit-Remaining.", []string{"forge"}, nil)
+	failDesc    = prometheus.NewDesc("runfleet_pool_start_failures", "Runners of the pool in a row that failed to start or whose agent ended without taking a job; 0 once one takes a job.", []string{"pool"}, nil)
+	backoffDesc = prometheus.NewDesc("runfleet_pool_backoff_seconds", "How long until the pool may start its next runner, after runners that failed.", []string{"pool"}, nil)
+	haltDesc    = prometheus.NewDesc("runfleet_pool_halted", "1 when the forge refused the pool's runner registrations as invalid: no runner starts until the config changes.", []string{"pool"}, nil)
 )
 
 // collector reads what the pools and forges already hold, at scrape time.
@@ -92,11 +109,23 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- runnersDesc
 	ch <- callsDesc
 	ch <- rateDesc
+	ch <- failDesc
+	ch <- backoffDesc
+	ch <- haltDesc
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
 	for _, r := range c.src.RunnerCounts() {
 		ch <- prometheus.MustNewConstMetric(runnersDesc, prometheus.GaugeValue, float64(r.N), r.Pool, r.State)
+	}
+	for _, b := range c.src.PoolBackoffs() {
+		halted := 0.0
+		if b.Halted {
+			halted = 1
+		}
+		ch <- prometheus.MustNewConstMetric(failDesc, prometheus.GaugeValue, float64(b.Failures), b.Pool)
+		ch <- prometheus.MustNewConstMetric(backoffDesc, prometheus.GaugeValue, b.Seconds, b.Pool)
+		ch <- prometheus.MustNewConstMetric(haltDesc, prometheus.GaugeValue, halted, b.Pool)
 	}
 	for _, f := range c.src.ForgeStats() {
 		ch <- prometheus.MustNewConstMetric(callsDesc, prometheus.CounterValue, float64(f.Calls), f.Forge)

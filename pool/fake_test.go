@@ -20,6 +20,7 @@ type fakeForge struct {
 	nextID   int64
 	runners  map[int64]*forge.Runner
 	failList error
+	failReg  error // every Register fails with it
 	removed  []string
 	calls    int
 	// hooks, called without the lock
@@ -36,6 +37,9 @@ func (f *fakeForge) Register(_ context.Context, req forge.RunnerRequest) (forge.
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
+	if f.failReg != nil {
+		return forge.Credential{}, f.failReg
+	}
 	f.nextID++
 	f.runners[f.nextID] = &forge.Runner{ID: f.nextID, Name: req.Name, Status: forge.StatusOffline, Labels: req.Labels}
 	return forge.Credential{RunnerID: f.nextID, Files: map[string][]byte{".runner": []byte(fmt.Sprint(f.nextID))}}, nil
@@ -144,7 +148,8 @@ func (p *fakeProvider) Create(_ context.Context, s provider.Spec) (provider.Inst
 		return *in, nil
 	}
 	p.created++
-	in := &provider.Instance{Name: s.Name, Manager: s.Manager, Pool: s.Pool, State: provider.StateRunning, Created: p.now(), ID: s.Name, GPUs: slices.Clone(s.GPUs)}
+	// A machine that replaces another of the same name has a new id.
+	in := &provider.Instance{Name: s.Name, Manager: s.Manager, Pool: s.Pool, State: provider.StateRunning, Created: p.now(), ID: fmt.Sprintf("%s#%d", s.Name, p.created), GPUs: slices.Clone(s.GPUs)}
 	p.insts[s.Name] = in
 	p.specs[s.Name] = s
 	return *in, nil

@@ -1,11 +1,15 @@
 // Package provider defines what runfleet needs from a compute backend: create
 // a machine (a process, container, pod or cloud instance) that runs a forge's
-// runner agent, list the ones this manager owns, and delete them. Each
-// backend has a driver in a sub-package.
+// runner agent, list the ones this manager owns, and delete them, and the
+// optional capabilities a backend may add (events, the agent's output,
+// notices that a machine is about to be taken back). Each backend has a
+// driver in a sub-package, which registers itself with Register.
 package provider
 
 import (
 	"context"
+	"errors"
+	"io"
 	"time"
 )
 
@@ -31,7 +35,7 @@ type Spec struct {
 	// Docker's DeviceIDs, or CUDA_VISIBLE_DEVICES and
 	// NVIDIA_VISIBLE_DEVICES for a host process. The provider records
 	// them with the machine, so that a restarted manager knows which
-	// GPUs are taken.
+	// GPUs are taken. Only providers whose Traits say HostGPUs get any.
 	GPUs []string
 }
 
@@ -43,18 +47,16 @@ const (
 	StateExited  State = "exited" // the agent ended; Delete cleans up what is left
 )
 
-// Instance is a machine the provider knows about.
+// Instance is the provider's record of one machine.
 type Instance struct {
 	Name    string
 	Manager string
 	Pool    string
 	State   State
 	Created time.Time
-	// ID is the provider's own identifier (a pid, a container id).
+	// ID is the provider's own identifier (a pid, a container id). A
+	// machine that replaces another under the same Name has a new ID.
 	ID string
-	// Log is a file on this host holding the agent's output, when the
-	// provider keeps one.
-	Log string
 	// GPUs are the ids the machine was given (Spec.GPUs).
 	GPUs []string
 }
@@ -72,6 +74,8 @@ type Provider interface {
 	List(ctx context.Context, manager string) ([]Instance, error)
 }
 
+// The optional capabilities of a Provider, found by type assertion.
+
 // Watcher is implemented by providers that can report state changes as
 // they happen (a process exit, a Docker event), so that the pool refills a
 // slot at once instead of at its next periodic pass.
@@ -81,4 +85,69 @@ type Watcher interface {
 	// have been missed (the event source reconnected), so everything
 	// should be re-read.
 	Watch(ctx context.Context, changed func(name string))
+}
+
+// Describer is implemented by providers that say what kind of backend they
+// are. A provider that does not is taken to have the zero Traits.
+type Describer interface {
+	Traits() Traits
+}
+
+// Traits says what kind of backend a provider is.
+type Traits struct {
+	// Local is set when a machine is this host itself: the agent is a
+	// program on this host, found in its PATH, run with an environment
+	// built from this host's. Otherwise the agent comes with the
+	// machine's image (a container, a pod, a cloud image), whose own
+	// PATH applies.
+	Local bool
+	// HostGPUs is set when the provider gives each machine the GPUs of
+	// this host named in Spec.GPUs, so that the pool can divide the
+	// host's GPUs among its runners.
+	HostGPUs bool
+	// Preemptible is set when machines may be taken back before their
+	// job ends (spot instances, preemptible VMs, evicted pods); such a
+	// provider reports it through Preempter.
+	Preemptible bool
+}
+
+// TraitsOf returns a provider's traits, the zero Traits when it does not
+// say.
+func TraitsOf(p Provider) Traits {
+	if d, ok := p.(Describer); ok {
+		return d.Traits()
+	}
+	return Traits{}
+}
+
+// OutputReader is implemented by providers that keep what an agent
+// prints, which tells the pool whether the agent waits for a job, runs
+// one, or has finished it, without asking the forge.
+type OutputReader interface {
+	// Output opens the end of the agent's output on a machine: at most
+	// the last max bytes. The machine may be gone (a container removed
+	// when it exited) while its output can still be read. It returns an
+	// error wrapping ErrNoOutput when there is none.
+	Output(ctx context.Context, inst Instance, max int64) (io.ReadCloser, error)
+}
+
+// ErrNoOutput is returned by Output when a machine's output is not kept
+// (or not yet written).
+var ErrNoOutput = errors.New("no output kept for this machine")
+
+// Preempter is implemented by providers whose machines can be taken back
+// before their job ends (Traits.Preemptible).
+type Preempter interface {
+	// WatchPreemption calls notice for each machine that is about to be
+	// taken back, until ctx ends.
+	WatchPreemption(ctx context.Context, notice func(Notice))
+}
+
+// Notice says that a machine is about to be taken back.
+type Notice struct {
+	Name string // the machine's Instance.Name
+	ID   string // its Instance.ID: a later machine of the same name is not meant
+	// At is when the machine goes; zero when the backend does not say.
+	At     time.Time
+	Reason string // "spot interruption", "rebalance recommendation", ...
 }

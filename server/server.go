@@ -4,31 +4,28 @@ package server
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
+	"crypto/subtle"
 	"embed"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
-	"io"
 	"log/slog"
 	"net/http"
 	"strings"
 	"time"
 
-	sdk "code.gitea.io/sdk/gitea"
-	gh "github.com/google/go-github/v92/github"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/runfleet/runfleet/demand"
+	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/metrics"
 )
 
 // Hook is one forge's webhook settings.
 type Hook struct {
-	Type   string // github or gitea
+	// Parser is the forge's driver, which authenticates and reads its
+	// deliveries.
+	Parser forge.WebhookParser
 	Secret []byte // empty: the forge's webhooks are refused
 }
 
@@ -45,29 +42,95 @@ type Config struct {
 	Page func(context.Context) Page
 	// Healthy reports whether the manager works; nil is healthy.
 	Healthy func() error
-	Logger  *slog.Logger
+	// Token, when set, is the bearer token the status page and /metrics
+	// need; /healthz then tells others only healthy or not.
+	Token  []byte
+	Logger *slog.Logger
 }
 
 // maxPayload bounds a webhook body; GitHub's are at most 25 MB.
 const maxPayload = 25 << 20
 
-// New returns the server's handler.
-func New(cfg Config) http.Handler {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	s := &server{cfg: cfg}
+// maxDeliveries bounds the deliveries read at once, so that a flood cannot
+// hold more than maxDeliveries bodies in memory; others wait, up to
+// deliveryWait, then get 503.
+const (
+	maxDeliveries = 16
+	deliveryWait  = 10 * time.Second
+)
+
+// Webhooks returns the handler of the webhook listener, which the forges
+// reach: /webhook/<forge>, and nothing else.
+func Webhooks(cfg Config) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /webhook/{forge}", s.webhook)
-	if cfg.Metrics != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Metrics.Registry, promhttp.HandlerOpts{}))
-	}
-	mux.HandleFunc("GET /healthz", s.healthz)
-	mux.HandleFunc("GET /{$}", s.page)
+	newServer(cfg).routeWebhooks(mux)
 	return mux
 }
 
-type server struct{ cfg Config }
+// Status returns the handler of the status listener: the status page at
+// /, /metrics and /healthz. They show repository, job and runner names, so
+// the listener is on loopback unless Token guards it.
+func Status(cfg Config) http.Handler {
+	mux := http.NewServeMux()
+	newServer(cfg).routeStatus(mux)
+	return mux
+}
+
+// New returns both on one handler, for a status listener that is the
+// webhook listener (Token then guards the status side).
+func New(cfg Config) http.Handler {
+	s := newServer(cfg)
+	mux := http.NewServeMux()
+	s.routeWebhooks(mux)
+	s.routeStatus(mux)
+	return mux
+}
+
+func newServer(cfg Config) *server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &server{cfg: cfg, slots: make(chan struct{}, maxDeliveries)}
+}
+
+func (s *server) routeWebhooks(mux *http.ServeMux) {
+	mux.HandleFunc("POST /webhook/{forge}", s.webhook)
+}
+
+func (s *server) routeStatus(mux *http.ServeMux) {
+	if s.cfg.Metrics != nil {
+		mux.Handle("GET /metrics", s.guard(promhttp.HandlerFor(s.cfg.Metrics.Registry, promhttp.HandlerOpts{})))
+	}
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.Handle("GET /{$}", s.guard(http.HandlerFunc(s.page)))
+}
+
+type server struct {
+	cfg   Config
+	slots chan struct{} // deliveries being read
+}
+
+// authorized reports whether the request carries the status token, or
+// none is needed.
+func (s *server) authorized(r *http.Request) bool {
+	if len(s.cfg.Token) == 0 {
+		return true
+	}
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(tok), s.cfg.Token) == 1
+}
+
+// guard refuses a request without the status token.
+func (s *server) guard(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="runfleet"`)
+			http.Error(w, "a bearer token is required", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
 
 func (s *server) count(forge, result string) {
 	if s.cfg.Metrics != nil {
@@ -81,37 +144,38 @@ func (s *server) count(forge, result string) {
 func (s *server) webhook(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("forge")
 	hook, ok := s.cfg.Hooks[name]
-	if !ok || len(hook.Secret) == 0 {
+	if !ok || len(hook.Secret) == 0 || hook.Parser == nil {
 		// Unknown names are not counted: the label would be the
 		// caller's to choose.
 		http.Error(w, "no webhook for this forge", http.StatusNotFound)
 		return
 	}
 	log := s.cfg.Logger.With("forge", name, "remote", r.RemoteAddr)
-	var (
-		job   *demand.Job
-		event string
-		err   error
-	)
-	switch hook.Type {
-	case "github":
-		job, event, err = githubJob(r, hook.Secret)
-	case "gitea":
-		job, event, err = giteaJob(r, hook.Secret)
-	default:
-		http.Error(w, "no webhook for this forge", http.StatusNotFound)
+	t := time.NewTimer(deliveryWait)
+	select {
+	case s.slots <- struct{}{}:
+		t.Stop()
+		defer func() { <-s.slots }()
+	case <-t.C:
+		s.count(name, "busy")
+		log.Warn("webhook refused: too many deliveries at once")
+		http.Error(w, "too many deliveries at once", http.StatusServiceUnavailable)
+		return
+	case <-r.Context().Done():
+		t.Stop()
 		return
 	}
-	var bad *badRequest
+	r.Body = http.MaxBytesReader(w, r.Body, maxPayload)
+	dl, err := hook.Parser.ParseWebhook(r, hook.Secret)
 	switch {
-	case errors.Is(err, errSignature):
+	case errors.Is(err, forge.ErrBadSignature):
 		s.count(name, "bad_signature")
 		log.Warn("webhook refused: bad signature", "err", err)
 		http.Error(w, "bad signature", http.StatusUnauthorized)
 		return
-	case errors.As(err, &bad):
+	case errors.Is(err, forge.ErrBadPayload):
 		s.count(name, "bad_request")
-		log.Warn("webhook refused: bad payload", "event", event, "err", err)
+		log.Warn("webhook refused: bad payload", "event", dl.Event, "err", err)
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	case err != nil:
@@ -119,14 +183,14 @@ func (s *server) webhook(w http.ResponseWriter, r *http.Request) {
 		log.Warn("webhook refused", "err", err)
 		http.Error(w, "bad request", http.StatusBadRequest)
 		return
-	case job == nil:
+	case dl.Job == nil:
 		s.count(name, "ignored")
-		log.Debug("webhook ignored", "event", event)
+		log.Debug("webhook ignored", "event", dl.Event)
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	job.Forge = name
-	if s.cfg.Report != nil && !s.cfg.Report(*job) {
+	job := demand.JobOf(name, *dl.Job)
+	if s.cfg.Report != nil && !s.cfg.Report(job) {
 		s.count(name, "duplicate")
 		w.WriteHeader(http.StatusOK)
 		return
@@ -136,110 +200,14 @@ func (s *server) webhook(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusAccepted)
 }
 
-// Time drops the placeholders forges send for a time that has not come
-// (Gitea writes the Unix epoch for a job not yet completed).
-func Time(t time.Time) time.Time {
-	if t.Year() < 2000 {
-		return time.Time{}
-	}
-	return t
-}
-
-var errSignature = errors.New("signature does not match the webhook secret")
-
-type badRequest struct{ msg string }
-
-func (e *badRequest) Error() string { return e.msg }
-
-// githubJob checks a GitHub delivery's X-Hub-Signature-256 and reads its
-// workflow_job event; other events give no job.
-func githubJob(r *http.Request, secret []byte) (*demand.Job, string, error) {
-	r.Body = http.MaxBytesReader(nil, r.Body, maxPayload)
-	payload, err := gh.ValidatePayload(r, secret)
-	if err != nil {
-		return nil, "", fmt.Errorf("%w: %v", errSignature, err)
-	}
-	event := gh.WebHookType(r)
-	if event != "workflow_job" {
-		return nil, event, nil
-	}
-	parsed, err := gh.ParseWebHook(event, payload)
-	if err != nil {
-		return nil, event, &badRequest{fmt.Sprintf("workflow_job payload: %v", err)}
-	}
-	e, ok := parsed.(*gh.WorkflowJobEvent)
-	if !ok || e.WorkflowJob == nil || e.WorkflowJob.GetID() == 0 {
-		return nil, event, &badRequest{"workflow_job payload without a job"}
-	}
-	wj := e.WorkflowJob
-	st, ok := demand.ParseStatus(e.GetAction())
-	if !ok {
-		if st, ok = demand.ParseStatus(wj.GetStatus()); !ok {
-			return nil, event, nil // an action runfleet has no use for
-		}
-	}
-	return &demand.Job{
-		ID: wj.GetID(), RunID: wj.GetRunID(), Name: wj.GetName(), Labels: wj.Labels,
-		Status: st, Conclusion: wj.GetConclusion(), Runner: wj.GetRunnerName(), RunnerID: wj.GetRunnerID(),
-		Queued: Time(wj.GetCreatedAt().Time), Started: Time(wj.GetStartedAt().Time), Completed: Time(wj.GetCompletedAt().Time),
-	}, event, nil
-}
-
-// giteaPayload is Gitea's workflow_job delivery (api.WorkflowJobPayload);
-// the job itself is the SDK's type.
-type giteaPayload struct {
-	Action      string                 `json:"action"`
-	WorkflowJob *sdk.ActionWorkflowJob `json:"workflow_job"`
-}
-
-// giteaJob checks a Gitea delivery's X-Gitea-Signature (the hex HMAC-SHA256
-// of the body) and reads its workflow_job event.
-func giteaJob(r *http.Request, secret []byte) (*demand.Job, string, error) {
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxPayload))
-	if err != nil {
-		return nil, "", &badRequest{fmt.Sprintf("read body: %v", err)}
-	}
-	sig, err := hex.DecodeString(r.Header.Get("X-Gitea-Signature"))
-	if err != nil || len(sig) == 0 {
-		return nil, "", fmt.Errorf("%w: X-Gitea-Signature is missing or not hex", errSignature)
-	}
-	mac := hmac.New(sha256.New, secret)
-	mac.Write(body)
-	if !hmac.Equal(sig, mac.Sum(nil)) {
-		return nil, "", errSignature
-	}
-	event := r.Header.Get("X-Gitea-Event-Type")
-	if event == "" {
-		event = r.Header.Get("X-Gitea-Event")
-	}
-	if event != "workflow_job" {
-		return nil, event, nil
-	}
-	var p giteaPayload
-	if err := json.Unmarshal(body, &p); err != nil {
-		return nil, event, &badRequest{fmt.Sprintf("workflow_job payload: %v", err)}
-	}
-	wj := p.WorkflowJob
-	if wj == nil || wj.ID == 0 {
-		return nil, event, &badRequest{"workflow_job payload without a job"}
-	}
-	st, ok := demand.ParseStatus(p.Action)
-	if !ok {
-		if st, ok = demand.ParseStatus(wj.Status); !ok {
-			return nil, event, nil
-		}
-	}
-	return &demand.Job{
-		ID: wj.ID, RunID: wj.RunID, Name: wj.Name, Labels: wj.Labels,
-		Status: st, Conclusion: wj.Conclusion, Runner: wj.RunnerName, RunnerID: wj.RunnerID,
-		Queued: Time(wj.CreatedAt), Started: Time(wj.StartedAt), Completed: Time(wj.CompletedAt),
-	}, event, nil
-}
-
-func (s *server) healthz(w http.ResponseWriter, _ *http.Request) {
+func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Healthy != nil {
 		if err := s.cfg.Healthy(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			msg := err.Error()
+			if !s.authorized(r) {
+				msg = "unhealthy" // the reason names forges and pools
+			}
+			http.Error(w, msg, http.StatusServiceUnavailable)
 			return
 		}
 	}
@@ -261,6 +229,7 @@ type PoolView struct {
 	Name, Forge, Provider string
 	Size, Max, Queued     int
 	Error                 string
+	Backoff               string // why the pool holds off starting runners
 	Runners               []RunnerRow
 	GPUs                  bool // a runner has GPUs of its own
 }

@@ -1,17 +1,25 @@
 package server
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/runfleet/runfleet/demand"
+	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/forge/gitea"
+	"github.com/runfleet/runfleet/forge/github"
 	"github.com/runfleet/runfleet/metrics"
 )
 
@@ -21,6 +29,7 @@ type nothing struct{}
 
 func (nothing) RunnerCounts() []metrics.RunnerCount { return nil }
 func (nothing) ForgeStats() []metrics.ForgeStats    { return nil }
+func (nothing) PoolBackoffs() []metrics.PoolBackoff { return nil }
 
 func sign(body string) string {
 	m := hmac.New(sha256.New, []byte(secret))
@@ -58,8 +67,13 @@ func newTestServer(t testing.TB) (http.Handler, *demand.Tracker, *metrics.Metric
 		{Name: "lab", Forge: "lab", Labels: []string{"lab"}},
 	}, nil)
 	m := metrics.New(nothing{})
+	gh, err := github.New(github.Config{URL: "https://github.com/acme/models", Token: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lab := gitea.New(gitea.Config{URL: "http://gitea.lab", Token: "t"})
 	h := New(Config{
-		Hooks:   map[string]Hook{"gh": {Type: "github", Secret: []byte(secret)}, "lab": {Type: "gitea", Secret: []byte(secret)}, "off": {Type: "gitea"}},
+		Hooks:   map[string]Hook{"gh": {Parser: gh, Secret: []byte(secret)}, "lab": {Parser: lab, Secret: []byte(secret)}, "off": {Parser: lab}},
 		Report:  tr.Observe,
 		Metrics: m,
 	})
@@ -169,3 +183,72 @@ func FuzzWebhook(f *testing.F) {
 		}
 	})
 }
+
+// The webhook listener serves /webhook/<forge> and nothing else; the
+// status listener's page and /metrics need the token when there is one,
+// and /healthz tells others only whether it is healthy.
+func TestListenersKeepTheStatusPrivate(t *testing.T) {
+	m := metrics.New(nothing{})
+	cfg := Config{
+		Metrics: m,
+		Page:    func(context.Context) Page { return Page{Manager: "m"} },
+		Healthy: func() error { return errors.New("pool acme-models: forge unreachable") },
+		Token:   []byte("status-token-0123456789"),
+	}
+	hooks := Webhooks(cfg)
+	for _, path := range []string{"/", "/metrics", "/healthz"} {
+		if w := do(hooks, httptest.NewRequest("GET", path, nil)); w.Code != http.StatusNotFound && w.Code != http.StatusMethodNotAllowed {
+			t.Errorf("webhook listener answers GET %s with %d", path, w.Code)
+		}
+	}
+	status := Status(cfg)
+	for _, path := range []string{"/", "/metrics"} {
+		if w := do(status, httptest.NewRequest("GET", path, nil)); w.Code != http.StatusUnauthorized {
+			t.Errorf("GET %s without the token: %d, want 401", path, w.Code)
+		}
+		r := httptest.NewRequest("GET", path, nil)
+		r.Header.Set("Authorization", "Bearer wrong-token-0123456789")
+		if w := do(status, r); w.Code != http.StatusUnauthorized {
+			t.Errorf("GET %s with a wrong token: %d, want 401", path, w.Code)
+		}
+		r = httptest.NewRequest("GET", path, nil)
+		r.Header.Set("Authorization", "Bearer status-token-0123456789")
+		if w := do(status, r); w.Code != http.StatusOK {
+			t.Errorf("GET %s with the token: %d", path, w.Code)
+		}
+	}
+	w := do(status, httptest.NewRequest("GET", "/healthz", nil))
+	if w.Code != http.StatusServiceUnavailable || strings.Contains(w.Body.String(), "acme-models") {
+		t.Errorf("healthz without the token: %d %q; want 503 without the reason", w.Code, w.Body)
+	}
+}
+
+// A flood of deliveries is read a few at a time: the others wait, so the
+// bodies held at once are bounded.
+func TestDeliveriesReadAFewAtATime(t *testing.T) {
+	var now, most atomic.Int64
+	release := make(chan struct{})
+	p := parserFunc(func(r *http.Request, _ []byte) (forge.Delivery, error) {
+		n := now.Add(1)
+		defer now.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		<-release
+		return forge.Delivery{Event: "ping"}, nil
+	})
+	h := Webhooks(Config{Hooks: map[string]Hook{"f": {Parser: p, Secret: []byte("s")}}})
+	var wg sync.WaitGroup
+	for range 3 * maxDeliveries {
+		wg.Go(func() { do(h, httptest.NewRequest("POST", "/webhook/f", strings.NewReader("{}"))) })
+	}
+	time.Sleep(200 * time.Millisecond)
+	close(release)
+	wg.Wait()
+	if most.Load() > maxDeliveries {
+		t.Fatalf("%d deliveries read at once, want at most %d", most.Load(), maxDeliveries)
+	}
+}
+
+type parserFunc func(*http.Request, []byte) (forge.Delivery, error)
+
+func (f parserFunc) ParseWebhook(r *http.Request, s []byte) (forge.Delivery, error) { return f(r, s) }

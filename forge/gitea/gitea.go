@@ -24,6 +24,7 @@ import (
 	"code.gitea.io/actions-proto-go/runner/v1/runnerv1connect"
 	sdk "code.gitea.io/sdk/gitea"
 	"connectrpc.com/connect"
+	"golang.org/x/time/rate"
 
 	"github.com/runfleet/runfleet/forge"
 )
@@ -46,6 +47,8 @@ type Config struct {
 	// HTTPClient is used for every call; a client with a 30s timeout
 	// when nil.
 	HTTPClient *http.Client
+	// Budget paces the API calls (forge.Budgeted); nil is none.
+	Budget *rate.Limiter
 	// Version is reported to Gitea as the runner version.
 	Version string
 	// SettleTime is how long RemoveRunner waits between disabling a
@@ -67,8 +70,8 @@ type Driver struct {
 	calls    atomic.Int64
 }
 
-// Calls returns the HTTP requests sent to Gitea so far.
-func (d *Driver) Calls() int64 { return d.calls.Load() }
+// Stats reports the calls sent; Gitea sends no rate-limit figures.
+func (d *Driver) Stats() forge.Stats { return forge.Stats{Calls: d.calls.Load(), RateRemaining: -1} }
 
 // New returns a driver. It makes no call: an unreachable Gitea shows up
 // on the first call, which the caller retries.
@@ -91,7 +94,7 @@ func New(cfg Config) *Driver {
 	d := &Driver{cfg: cfg, log: log}
 	// A copy of the client that counts its requests.
 	counted := *hc
-	counted.Transport = forge.CountCalls(counted.Transport, &d.calls)
+	counted.Transport = forge.Budgeted(forge.CountCalls(counted.Transport, &d.calls), cfg.Budget)
 	d.hc = &counted
 	d.runner = runnerv1connect.NewRunnerServiceClient(d.hc, cfg.URL+"/api/actions")
 	return d
@@ -262,7 +265,7 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 			break
 		}
 	}
-	running, err := d.Jobs(ctx, "in_progress")
+	running, err := d.Jobs(ctx, forge.JobInProgress)
 	if err != nil {
 		return nil, err
 	}
@@ -288,16 +291,24 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 	return out, nil
 }
 
+// maxJobPages bounds a listing of jobs (50 a page): a forge that never
+// ends its pages cannot hold a poll for ever.
+const maxJobPages = 200
+
 // Jobs lists the scope's jobs with the given status.
-func (d *Driver) Jobs(ctx context.Context, status string) ([]forge.Job, error) {
+func (d *Driver) Jobs(ctx context.Context, status forge.JobStatus) ([]forge.Job, error) {
+	word, ok := statusWords[status]
+	if !ok {
+		return nil, fmt.Errorf("list jobs in %s: no Gitea status for %s", d.where(), status)
+	}
 	c, err := d.api(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var out []forge.Job
 	s := d.cfg.Scope
-	for page := 1; ; page++ {
-		opt := sdk.ListRepoActionJobsOptions{ListOptions: sdk.ListOptions{Page: page, PageSize: 50}, Status: status}
+	for page := 1; page <= maxJobPages; page++ {
+		opt := sdk.ListRepoActionJobsOptions{ListOptions: sdk.ListOptions{Page: page, PageSize: 50}, Status: word}
 		var (
 			r    *sdk.ActionWorkflowJobsResponse
 			resp *sdk.Response
@@ -311,13 +322,14 @@ func (d *Driver) Jobs(ctx context.Context, status string) ([]forge.Job, error) {
 			r, resp, err = c.ListAdminActionJobs(opt)
 		}
 		if err != nil {
-			return nil, apiError("list "+status+" jobs in "+d.where(), resp, err)
+			return nil, apiError("list "+word+" jobs in "+d.where(), resp, err)
 		}
 		for _, j := range r.Jobs {
-			out = append(out, forge.Job{
-				ID: j.ID, RunID: j.RunID, Name: j.Name, Labels: j.Labels, Status: j.Status,
-				RunnerID: j.RunnerID, RunnerName: j.RunnerName, CreatedAt: j.CreatedAt, StartedAt: j.StartedAt,
-			})
+			// A job that moved on since the filter, or one without an
+			// id, is not one of these.
+			if fj := job(j, ""); fj.ID != 0 && fj.Status == status {
+				out = append(out, fj)
+			}
 		}
 		if len(r.Jobs) < 50 {
 			break
@@ -341,7 +353,7 @@ func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	running, err := d.Jobs(ctx, "in_progress")
+	running, err := d.Jobs(ctx, forge.JobInProgress)
 	if err != nil {
 		return err
 	}

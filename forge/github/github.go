@@ -29,6 +29,7 @@ import (
 
 	"github.com/bradleyfalzon/ghinstallation/v2"
 	gh "github.com/google/go-github/v92/github"
+	"golang.org/x/time/rate"
 
 	"github.com/runfleet/runfleet/forge"
 )
@@ -66,6 +67,11 @@ type Config struct {
 	RerunPoll, RerunWait time.Duration
 	Version              string // for the User-Agent
 	Logger               *slog.Logger
+	// Budget paces the API calls (forge.Budgeted); nil is none.
+	Budget *rate.Limiter
+	// CallTimeout bounds each API request (30s if 0): a forge that
+	// accepts connections and never answers cannot hold a pass.
+	CallTimeout time.Duration
 }
 
 // Scope is where runners are registered.
@@ -121,8 +127,9 @@ type Driver struct {
 	cache    []forge.Runner
 	cachedAt time.Time
 	noJIT    bool
-	reruns   map[int64]bool  // runs whose failed jobs were re-run
-	losing   map[string]bool // lost runners being followed
+	reruns   map[int64]bool    // runs whose failed jobs were re-run
+	losing   map[string]bool   // lost runners being followed, by id (or name)
+	seen     map[int64]runSeen // runs listed by polls, by id
 }
 
 // New returns a driver. It makes no network call.
@@ -149,12 +156,15 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.RerunWait == 0 {
 		cfg.RerunWait = time.Hour
 	}
-	d := &Driver{cfg: cfg, scope: scope, log: cfg.Logger, reruns: map[int64]bool{}, losing: map[string]bool{}}
+	if cfg.CallTimeout == 0 {
+		cfg.CallTimeout = 30 * time.Second
+	}
+	d := &Driver{cfg: cfg, scope: scope, log: cfg.Logger, reruns: map[int64]bool{}, losing: map[string]bool{}, seen: map[int64]runSeen{}}
 	d.remaining.Store(-1)
 	// Every request that leaves the driver is counted, the installation
 	// token requests of a GitHub App included.
-	rt := forge.CountCalls(http.DefaultTransport, &d.calls)
-	opts := []gh.ClientOptionsFunc{gh.WithURLs(&api, &api), gh.WithUserAgent("runfleet/" + cfg.Version)}
+	rt := forge.Budgeted(forge.CountCalls(http.DefaultTransport, &d.calls), cfg.Budget)
+	opts := []gh.ClientOptionsFunc{gh.WithURLs(&api, &api), gh.WithUserAgent("runfleet/" + cfg.Version), gh.WithTimeout(cfg.CallTimeout)}
 	switch {
 	case cfg.AppID != 0:
 		if cfg.Token != "" {
@@ -192,7 +202,16 @@ func (d *Driver) RateLimitWaits() int64 { return d.waits.Load() }
 // RateRemaining returns the last X-RateLimit-Remaining seen, -1 before any.
 func (d *Driver) RateRemaining() int64 { return d.remaining.Load() }
 
+// Stats reports the calls sent, the rate limit left and the waits for it.
+func (d *Driver) Stats() forge.Stats {
+	return forge.Stats{Calls: d.calls.Load(), RateRemaining: d.remaining.Load(), RateLimitWaits: d.waits.Load()}
+}
+
 const maxRateLimitWaits = 5
+
+// maxPages bounds a listing (100 a page), so that answers that never end
+// their pages cannot hold a pass or a poll for ever.
+const maxPages = 100
 
 // call runs one API request, waiting out rate limits: until the reset that
 // GitHub announced, or Retry-After, and at least a second, so that it
@@ -255,6 +274,9 @@ func rateLimitWait(err error, resp *gh.Response) (time.Duration, bool) {
 	}
 	return 0, false
 }
+
+// errEmpty is an answer of 200 with no body where a listing was due.
+var errEmpty = errors.New("the answer has no body")
 
 // status returns the HTTP status of an API error, 0 if there is none.
 func status(err error) int {
@@ -321,7 +343,34 @@ func (d *Driver) tokenCredential(tok string) forge.Credential {
 	return forge.Credential{Env: map[string]string{EnvToken: tok, EnvURL: d.cfg.URL}}
 }
 
+// GitHub's limits on a runner's labels: generate-jitconfig takes 1 to 100,
+// and the runner refuses a label longer than 256 characters.
+const (
+	maxLabels   = 100
+	maxLabelLen = 256
+)
+
+// checkLabels returns every way the labels break GitHub's limits, each
+// naming its field.
+func checkLabels(labels []string) error {
+	var errs []error
+	if len(labels) == 0 || len(labels) > maxLabels {
+		errs = append(errs, fmt.Errorf("labels: GitHub takes 1 to %d labels a runner, got %d", maxLabels, len(labels)))
+	}
+	for i, l := range labels {
+		if len(l) > maxLabelLen {
+			errs = append(errs, fmt.Errorf("labels[%d]: %.20q... is %d characters; GitHub takes at most %d", i, l, len(l), maxLabelLen))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 func (d *Driver) registerJIT(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
+	// The pool's labels passed the config's check, but hardware labels
+	// are added at run time: a request GitHub would refuse is not sent.
+	if err := checkLabels(req.Labels); err != nil {
+		return forge.Credential{}, fmt.Errorf("%w: github register runner %s: %w", forge.ErrRejected, req.Name, err)
+	}
 	body := gh.CreateJITConfigRequest{Name: req.Name, RunnerGroupID: d.cfg.RunnerGroupID, Labels: req.Labels}
 	var jit *gh.JITRunnerConfig
 	do := func(ctx context.Context) (resp *gh.Response, err error) {
@@ -341,6 +390,11 @@ func (d *Driver) registerJIT(ctx context.Context, req forge.RunnerRequest) (forg
 		}
 		err = d.call(ctx, "generate-jitconfig", do)
 	}
+	if status(err) == http.StatusUnprocessableEntity {
+		// The request itself is invalid (labels, group): no retry can
+		// fix it.
+		return forge.Credential{}, fmt.Errorf("%w: %w", forge.ErrRejected, d.apiError("register runner "+req.Name, err))
+	}
 	if err != nil {
 		return forge.Credential{}, d.apiError("register runner "+req.Name, err)
 	}
@@ -348,13 +402,30 @@ func (d *Driver) registerJIT(ctx context.Context, req forge.RunnerRequest) (forg
 		return forge.Credential{}, fmt.Errorf("github register runner %s: answer has no JIT config", req.Name)
 	}
 	id := jit.GetRunner().GetID()
-	d.mu.Lock()
-	if !d.cachedAt.IsZero() {
-		d.cache = slices.DeleteFunc(d.cache, func(r forge.Runner) bool { return r.Name == req.Name || r.ID == id })
-		d.cache = append(d.cache, forge.Runner{ID: id, Name: req.Name, Status: forge.StatusOffline, Labels: req.Labels})
-	}
-	d.mu.Unlock()
+	d.remember(forge.Runner{ID: id, Name: req.Name, Status: forge.StatusOffline, Labels: req.Labels})
 	return forge.Credential{RunnerID: id, Env: map[string]string{EnvJITConfig: jit.GetEncodedJITConfig()}}, nil
+}
+
+// remember adds a registration the driver made to the kept list.
+func (d *Driver) remember(r forge.Runner) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.cachedAt.IsZero() {
+		d.cache = slices.DeleteFunc(d.cache, func(x forge.Runner) bool { return x.Name == r.Name || x.ID == r.ID })
+		d.cache = append(d.cache, r)
+	}
+}
+
+// markBusy notes in the kept list that the forge refused to remove a
+// runner running a job.
+func (d *Driver) markBusy(id int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i := range d.cache {
+		if d.cache[i].ID == id {
+			d.cache[i].Status = forge.StatusBusy
+		}
+	}
 }
 
 // nameTaken tells GitHub's answer to a JIT request for a name in use.
@@ -367,7 +438,14 @@ func nameTaken(err error) bool {
 	case http.StatusConflict:
 		return true
 	case http.StatusUnprocessableEntity:
-		return strings.Contains(strings.ToLower(e.Message), "already exists")
+		// "Already exists - ..." in the message, or "Validation Failed"
+		// with the reason in errors[]: the description allows both.
+		if strings.Contains(strings.ToLower(e.Message), "already exists") {
+			return true
+		}
+		return slices.ContainsFunc(e.Errors, func(fe gh.Error) bool {
+			return fe.Code == "already_exists" || strings.Contains(strings.ToLower(fe.Message), "already exists")
+		})
 	}
 	return false
 }
@@ -384,6 +462,9 @@ func (d *Driver) removeByName(ctx context.Context, name string) error {
 		}
 		return resp, err
 	})
+	if err == nil && rs == nil {
+		err = errEmpty
+	}
 	if err != nil {
 		return d.apiError("find runner "+name, err)
 	}
@@ -409,6 +490,9 @@ func (d *Driver) registrationToken(ctx context.Context) (string, error) {
 		}
 		return resp, err
 	})
+	if err == nil && t.GetToken() == "" {
+		err = errEmpty
+	}
 	if err != nil {
 		return "", d.apiError("registration token", err)
 	}
@@ -446,6 +530,9 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 			}
 			return resp, err
 		})
+		if err == nil && rs == nil {
+			err = errEmpty
+		}
 		if err != nil {
 			return nil, d.apiError("list runners", err)
 		}
@@ -465,6 +552,9 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 		}
 		if next == 0 {
 			break
+		}
+		if opt.Page >= maxPages {
+			return nil, fmt.Errorf("github %s: more than %d pages", d.scope, maxPages)
 		}
 		opt.Page = next
 	}
@@ -497,13 +587,7 @@ func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 		d.forget(id)
 		return fmt.Errorf("github runner %d: %w", id, forge.ErrNotFound)
 	case http.StatusUnprocessableEntity:
-		d.mu.Lock()
-		for i := range d.cache {
-			if d.cache[i].ID == id {
-				d.cache[i].Status = forge.StatusBusy
-			}
-		}
-		d.mu.Unlock()
+		d.markBusy(id)
 		return fmt.Errorf("github runner %d: %w", id, forge.ErrBusy)
 	default:
 		return d.apiError(fmt.Sprintf("remove runner %d", id), err)
@@ -521,19 +605,39 @@ func (d *Driver) forget(id int64) {
 // call.
 func (d *Driver) Ended(id int64) { d.forget(id) }
 
-// ListsJobs reports whether Jobs works: GitHub lists queued jobs per
-// repository only.
-func (d *Driver) ListsJobs() bool { return d.scope.Repo != "" }
+// ImplicitLabels are the labels GitHub gives every self-hosted runner,
+// which jobs name in runs-on without a pool listing them.
+func (d *Driver) ImplicitLabels() []string { return []string{"self-hosted", "linux", "x64"} }
 
-// Jobs lists the repository's jobs with the given status ("queued",
-// "in_progress"), from the runs with that status.
-func (d *Driver) Jobs(ctx context.Context, st string) ([]forge.Job, error) {
+// statuses maps GitHub's job status words to runfleet's. "waiting" (for a
+// deployment's approval) and "requested" are not yet for a runner.
+var statuses = map[string]forge.JobStatus{
+	"queued":      forge.JobQueued,
+	"in_progress": forge.JobInProgress,
+	"completed":   forge.JobCompleted,
+}
+
+// Jobs lists the repository's jobs with the given status. Queued jobs are
+// in queued runs and in runs in progress too (a job behind needs: is
+// queued once its needs end, inside a run that has started), so both are
+// searched, within a bound of maxRunsPerPoll job listings. GitHub lists
+// jobs per repository only: for an organisation it returns
+// errors.ErrUnsupported.
+func (d *Driver) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, error) {
 	if d.scope.Repo == "" {
-		return nil, fmt.Errorf("github jobs in %s: listing jobs needs a repository", d.scope)
+		return nil, fmt.Errorf("github jobs in %s: GitHub lists jobs per repository: %w", d.scope, errors.ErrUnsupported)
 	}
-	runs, err := d.runs(ctx, st)
+	word := st.String()
+	runs, err := d.runs(ctx, word, false)
 	if err != nil {
 		return nil, err
+	}
+	if st == forge.JobQueued {
+		more, err := d.runs(ctx, forge.JobInProgress.String(), false)
+		if err != nil {
+			return nil, err
+		}
+		runs = d.pollOrder(runs, more)
 	}
 	var out []forge.Job
 	for _, run := range runs {
@@ -541,24 +645,93 @@ func (d *Driver) Jobs(ctx context.Context, st string) ([]forge.Job, error) {
 		if err != nil {
 			return nil, err
 		}
+		queued := false
 		for _, j := range jobs {
-			if j.GetStatus() == st {
+			if j.GetStatus() == word && j.GetID() != 0 {
 				out = append(out, job(j))
+				queued = true
 			}
+		}
+		if st == forge.JobQueued {
+			d.mu.Lock()
+			d.seen[run.GetID()] = runSeen{updated: run.GetUpdatedAt().Time, listed: time.Now(), queued: queued}
+			d.mu.Unlock()
 		}
 	}
 	return out, nil
 }
 
+// maxRunsPerPoll bounds the runs whose jobs one poll lists: a repository
+// with many long runs in progress costs at most this many calls a poll,
+// and every run's turn still comes.
+const maxRunsPerPoll = 30
+
+// runSeen is what a poll learnt of a run.
+type runSeen struct {
+	updated time.Time // the run's updated_at then
+	listed  time.Time // when its jobs were listed
+	queued  bool      // it had queued jobs
+}
+
+// pollOrder picks, within maxRunsPerPoll, the runs whose jobs a poll
+// lists: queued runs first, then runs in progress that changed since
+// their last listing or had queued jobs then, then the others, those
+// listed longest ago first.
+func (d *Driver) pollOrder(queued, inProgress []*gh.WorkflowRun) []*gh.WorkflowRun {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	type cand struct {
+		run    *gh.WorkflowRun
+		rank   int
+		listed time.Time
+	}
+	var cands []cand
+	live := map[int64]bool{}
+	for _, r := range queued {
+		live[r.GetID()] = true
+		cands = append(cands, cand{r, 0, d.seen[r.GetID()].listed})
+	}
+	for _, r := range inProgress {
+		if live[r.GetID()] {
+			continue
+		}
+		live[r.GetID()] = true
+		seen, ok := d.seen[r.GetID()]
+		rank := 2
+		if !ok || seen.queued || !seen.updated.Equal(r.GetUpdatedAt().Time) {
+			rank = 1
+		}
+		cands = append(cands, cand{r, rank, seen.listed})
+	}
+	for id := range d.seen {
+		if !live[id] {
+			delete(d.seen, id)
+		}
+	}
+	slices.SortStableFunc(cands, func(a, b cand) int {
+		if a.rank != b.rank {
+			return a.rank - b.rank
+		}
+		return a.listed.Compare(b.listed)
+	})
+	out := make([]*gh.WorkflowRun, 0, min(len(cands), maxRunsPerPoll))
+	for _, c := range cands[:min(len(cands), maxRunsPerPoll)] {
+		out = append(out, c.run)
+	}
+	return out
+}
+
 func job(j *gh.WorkflowJob) forge.Job {
 	return forge.Job{
-		ID: j.GetID(), RunID: j.GetRunID(), Name: j.GetName(), Labels: j.Labels, Status: j.GetStatus(),
-		RunnerID: j.GetRunnerID(), RunnerName: j.GetRunnerName(),
-		CreatedAt: j.GetCreatedAt().Time, StartedAt: j.GetStartedAt().Time,
+		ID: j.GetID(), RunID: j.GetRunID(), Name: j.GetName(), Labels: j.Labels, Status: statuses[j.GetStatus()],
+		Conclusion: j.GetConclusion(), RunnerID: j.GetRunnerID(), RunnerName: j.GetRunnerName(),
+		CreatedAt: j.GetCreatedAt().Time, StartedAt: j.GetStartedAt().Time, EndedAt: j.GetCompletedAt().Time,
 	}
 }
 
-func (d *Driver) runs(ctx context.Context, st string) ([]*gh.WorkflowRun, error) {
+// runs lists the repository's runs with the status, newest first; only
+// the first page when firstPage is set.
+func (d *Driver) runs(ctx context.Context, st string, firstPage bool) ([]*gh.WorkflowRun, error) {
 	var out []*gh.WorkflowRun
 	opt := &gh.ListWorkflowRunsOptions{Status: st, ListOptions: gh.ListOptions{PerPage: 100}}
 	for {
@@ -573,12 +746,18 @@ func (d *Driver) runs(ctx context.Context, st string) ([]*gh.WorkflowRun, error)
 			}
 			return resp, err
 		})
+		if err == nil && rs == nil {
+			err = errEmpty
+		}
 		if err != nil {
 			return nil, d.apiError("list runs", err)
 		}
 		out = append(out, rs.WorkflowRuns...)
-		if next == 0 {
+		if next == 0 || firstPage {
 			return out, nil
+		}
+		if opt.Page >= maxPages {
+			return nil, fmt.Errorf("github %s: more than %d pages", d.scope, maxPages)
 		}
 		opt.Page = next
 	}
@@ -599,6 +778,9 @@ func (d *Driver) runJobs(ctx context.Context, runID int64) ([]*gh.WorkflowJob, e
 			}
 			return resp, err
 		})
+		if err == nil && js == nil {
+			err = errEmpty
+		}
 		if err != nil {
 			return nil, d.apiError(fmt.Sprintf("list jobs of run %d", runID), err)
 		}
@@ -606,69 +788,92 @@ func (d *Driver) runJobs(ctx context.Context, runID int64) ([]*gh.WorkflowJob, e
 		if next == 0 {
 			return out, nil
 		}
+		if opt.Page >= maxPages {
+			return nil, fmt.Errorf("github %s: more than %d pages", d.scope, maxPages)
+		}
 		opt.Page = next
 	}
 }
 
 // Lost is told that a runner's machine went away while it ran a job. It
-// finds that job's run and, once GitHub has failed the job and the run has
-// ended, re-runs the run's failed jobs: once per run, as CML does for a
-// spot instance taken back. It returns at once; the wait is in the
-// background, bound to ctx.
-func (d *Driver) Lost(ctx context.Context, runner string) {
+// finds that job by the runner's registration id, which GitHub never
+// reuses (names are: every runner of a slot has the same), and once
+// GitHub has failed the job and the run has ended, re-runs the run's
+// failed jobs: once per run, as CML does for a spot instance taken back.
+// It returns at once; the wait is in the background, bound to ctx.
+func (d *Driver) Lost(ctx context.Context, r forge.Runner) {
 	if d.scope.Repo == "" {
-		d.log.Warn("github: a runner was lost mid-job; re-running needs a repository scope, so its job is left failed", "runner", runner)
+		d.log.Warn("github: a runner was lost mid-job; re-running needs a repository scope, so its job is left failed", "runner", r.Name)
 		return
 	}
+	key := fmt.Sprintf("id %d", r.ID)
+	if r.ID == 0 {
+		key = "name " + r.Name
+	}
 	d.mu.Lock()
-	if d.losing[runner] {
+	if d.losing[key] {
 		d.mu.Unlock()
 		return
 	}
-	d.losing[runner] = true
+	d.losing[key] = true
 	d.mu.Unlock()
 	go func() {
 		defer func() {
 			d.mu.Lock()
-			delete(d.losing, runner)
+			delete(d.losing, key)
 			d.mu.Unlock()
 		}()
-		if err := d.rerunLost(ctx, runner); err != nil && ctx.Err() == nil {
-			d.log.Error("github: could not re-run the job of a lost runner", "runner", runner, "err", err)
+		if err := d.rerunLost(ctx, r); err != nil && ctx.Err() == nil {
+			d.log.Error("github: could not re-run the job of a lost runner", "runner", r.Name, "id", r.ID, "err", err)
 		}
 	}()
 }
 
-func (d *Driver) rerunLost(ctx context.Context, runner string) error {
-	ctx, cancel := context.WithTimeout(ctx, d.cfg.RerunWait)
-	defer cancel()
-	// In progress while GitHub still waits for the runner; failed once
-	// it has given up on it.
-	var runs []*gh.WorkflowRun
-	for _, st := range []string{"in_progress", "failure"} {
-		rs, err := d.runs(ctx, st)
-		if err != nil {
-			return err
+// lostJobRun finds the run of the job the runner held: among the runs in
+// progress (GitHub still waits for the runner), then the latest failed
+// ones (it has given up on it). Without a registration id, only a job in
+// progress under the runner's name can be its: a failed one may be an
+// earlier runner's of the same name.
+func (d *Driver) lostJobRun(ctx context.Context, r forge.Runner) (int64, error) {
+	match := func(j *gh.WorkflowJob) bool {
+		if r.ID != 0 {
+			return j.GetRunnerID() == r.ID
 		}
-		runs = append(runs, rs...)
+		return j.GetStatus() == "in_progress" && j.GetRunnerName() == r.Name
 	}
-	var runID int64
-	for _, run := range runs {
-		jobs, err := d.runJobs(ctx, run.GetID())
-		if err != nil {
-			return err
+	for _, st := range []string{"in_progress", "failure"} {
+		if st == "failure" && r.ID == 0 {
+			break
 		}
-		for _, j := range jobs {
-			if j.GetRunnerName() == runner {
-				runID = run.GetID()
+		runs, err := d.runs(ctx, st, st == "failure")
+		if err != nil {
+			return 0, err
+		}
+		for _, run := range runs {
+			jobs, err := d.runJobs(ctx, run.GetID())
+			if err != nil {
+				return 0, err
+			}
+			if slices.ContainsFunc(jobs, match) {
+				return run.GetID(), nil
 			}
 		}
 	}
+	return 0, nil
+}
+
+func (d *Driver) rerunLost(ctx context.Context, r forge.Runner) error {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.RerunWait)
+	defer cancel()
+	runID, err := d.lostJobRun(ctx, r)
+	if err != nil {
+		return err
+	}
 	if runID == 0 {
-		d.log.Info("github: the lost runner's job is not in progress any more; nothing to re-run", "runner", runner)
+		d.log.Info("github: the lost runner's job is not in progress any more; nothing to re-run", "runner", r.Name, "id", r.ID)
 		return nil
 	}
-	d.log.Warn("github: runner lost mid-job; its run's failed jobs are re-run once the run ends", "runner", runner, "run", runID)
+	d.log.Warn("github: runner lost mid-job; its run's failed jobs are re-run once the run ends", "runner", r.Name, "id", r.ID, "run", runID)
 	t := time.NewTicker(d.cfg.RerunPoll)
 	defer t.Stop()
 	for {
@@ -681,24 +886,7 @@ func (d *Driver) rerunLost(ctx context.Context, runner string) error {
 			return d.apiError(fmt.Sprintf("get run %d", runID), err)
 		}
 		if run.GetStatus() == "completed" {
-			if run.GetConclusion() == "success" {
-				return nil
-			}
-			d.mu.Lock()
-			done := d.reruns[runID]
-			d.reruns[runID] = true
-			d.mu.Unlock()
-			if done {
-				return nil
-			}
-			err := d.call(ctx, "rerun failed jobs", func(ctx context.Context) (*gh.Response, error) {
-				return d.api.Actions.RerunFailedJobsByID(ctx, d.scope.Owner, d.scope.Repo, runID)
-			})
-			if err != nil {
-				return d.apiError(fmt.Sprintf("re-run failed jobs of run %d", runID), err)
-			}
-			d.log.Info("github: re-ran the failed jobs of a run whose runner was lost", "runner", runner, "run", runID)
-			return nil
+			return d.rerunOnce(ctx, r, run)
 		}
 		select {
 		case <-ctx.Done():
@@ -706,4 +894,28 @@ func (d *Driver) rerunLost(ctx context.Context, runner string) error {
 		case <-t.C:
 		}
 	}
+}
+
+// rerunOnce re-runs an ended run's failed jobs, unless it succeeded or was
+// re-run already.
+func (d *Driver) rerunOnce(ctx context.Context, r forge.Runner, run *gh.WorkflowRun) error {
+	runID := run.GetID()
+	if run.GetConclusion() == "success" {
+		return nil
+	}
+	d.mu.Lock()
+	done := d.reruns[runID]
+	d.reruns[runID] = true
+	d.mu.Unlock()
+	if done {
+		return nil
+	}
+	err := d.call(ctx, "rerun failed jobs", func(ctx context.Context) (*gh.Response, error) {
+		return d.api.Actions.RerunFailedJobsByID(ctx, d.scope.Owner, d.scope.Repo, runID)
+	})
+	if err != nil {
+		return d.apiError(fmt.Sprintf("re-run failed jobs of run %d", runID), err)
+	}
+	d.log.Info("github: re-ran the failed jobs of a run whose runner was lost", "runner", r.Name, "id", r.ID, "run", runID)
+	return nil
 }

@@ -52,6 +52,7 @@ and the processes' records.`,
 			ctx, cancel := context.WithTimeout(cmd.Context(), time.Minute)
 			defer cancel()
 			holders := map[string]string{}
+			shareVM := false
 			if path != "" {
 				cfg, err := loadConfig(path)
 				if err != nil {
@@ -60,6 +61,7 @@ and the processes' records.`,
 				if smi == "" {
 					smi = cfg.GPU.NvidiaSMI
 				}
+				shareVM = cfg.GPU.AllowHostVGPU
 				fleet, err := daemon.New(cfg, slog.New(slog.DiscardHandler))
 				if err != nil {
 					return &ExitError{ExitUsage, err}
@@ -69,13 +71,23 @@ and the processes' records.`,
 					return err
 				}
 			}
-			rep := report(gpu.Detect(ctx, smi), holders)
+			inv := gpu.Detect(ctx, smi)
+			inv.ShareVMGPUs = shareVM
+			rep := report(inv, holders)
 			if output == "json" {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
+				if err := enc.Encode(rep); err != nil {
+					return err
+				}
+			} else {
+				printGPUs(cmd.OutOrStdout(), rep)
 			}
-			printGPUs(cmd.OutOrStdout(), rep)
+			if rep.Error != "" {
+				// Unlike a host without GPUs, this says nothing of the
+				// host: a script must be able to tell.
+				return fmt.Errorf("could not read the GPUs: %s", rep.Error)
+			}
 			return nil
 		},
 	}
@@ -102,6 +114,15 @@ func report(inv gpu.Inventory, holders map[string]string) GPUReport {
 }
 
 func printGPUs(w io.Writer, rep GPUReport) {
+	for _, d := range rep.GPUs {
+		if why, ok := rep.Skipped[d.UUID]; ok && !rep.ShareVMGPUs {
+			fmt.Fprintf(w, "GPU %d (%s) is not handed out: %s\n", d.Index, d.UUID, why)
+		}
+	}
+	if rep.Error != "" {
+		fmt.Fprintf(w, "GPUs unreadable: %s\n", rep.Error)
+		return
+	}
 	if len(rep.Units) == 0 {
 		fmt.Fprintf(w, "no GPU: %s\n", rep.Reason)
 		if rep.Driver != "" {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/url"
 	"os"
 	"os/exec"
@@ -25,6 +27,8 @@ import (
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/internal/daemon"
 	"github.com/runfleet/runfleet/pool"
+	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/secret"
 )
 
 // runnerSettings is what `cml runner launch` is told, after flags, the
@@ -44,7 +48,9 @@ type runnerSettings struct {
 	Log           string
 	Docker        string // image: run the agent in a container
 	Agent         string
-	Cloud         []string // --cloud* options given: refused until cloud providers exist
+	// Cloud holds the --cloud* options given, by flag name without the
+	// dashes, for a provider that takes them.
+	Cloud map[string]string
 }
 
 // cmlFlag is one option of `cml runner launch`: its flag, the variables
@@ -93,21 +99,7 @@ var cmlFlags = []cmlFlag{
 // environment (getenv), flags first.
 func resolveRunner(fs *pflag.FlagSet, getenv func(string) (string, bool)) (runnerSettings, error) {
 	var errs []error
-	value := func(f cmlFlag) (string, bool) {
-		if fl := fs.Lookup(f.name); fl != nil && fl.Changed {
-			if f.kind == "list" {
-				v, _ := fs.GetStringArray(f.name)
-				return strings.Join(v, ","), true
-			}
-			return fl.Value.String(), true
-		}
-		for _, e := range f.env {
-			if v, ok := getenv(e); ok && v != "" {
-				return v, true
-			}
-		}
-		return f.def, false
-	}
+	value := func(f cmlFlag) (string, bool) { return cmlValue(fs, getenv, f) }
 	boolean := func(f cmlFlag) bool {
 		v, set := value(f)
 		if !set {
@@ -163,11 +155,32 @@ func resolveRunner(fs *pflag.FlagSet, getenv func(string) (string, bool)) (runne
 			s.Agent = v
 		default: // --cloud*
 			if set && (f.kind != "bool" || boolean(f)) {
-				s.Cloud = append(s.Cloud, "--"+f.name)
+				if s.Cloud == nil {
+					s.Cloud = map[string]string{}
+				}
+				s.Cloud[f.name] = v
 			}
 		}
 	}
 	return s, errors.Join(errs...)
+}
+
+// cmlValue reads one option: the flag, else the first of its variables
+// that is set, else its default; set says whether it was given.
+func cmlValue(fs *pflag.FlagSet, getenv func(string) (string, bool), f cmlFlag) (v string, set bool) {
+	if fl := fs.Lookup(f.name); fl != nil && fl.Changed {
+		if f.kind == "list" {
+			v, _ := fs.GetStringArray(f.name)
+			return strings.Join(v, ","), true
+		}
+		return fl.Value.String(), true
+	}
+	for _, e := range f.env {
+		if v, ok := getenv(e); ok && v != "" {
+			return v, true
+		}
+	}
+	return f.def, false
 }
 
 // parseIdleTimeout reads CML's seconds, or a Go duration; 0, -1 and
@@ -221,29 +234,42 @@ func inferRepo(getenv func(string) (string, bool)) string {
 	return strings.TrimSuffix(remote, ".git")
 }
 
-// inferDriver tells the forge from the repository's host or the CI.
-func inferDriver(repo string, getenv func(string) (string, bool)) string {
-	if u, err := url.Parse(repo); err == nil {
-		h := strings.ToLower(u.Host)
-		switch {
-		case strings.Contains(h, "github"):
-			return "github"
-		case strings.Contains(h, "gitlab"):
-			return "gitlab"
-		case strings.Contains(h, "bitbucket"):
-			return "bitbucket"
-		case strings.Contains(h, "gitea"), strings.Contains(h, "forgejo"), strings.Contains(h, "codeberg"):
-			return "gitea"
+// repoDriver is a forge driver that `runfleet runner` can configure from
+// a repository URL.
+type repoDriver struct {
+	typ string
+	forge.RepoDriver
+}
+
+// repoDrivers returns the forge drivers that can configure themselves from
+// a repository URL, by type name.
+func repoDrivers() []repoDriver {
+	var out []repoDriver
+	for _, typ := range forge.Types() {
+		d, _ := forge.Lookup(typ)
+		if rd, ok := d.(forge.RepoDriver); ok {
+			out = append(out, repoDriver{typ, rd})
 		}
 	}
-	if v, _ := getenv("GITHUB_ACTIONS"); v == "true" {
-		return "github"
+	return out
+}
+
+// inferDriver tells the forge from the repository's host, or else from
+// the CI job it runs in, by asking each forge driver that can configure
+// itself from a repository URL.
+func inferDriver(repo string, getenv func(string) (string, bool)) string {
+	drivers := repoDrivers()
+	if u, err := url.Parse(repo); err == nil && u.Host != "" {
+		for _, d := range drivers {
+			if d.Recognize(u) {
+				return d.typ
+			}
+		}
 	}
-	if v, _ := getenv("GITEA_ACTIONS"); v == "true" {
-		return "gitea"
-	}
-	if v, _ := getenv("GITLAB_CI"); v != "" {
-		return "gitlab"
+	for _, d := range drivers {
+		if d.InCI(getenv) {
+			return d.typ
+		}
 	}
 	return ""
 }
@@ -289,80 +315,22 @@ registration behind.`,
 }
 
 func runRunner(ctx context.Context, s runnerSettings, getenv func(string) (string, bool)) error {
-	usage := func(format string, args ...any) error { return &ExitError{ExitUsage, fmt.Errorf(format, args...)} }
-	if len(s.Cloud) > 0 {
-		return usage("%s: cloud runners are not in this build yet; run without --cloud* to start the runner on this machine (or in a container with --docker)", strings.Join(s.Cloud, ", "))
-	}
+	usage := func(err error) error { return &ExitError{ExitUsage, err} }
 	log := slog.Default()
 	if s.Log != "" {
 		var lvl slog.Level
 		if err := lvl.UnmarshalText([]byte(s.Log)); err != nil {
-			return usage("--log: %q is not error, warn, info or debug", s.Log)
+			return usage(fmt.Errorf("--log: %q is not error, warn, info or debug", s.Log))
 		}
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	}
-	if s.Repo == "" {
-		s.Repo = inferRepo(getenv)
-	}
-	if s.Repo == "" {
-		return usage("--repo: no repository given, and none found in GITHUB_REPOSITORY, CI_PROJECT_URL or the git remote")
-	}
-	if s.Driver == "" {
-		s.Driver = inferDriver(s.Repo, getenv)
-	}
-	switch s.Driver {
-	case "github", "gitea":
-	case "":
-		return usage("--driver: cannot tell the forge of %s; pass --driver github or gitea", s.Repo)
-	default:
-		return usage("--driver: %s is not supported by this build yet (github, gitea)", s.Driver)
-	}
-	if s.Token == "" {
-		return usage("--token: no token; set REPO_TOKEN (or pass --token)")
-	}
-	if s.Name == "" {
-		b := make([]byte, 4)
-		_, _ = rand.Read(b)
-		s.Name = "cml-" + hex.EncodeToString(b)
-	}
-	if !runnerNameRE.MatchString(s.Name) {
-		return usage("--name: %q is not a valid name (lower-case letters, digits and '-', at most 32)", s.Name)
-	}
-	if len(s.DockerVolumes) > 0 && s.Docker == "" {
-		return usage("--docker-volumes: needs --docker <image>")
-	}
-
-	fc := config.Forge{Name: "repo", Type: s.Driver, URL: s.Repo, Token: config.Secret(s.Token)}
-	if s.Driver == "gitea" {
-		// A Gitea repository URL names its owner and repository.
-		u, err := url.Parse(s.Repo)
-		if err != nil {
-			return usage("--repo: %v", err)
-		}
-		path := strings.Trim(strings.TrimSuffix(u.Path, ".git"), "/")
-		fc.URL = u.Scheme + "://" + u.Host
-		if strings.Count(path, "/") == 1 {
-			fc.Repo = path
-		} else {
-			fc.Org = path
-		}
-	}
-	retry := !s.NoRetry
-	pc := config.Pool{
-		Name: s.Name, Forge: "repo", Labels: s.Labels, Size: 1, Max: 1,
-		IdleTimeout: config.D(time.Minute), RetryLost: &retry, Single: s.Single,
-		Agent: config.Agent{Path: s.Agent},
-	}
-	if s.Docker != "" {
-		pc.Docker = &config.Docker{Image: s.Docker, Volumes: s.DockerVolumes}
-	}
-	cfg := &config.Config{ID: s.Name, Resync: config.D(2 * time.Second), DrainTimeout: config.D(24 * time.Hour), Forges: []config.Forge{fc}, Pools: []config.Pool{pc}}
-	if err := cfg.Complete(); err != nil {
-		return usage("%w", err)
+	cfg, err := runnerConfig(&s, getenv)
+	if err != nil {
+		return usage(err)
 	}
 	fleet, err := daemon.New(cfg, log)
 	if err != nil {
-		return usage("%w", err)
+		return usage(err)
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -384,10 +352,112 @@ func runRunner(ctx context.Context, s runnerSettings, getenv func(string) (strin
 	defer cancel()
 	done := make(chan struct{})
 	go func() { fleet.Run(runCtx); close(done) }()
-	p := fleet.Pools[0]
-	watchRunner(runCtx, cancel, p, s, log)
+	watchRunner(runCtx, cancel, fleet.Pools[0], s, log)
 	<-done
 	return nil
+}
+
+// runnerConfig builds the config of a one-pool fleet from CML's options:
+// the forge from the repository (through its driver), the provider that
+// CML's options ask for (--docker, --cloud), or runners on this machine.
+func runnerConfig(s *runnerSettings, getenv func(string) (string, bool)) (*config.Config, error) {
+	provName, section, err := runnerProvider(*s, getenv)
+	if err != nil {
+		return nil, err
+	}
+	if s.Repo == "" {
+		s.Repo = inferRepo(getenv)
+	}
+	if s.Repo == "" {
+		return nil, errors.New("--repo: no repository given, and none found in GITHUB_REPOSITORY, CI_PROJECT_URL or the git remote")
+	}
+	if s.Driver == "" {
+		s.Driver = inferDriver(s.Repo, getenv)
+	}
+	fc, err := runnerForge(*s)
+	if err != nil {
+		return nil, err
+	}
+	if s.Token == "" {
+		return nil, errors.New("--token: no token; set REPO_TOKEN (or pass --token)")
+	}
+	fc.Token = secret.String(s.Token)
+	if s.Name == "" {
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		s.Name = "cml-" + hex.EncodeToString(b)
+	}
+	if !runnerNameRE.MatchString(s.Name) {
+		return nil, fmt.Errorf("--name: %q is not a valid name (lower-case letters, digits and '-', at most 32)", s.Name)
+	}
+	retry := !s.NoRetry
+	pc := config.Pool{
+		Name: s.Name, Forge: fc.Name, Labels: s.Labels, Size: 1, Max: 1,
+		IdleTimeout: config.D(time.Minute), RetryLost: &retry, Single: s.Single,
+		Agent: config.Agent{Path: s.Agent}, Provider: provName, Section: section,
+	}
+	cfg := &config.Config{ID: s.Name, Resync: config.D(2 * time.Second), DrainTimeout: config.D(24 * time.Hour), Forges: []config.Forge{fc}, Pools: []config.Pool{pc}}
+	if err := cfg.Complete(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// runnerForge configures the forge through its driver, from the
+// repository URL alone.
+func runnerForge(s runnerSettings) (config.Forge, error) {
+	drivers := repoDrivers()
+	known := make([]string, len(drivers))
+	for i, d := range drivers {
+		known[i] = d.typ
+	}
+	if s.Driver == "" {
+		return config.Forge{}, fmt.Errorf("--driver: cannot tell the forge of %s; pass --driver (%s)", s.Repo, strings.Join(known, " or "))
+	}
+	i := slices.Index(known, s.Driver)
+	if i < 0 {
+		return config.Forge{}, fmt.Errorf("--driver: %s is not supported by this build yet (%s)", s.Driver, strings.Join(known, ", "))
+	}
+	u, section, err := drivers[i].RepoConfig(s.Repo)
+	if err != nil {
+		return config.Forge{}, fmt.Errorf("--repo: %w", err)
+	}
+	return config.Forge{Name: "repo", Type: s.Driver, URL: u, Section: section}, nil
+}
+
+// runnerProvider finds the provider that CML's options ask for: the one
+// driver that takes them, or runners on this machine when none is asked
+// for.
+func runnerProvider(s runnerSettings, getenv func(string) (string, bool)) (string, json.RawMessage, error) {
+	if len(s.DockerVolumes) > 0 && s.Docker == "" {
+		return "", nil, errors.New("--docker-volumes: needs --docker <image>")
+	}
+	opts := provider.CMLOptions{Docker: s.Docker, DockerVolumes: s.DockerVolumes, Cloud: s.Cloud, Getenv: getenv}
+	var chosen []string
+	var section json.RawMessage
+	for _, name := range provider.Names() {
+		d, _ := provider.Lookup(name)
+		c, ok := d.(provider.CMLDriver)
+		if !ok {
+			continue
+		}
+		sec, ok, err := c.CMLSection(opts)
+		if err != nil {
+			return "", nil, err
+		}
+		if ok {
+			chosen, section = append(chosen, name), sec
+		}
+	}
+	switch {
+	case len(chosen) > 1:
+		return "", nil, fmt.Errorf("the options ask for more than one place to run: %s", strings.Join(chosen, ", "))
+	case len(chosen) == 1:
+		return chosen[0], section, nil
+	case len(s.Cloud) > 0:
+		return "", nil, fmt.Errorf("--%s: cloud runners are not in this build yet; run without --cloud* to start the runner on this machine (or in a container with --docker)", strings.Join(slices.Sorted(maps.Keys(s.Cloud)), ", --"))
+	}
+	return config.DefaultProvider, nil, nil
 }
 
 // reuse returns the name of an online runner with the same name or an

@@ -58,8 +58,8 @@ func TestRunnerFlagsAndEnvironment(t *testing.T) {
 	add("repo", []string{"--repo", "https://github.com/acme/app"}, []string{"CML_RUNNER_REPO", "RUNNER_REPO"}, "https://github.com/acme/app", func(s *runnerSettings) { s.Repo = "https://github.com/acme/app" })
 	add("token", []string{"--token", "t0k"}, []string{"CML_RUNNER_TOKEN", "REPO_TOKEN", "repo_token", "GITHUB_TOKEN", "GITLAB_TOKEN"}, "t0k", func(s *runnerSettings) { s.Token = "t0k" })
 	add("log", []string{"--log", "debug"}, []string{"CML_RUNNER_LOG"}, "debug", func(s *runnerSettings) { s.Log = "debug" })
-	add("cloud", []string{"--cloud", "aws"}, []string{"CML_RUNNER_CLOUD"}, "aws", func(s *runnerSettings) { s.Cloud = []string{"--cloud"} })
-	add("cloud-spot", []string{"--cloud-spot"}, []string{"CML_RUNNER_CLOUD_SPOT"}, "true", func(s *runnerSettings) { s.Cloud = []string{"--cloud-spot"} })
+	add("cloud", []string{"--cloud", "aws"}, []string{"CML_RUNNER_CLOUD"}, "aws", func(s *runnerSettings) { s.Cloud = map[string]string{"cloud": "aws"} })
+	add("cloud-spot", []string{"--cloud-spot"}, []string{"CML_RUNNER_CLOUD_SPOT"}, "true", func(s *runnerSettings) { s.Cloud = map[string]string{"cloud-spot": "true"} })
 	// Precedence: the flag over CML_RUNNER_* over RUNNER_*.
 	cases["flag wins"] = tc{args: []string{"--labels", "a"}, env: map[string]string{"CML_RUNNER_LABELS": "b", "RUNNER_LABELS": "c"}, want: func(s *runnerSettings) { s.Labels = []string{"a"} }}
 	cases["CML_RUNNER wins"] = tc{env: map[string]string{"CML_RUNNER_LABELS": "b", "RUNNER_LABELS": "c"}, want: func(s *runnerSettings) { s.Labels = []string{"b"} }}
@@ -93,7 +93,8 @@ func TestRunnerBadInput(t *testing.T) {
 		{[]string{"--idle-timeout", "soon"}, `--idle-timeout: "soon" is not seconds`},
 		{[]string{"--single=maybe"}, "invalid argument"},
 		{[]string{"--cloud", "aws", "--repo", "https://github.com/a/b", "--token", "tok-secret-123"}, "--cloud: cloud runners are not in this build yet"},
-		{[]string{"--repo", "https://gitlab.com/a/b", "--token", "tok-secret-123"}, "--driver: gitlab is not supported by this build yet"},
+		{[]string{"--repo", "https://gitlab.com/a/b", "--token", "tok-secret-123"}, "--driver: cannot tell the forge of https://gitlab.com/a/b; pass --driver (gitea or github)"},
+		{[]string{"--repo", "https://gitlab.com/a/b", "--token", "tok-secret-123", "--driver", "gitlab"}, "--driver: gitlab is not supported by this build yet (gitea, github)"},
 		{[]string{"--repo", "https://github.com/a/b", "--token", "tok-secret-123", "--docker-volumes", "/a:/a"}, "--docker-volumes: needs --docker"},
 		{[]string{"--repo", "https://github.com/a/b", "--token", "tok-secret-123", "--name", "Bad_Name"}, `--name: "Bad_Name" is not a valid name`},
 	} {

@@ -19,7 +19,7 @@ import (
 )
 
 func serveCmd() *cobra.Command {
-	var path, listen string
+	var path, listen, statusListen string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the manager: keep every pool's runners ready, scale them with the queue, until stopped",
@@ -29,8 +29,10 @@ to its max: fresh single-job runners, a new one as soon as one takes or ends a
 job. Idle runners above the size go after idle_timeout; a runner that took a
 job is never removed.
 
-It serves, on listen: /webhook/<forge> for workflow_job webhooks, /metrics for
-Prometheus, /healthz, and a status page at /.
+It serves, on listen, /webhook/<forge> for workflow_job webhooks and nothing
+else; and on status_listen (127.0.0.1:9180 unless said otherwise) a status
+page at /, /metrics for Prometheus and /healthz, which show repository, job
+and runner names: keep them off the forges' way, or set status_token.
 
 SIGHUP reloads the config: sizes, limits, timeouts, labels and environment
 change in place, new pools start, removed pools drain; busy runners are not
@@ -46,25 +48,24 @@ and exits 0.`,
 			if cmd.Flags().Changed("listen") {
 				cfg.Listen = listen
 			}
+			if cmd.Flags().Changed("status-listen") {
+				statusListen = cfg.DefaultStatus(statusListen)
+			} else {
+				statusListen = cfg.DefaultStatus(cfg.StatusListen)
+			}
+			cfg.StatusListen = statusListen
+			if err := cfg.Validate(); err != nil {
+				return &ExitError{ExitUsage, err}
+			}
 			log := slog.Default()
 			fleet, err := daemon.New(cfg, log)
 			if err != nil {
 				return &ExitError{ExitUsage, err}
 			}
-			var srv *http.Server
-			if cfg.Listen != "" {
-				ln, err := net.Listen("tcp", cfg.Listen)
-				if err != nil {
-					fleet.Close()
-					return &ExitError{ExitUsage, fmt.Errorf("listen: %w", err)}
-				}
-				srv = &http.Server{Handler: fleet.Handler(), ReadHeaderTimeout: 10 * time.Second}
-				go func() {
-					if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-						log.Error("http server stopped", "err", err)
-					}
-				}()
-				log.Info("serving webhooks, metrics and the status page", "addr", ln.Addr().String())
+			servers, err := startServers(fleet, log)
+			if err != nil {
+				fleet.Close()
+				return &ExitError{ExitUsage, err}
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
@@ -82,17 +83,67 @@ and exits 0.`,
 				}
 			}()
 			fleet.Run(ctx)
-			if srv != nil {
-				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			for _, srv := range servers {
 				_ = srv.Shutdown(sctx)
 			}
 			return nil
 		},
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "", "config file (YAML)")
-	cmd.Flags().StringVar(&listen, "listen", "", "address of the HTTP server (webhooks, /metrics, /healthz, status page); overrides the config's listen")
+	cmd.Flags().StringVar(&listen, "listen", "", "address of the webhook listener; overrides the config's listen")
+	cmd.Flags().StringVar(&statusListen, "status-listen", "", "address of the status page, /metrics and /healthz (\"off\" for none); overrides the config's status_listen")
 	return cmd
+}
+
+// startServers starts the webhook listener and the status listener (one
+// server when they share an address, the status token then guarding the
+// status side).
+func startServers(fleet *daemon.Fleet, log *slog.Logger) ([]*http.Server, error) {
+	cfg := fleet.Config
+	type listener struct {
+		addr, what string
+		h          http.Handler
+	}
+	var ls []listener
+	switch {
+	case cfg.Listen != "" && cfg.Listen == cfg.StatusListen:
+		ls = append(ls, listener{cfg.Listen, "webhooks, and the status page, metrics and health behind the status token", fleet.Handler()})
+	default:
+		if cfg.Listen != "" {
+			ls = append(ls, listener{cfg.Listen, "webhooks", fleet.WebhookHandler()})
+		}
+		if cfg.StatusListen != "" {
+			ls = append(ls, listener{cfg.StatusListen, "the status page, metrics and health", fleet.StatusHandler()})
+		}
+	}
+	var servers []*http.Server
+	for _, l := range ls {
+		ln, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			for _, s := range servers {
+				_ = s.Close()
+			}
+			return nil, fmt.Errorf("listen for %s: %w", l.what, err)
+		}
+		// Bounded reads: a slow or endless request cannot hold the
+		// server.
+		srv := &http.Server{Handler: l.h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("http server stopped", "err", err)
+			}
+		}()
+		servers = append(servers, srv)
+		log.Info("serving "+l.what, "addr", ln.Addr().String())
+	}
+	if h, _, err := net.SplitHostPort(cfg.StatusListen); err == nil && cfg.StatusToken == "" {
+		if ip := net.ParseIP(h); h != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			log.Warn("the status page and /metrics are served beyond this host without a token; they show repository, job and runner names", "status_listen", cfg.StatusListen)
+		}
+	}
+	return servers, nil
 }
 
 // reload re-reads the config on SIGHUP. A config that does not load, or
@@ -103,7 +154,7 @@ func reload(fleet *daemon.Fleet, path string, log *slog.Logger) {
 		log.Error("reload refused: the config does not load; keeping the running one", "err", err)
 		return
 	}
-	cfg.Listen = fleet.Config.Listen
+	cfg.Listen, cfg.StatusListen = fleet.Config.Listen, fleet.Config.StatusListen
 	if err := fleet.Reload(cfg); err != nil {
 		log.Error("reload", "err", err)
 		return

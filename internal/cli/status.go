@@ -15,6 +15,7 @@ import (
 
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/internal/daemon"
+	"github.com/runfleet/runfleet/pool"
 )
 
 // RunnerStatus is one runner in `runfleet status`.
@@ -39,10 +40,13 @@ type JobRef struct {
 
 // PoolStatus is one pool in `runfleet status`.
 type PoolStatus struct {
-	Name    string         `json:"name"`
-	Size    int            `json:"size"`
-	Max     int            `json:"max"`
-	Error   string         `json:"error,omitempty"`
+	Name  string `json:"name"`
+	Size  int    `json:"size"`
+	Max   int    `json:"max"`
+	Error string `json:"error,omitempty"`
+	// Backoff is why the pool holds off starting runners, as its manager
+	// last recorded it: runners that failed one after another.
+	Backoff *pool.Backoff  `json:"backoff,omitempty"`
 	Runners []RunnerStatus `json:"runners"`
 }
 
@@ -97,6 +101,9 @@ func collect(ctx context.Context, fleet *daemon.Fleet) []PoolStatus {
 	for i, p := range fleet.Pools {
 		pc := fleet.Config.Pools[i]
 		ps := PoolStatus{Name: p.Name(), Size: pc.Size, Max: pc.Max, Runners: []RunnerStatus{}}
+		if b := fleet.SavedBackoff(p.Name()); b.Failures > 0 {
+			ps.Backoff = &b
+		}
 		runners, err := p.Observe(ctx)
 		if err != nil {
 			ps.Error = err.Error()
@@ -107,9 +114,11 @@ func collect(ctx context.Context, fleet *daemon.Fleet) []PoolStatus {
 		jobs, ok := jobsByForge[f]
 		if !ok {
 			jobs = map[int64]forge.Job{}
-			if list, err := f.Jobs(ctx, "in_progress"); err == nil {
-				for _, j := range list {
-					jobs[j.RunnerID] = j
+			if l, ok := f.(forge.JobLister); ok {
+				if list, err := l.Jobs(ctx, forge.JobInProgress); err == nil {
+					for _, j := range list {
+						jobs[j.RunnerID] = j
+					}
 				}
 			}
 			jobsByForge[f] = jobs
@@ -168,4 +177,10 @@ func printTable(w io.Writer, pools []PoolStatus) {
 		}
 	}
 	tw.Flush()
+	for _, p := range pools {
+		if p.Backoff != nil {
+			// After the table: the reason carries the agent's last lines.
+			fmt.Fprintf(w, "\npool %s: %s\n", p.Name, p.Backoff)
+		}
+	}
 }

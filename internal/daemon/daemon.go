@@ -1,15 +1,14 @@
-// Package daemon wires a configuration into forge drivers, providers and
-// pool reconcilers, runs them, and drains them on shutdown.
+// Package daemon wires a configuration into forge connections, providers
+// and pool reconcilers through the drivers' registries, runs them, and
+// drains them on shutdown. It knows no driver by name.
 package daemon
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
-	"os/exec"
-	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,16 +18,10 @@ import (
 	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/demand"
 	"github.com/runfleet/runfleet/forge"
-	"github.com/runfleet/runfleet/forge/gitea"
-	"github.com/runfleet/runfleet/forge/github"
 	"github.com/runfleet/runfleet/gpu"
 	"github.com/runfleet/runfleet/metrics"
 	"github.com/runfleet/runfleet/pool"
 	"github.com/runfleet/runfleet/provider"
-	"github.com/runfleet/runfleet/provider/docker"
-	"github.com/runfleet/runfleet/provider/process"
-
-	dockerclient "github.com/moby/moby/client"
 )
 
 // Version is the runfleet version, set by the build.
@@ -53,63 +46,33 @@ type Fleet struct {
 	Metrics *metrics.Metrics
 	log     *slog.Logger
 
-	drivers map[string]forge.Forge    // by forge name
-	written map[string]*config.Docker // pools' docker sections as written
-	mu      sync.Mutex                // guards Pools, Config and runs during a reload
-	runs    map[string]*poolRun       // by pool name, while Run runs
-	runCtx  context.Context
+	conns  map[string]forge.Forge // forge connections, by forge name
+	mu     sync.Mutex             // guards Pools, Config and runs during a reload
+	runs   map[string]*poolRun    // by pool name, while Run runs
+	runCtx context.Context
 
-	docker  *dockerclient.Client
-	closers []func()
+	gpuMu   sync.Mutex // guards Inventory and GPUs while they are read
+	closers []io.Closer
 }
 
 // New builds the fleet for a validated config. It makes no network call;
 // it fails only on what is wrong locally (an agent binary that is missing,
-// a directory that cannot be made), which is a configuration error.
+// a directory that cannot be made, GPUs the host lacks), which is a
+// configuration error.
 func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
-	f := &Fleet{Config: cfg, Forges: map[string]forge.Forge{}, Providers: map[string]provider.Provider{}, log: log, runs: map[string]*poolRun{}, written: map[string]*config.Docker{}}
+	f := &Fleet{Config: cfg, Forges: map[string]forge.Forge{}, Providers: map[string]provider.Provider{}, log: log, runs: map[string]*poolRun{}}
 	f.Metrics = metrics.New(f)
-	drivers := map[string]forge.Forge{}
-	for _, fc := range cfg.Forges {
-		switch fc.Type {
-		case "gitea":
-			owner, repo, _ := strings.Cut(fc.Repo, "/")
-			if fc.Scope == "org" {
-				owner = fc.Org
-			}
-			drivers[fc.Name] = gitea.New(gitea.Config{
-				URL:       fc.URL,
-				RunnerURL: fc.RunnerURL,
-				Token:     fc.Token.Reveal(),
-				Scope:     gitea.Scope{Kind: fc.Scope, Owner: owner, Repo: repo},
-				Version:   "runfleet-" + Version,
-				Logger:    log.With("forge", fc.Name),
-			})
-		case "github":
-			d, err := github.New(github.Config{
-				URL:            fc.URL,
-				APIURL:         fc.APIURL,
-				Token:          fc.Token.Reveal(),
-				AppID:          fc.AppID,
-				InstallationID: fc.InstallationID,
-				PrivateKey:     []byte(fc.PrivateKey.Reveal()),
-				RunnerGroupID:  fc.RunnerGroupID,
-				CacheTTL:       fc.CacheTTL.Duration,
-				Version:        Version,
-				Logger:         log.With("forge", fc.Name),
-			})
-			if err != nil {
-				return nil, fmt.Errorf("forges: %s: %w", fc.Name, err)
-			}
-			drivers[fc.Name] = d
-		default:
-			return nil, fmt.Errorf("forges: type %q is not supported by this build", fc.Type)
-		}
+	conns, err := openForges(cfg, log)
+	if err != nil {
+		return nil, err
 	}
-	f.drivers = drivers
-	var errs []error
-	f.detectGPUs(cfg)
+	f.conns = conns
+	if _, err := demanderPools(cfg, conns); err != nil {
+		f.Close()
+		return nil, err
+	}
 	f.Demand = demand.New(nil, f.jobChanged)
+	var errs []error
 	for i := range cfg.Pools {
 		p, err := f.buildPool(&cfg.Pools[i])
 		if err != nil {
@@ -126,20 +89,63 @@ func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
 	return f, nil
 }
 
+// openForges opens a connection to each forge, through its type's driver.
+func openForges(cfg *config.Config, log *slog.Logger) (map[string]forge.Forge, error) {
+	conns := map[string]forge.Forge{}
+	var errs []error
+	for i, fc := range cfg.Forges {
+		field := fmt.Sprintf("forges[%d]", i)
+		d, ok := forge.Lookup(fc.Type)
+		if !ok {
+			errs = append(errs, fmt.Errorf("%s.type: %q is not in this build (known: %s)", field, fc.Type, strings.Join(forge.Types(), ", ")))
+			continue
+		}
+		conn, err := d.Open(fc.Driver(), forge.Env{Version: Version, Logger: log.With("forge", fc.Name), Budget: fc.Budget()})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", field, err))
+			continue
+		}
+		if _, ok := conn.(agent.Maker); !ok {
+			errs = append(errs, fmt.Errorf("%s.type: the %s driver has no runner agent", field, fc.Type))
+		}
+		if _, ok := conn.(forge.WebhookParser); !ok && fc.WebhookSecret != "" {
+			errs = append(errs, fmt.Errorf("%s.webhook_secret: forge type %s takes no webhooks", field, fc.Type))
+		}
+		conns[fc.Name] = conn
+	}
+	return conns, errors.Join(errs...)
+}
+
 // buildPool makes one pool's provider, agent and reconciler. It may set
-// the pool's size (from its GPUs) and image (by CUDA version).
+// the pool's size (from its GPUs).
 func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 	per, err := f.fitGPUs(pc)
 	if err != nil {
 		return nil, err
 	}
-	fc, _ := f.Config.Forge(pc.Forge)
-	prov, ag, err := f.newProvider(*pc, fc.Type)
+	d, ok := provider.Lookup(pc.Provider)
+	if !ok {
+		return nil, fmt.Errorf("provider: %q is not in this build (known: %s)", pc.Provider, strings.Join(provider.Names(), ", "))
+	}
+	pconf := pc.Driver(f.Config.ID, f.Config.StateDir)
+	pconf.GPUs, pconf.Logger = f.inventory, f.log
+	prov, err := d.Open(pconf)
 	if err != nil {
 		return nil, err
 	}
-	fd := f.drivers[pc.Forge]
-	f.Forges[pc.Name] = fd
+	if c, ok := prov.(io.Closer); ok {
+		f.closers = append(f.closers, c)
+	}
+	traits := provider.TraitsOf(prov)
+	if per != 0 && !traits.HostGPUs {
+		return nil, fmt.Errorf("gpus_per_runner: provider %s cannot give runners this host's GPUs", pc.Provider)
+	}
+	conn := f.conns[pc.Forge]
+	ag, err := conn.(agent.Maker).Agent(agent.Config{Path: pc.Agent.Path, FetchInterval: pc.Agent.FetchInterval.Duration, Local: traits.Local})
+	if err != nil {
+		return nil, err
+	}
+	f.Forges[pc.Name] = conn
 	f.Providers[pc.Name] = prov
 	name := pc.Name
 	pcfg := f.poolConfig(*pc)
@@ -149,9 +155,17 @@ func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 	}
 	pcfg.TookWindow = time.Minute
 	pcfg.Demand = func(took []int64) int { return f.Demand.Unserved(name, took, pcfg.TookWindow) }
+	if d, ok := conn.(forge.Demander); ok {
+		pcfg.Demand = d.Unserved
+	}
 	pcfg.OnStarted = func(d time.Duration) { f.Metrics.RunnerStart.WithLabelValues(name).Observe(d.Seconds()) }
 	pcfg.OnError = func(op string) { f.Metrics.ProviderErrors.WithLabelValues(name, op).Inc() }
-	return pool.New(pcfg, fd, prov, ag, pool.WithLogger(f.log)), nil
+	pcfg.OnBackoff = func(b pool.Backoff) { f.saveBackoff(name, b) }
+	// A refusal by the forge is not carried over: a new manager tries
+	// again, once.
+	pcfg.Backoff = f.SavedBackoff(name)
+	pcfg.Backoff.Halted = false
+	return pool.New(pcfg, conn, prov, ag, pool.WithLogger(f.log)), nil
 }
 
 // poolConfig is the part of a pool's settings that a reload may change.
@@ -172,55 +186,46 @@ func (f *Fleet) poolConfig(pc config.Pool) pool.Config {
 	}
 }
 
-// needsGPUs reports whether a pool needs the host's inventory: it gives
-// runners GPUs, or chooses its image by CUDA version.
-func needsGPUs(pc config.Pool) bool {
-	return pc.GPUsPerRunner != 0 || pc.Docker != nil && (len(pc.Docker.Images) > 0 || gpu.IsTemplate(pc.Docker.Image))
-}
-
-// detectGPUs reads the host's GPUs once, if a pool needs them: a CPU-only
-// configuration never runs nvidia-smi.
-func (f *Fleet) detectGPUs(cfg *config.Config) {
-	if !slices.ContainsFunc(cfg.Pools, needsGPUs) || f.Inventory != nil {
-		return
+// inventory reads the host's GPUs once, when a pool first needs them (its
+// runners get GPUs of their own, or its provider chooses by CUDA
+// version): a CPU-only configuration never runs nvidia-smi.
+func (f *Fleet) inventory() gpu.Inventory {
+	f.gpuMu.Lock()
+	defer f.gpuMu.Unlock()
+	if f.Inventory != nil {
+		return *f.Inventory
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	inv := gpu.Detect(ctx, cfg.GPU.NvidiaSMI)
+	inv := gpu.Detect(ctx, f.Config.GPU.NvidiaSMI)
+	inv.ShareVMGPUs = f.Config.GPU.AllowHostVGPU
 	f.Inventory = &inv
 	f.GPUs = gpu.NewAllocator(inv.Units())
-	if len(inv.GPUs) == 0 {
-		f.log.Warn("no GPU found", "reason", inv.Reason, "source", inv.Source)
-		return
+	for id, why := range inv.Skipped {
+		if !inv.ShareVMGPUs {
+			f.log.Warn("GPU not handed out", "gpu", id, "why", why)
+		}
 	}
-	f.log.Info("GPUs found", "gpus", len(inv.GPUs), "units", f.GPUs.Len(), "driver", inv.Driver, "cuda", inv.CUDA, "source", inv.Source)
+	switch {
+	case inv.Error != "":
+		f.log.Error("could not read this host's GPUs", "err", inv.Error, "source", inv.Source)
+	case len(inv.GPUs) == 0:
+		f.log.Warn("no GPU found", "reason", inv.Reason, "source", inv.Source)
+	default:
+		f.log.Info("GPUs found", "gpus", len(inv.GPUs), "units", f.GPUs.Len(), "driver", inv.Driver, "cuda", inv.CUDA, "source", inv.Source)
+	}
+	return inv
 }
 
-// fitGPUs checks a pool's GPU needs against the host, sizes a pool whose
-// size comes from its GPUs, and picks its image by CUDA version. It
-// returns the GPUs per runner for the pool (-1 all, 0 none).
+// fitGPUs checks a pool's GPUs per runner against the host, and sizes a
+// pool whose size comes from its GPUs. It returns the GPUs per runner for
+// the pool (-1 all, 0 none).
 func (f *Fleet) fitGPUs(pc *config.Pool) (int, error) {
-	f.written[pc.Name] = pc.Docker
-	if !needsGPUs(*pc) {
-		return 0, nil
-	}
-	inv := *f.Inventory
-	if pc.Docker != nil {
-		image, err := gpu.PickImage(pc.Docker.Image, pc.Docker.GPUImages(), inv)
-		if err != nil {
-			return 0, fmt.Errorf("docker.image: %w", err)
-		}
-		if image != pc.Docker.Image {
-			f.log.Info("image chosen for the driver's CUDA version", "pool", pc.Name, "image", image, "cuda", inv.CUDA)
-		}
-		d := *pc.Docker
-		d.Image, d.Images = image, nil
-		pc.Docker = &d
-	}
 	per := int(pc.GPUsPerRunner)
 	if per == 0 {
 		return 0, nil
 	}
+	inv := f.inventory()
 	units := f.GPUs.Len()
 	switch {
 	case units == 0:
@@ -257,7 +262,7 @@ func (f *Fleet) Holders(ctx context.Context) (map[string]string, error) {
 	out := map[string]string{}
 	seen := map[provider.Provider]bool{}
 	for _, prov := range f.Providers {
-		if seen[prov] {
+		if seen[prov] || !provider.TraitsOf(prov).HostGPUs {
 			continue
 		}
 		seen[prov] = true
@@ -274,117 +279,13 @@ func (f *Fleet) Holders(ctx context.Context) (map[string]string, error) {
 	return out, nil
 }
 
-// newProvider makes a pool's provider and agent.
-func (f *Fleet) newProvider(pc config.Pool, forgeType string) (provider.Provider, agent.Agent, error) {
-	path := pc.Agent.Path
-	inContainer := pc.Provider == "docker"
-	if path == "" {
-		path = "gitea-runner"
-		if forgeType == "github" {
-			path = "run.sh"
-			if inContainer {
-				path = "/home/runner/run.sh" // images/github-runner
-			}
-		}
-	}
-	if !inContainer {
-		abs, err := exec.LookPath(path)
-		if err != nil {
-			return nil, nil, fmt.Errorf("agent.path: %q: %w", path, err)
-		}
-		path = abs
-	}
-	var ag agent.Agent = agent.GiteaRunner{Path: path, FetchInterval: pc.Agent.FetchInterval.Duration, InContainer: inContainer}
-	if forgeType == "github" {
-		ag = agent.GitHubRunner{Path: path, InContainer: inContainer}
-	}
-	switch pc.Provider {
-	case "docker":
-		// The agent runs from the image's PATH: nothing to look up here.
-		if f.docker == nil {
-			c, err := docker.NewClient()
-			if err != nil {
-				return nil, nil, err
-			}
-			f.docker = c
-		}
-		opt, err := dockerOptions(pc.Docker)
-		if err != nil {
-			return nil, nil, fmt.Errorf("docker: %w", err)
-		}
-		opt.Client = f.docker
-		opt.Manager = f.Config.ID
-		opt.Pool = pc.Name
-		opt.LogDir = filepath.Join(f.Config.StateDir, "logs")
-		// The runners' files are bind-mounted where the engine shares
-		// this host's filesystem, and copied into the container where it
-		// does not (a remote engine).
-		if strings.HasPrefix(f.docker.DaemonHost(), "unix://") {
-			opt.FilesDir = filepath.Join(f.Config.StateDir, "docker")
-		}
-		opt.Logger = f.log.With("provider", "docker", "pool", pc.Name)
-		prov, err := docker.New(opt)
-		if err != nil {
-			return nil, nil, err
-		}
-		f.closers = append(f.closers, prov.Close)
-		return prov, ag, nil
-	default:
-		prov, err := process.New(process.Options{
-			StateDir: f.Config.StateDir, WorkRoot: pc.Workdir, Logger: f.log.With("provider", "process"),
-		})
-		if err != nil {
-			return nil, nil, err
-		}
-		return prov, ag, nil
-	}
-}
-
-// dockerOptions turns a validated docker section into provider options.
-func dockerOptions(d *config.Docker) (docker.Options, error) {
-	mem, err := d.MemoryBytes()
-	if err != nil {
-		return docker.Options{}, fmt.Errorf("memory: %w", err)
-	}
-	shm, err := d.ShmBytes()
-	if err != nil {
-		return docker.Options{}, fmt.Errorf("shm_size: %w", err)
-	}
-	opt := docker.Options{
-		Image:             d.Image,
-		Pull:              d.Pull,
-		Network:           d.Network,
-		User:              d.User,
-		Workdir:           d.Workdir,
-		NanoCPUs:          int64(d.CPUs * 1e9),
-		Memory:            mem,
-		ShmSize:           shm,
-		OOMScoreAdj:       config.DefaultOOMScoreAdj,
-		GPUs:              docker.GPUs{All: d.GPUs.All, IDs: d.GPUs.IDs},
-		ExtraHosts:        d.ExtraHosts,
-		MountDockerSocket: d.MountDockerSocket,
-	}
-	if d.OOMScoreAdj != nil {
-		opt.OOMScoreAdj = *d.OOMScoreAdj
-	}
-	for _, v := range d.Volumes {
-		m, err := config.ParseVolume(v)
-		if err != nil {
-			return docker.Options{}, err
-		}
-		opt.Mounts = append(opt.Mounts, docker.Mount{Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
-	}
-	return opt, nil
-}
-
-// Close releases what the fleet holds (event streams, output copies, the
-// Docker connection). Runners keep running.
+// Close releases what the fleet holds (event streams, output copies,
+// engine connections). Runners keep running.
 func (f *Fleet) Close() {
 	for _, c := range f.closers {
-		c()
-	}
-	if f.docker != nil {
-		_ = f.docker.Close()
+		if err := c.Close(); err != nil {
+			f.log.Warn("close provider", "err", err)
+		}
 	}
 }
 

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -9,44 +8,13 @@ import (
 	"testing"
 
 	"github.com/runfleet/runfleet/config"
-)
 
-// A pool's docker section reaches the provider as written: limits, the
-// OOM score, read-only mounts unless rw, and GPU requests.
-func TestDockerOptionsFromConfig(t *testing.T) {
-	t.Setenv("T_TOKEN", "x")
-	cfg, err := config.Parse([]byte(`
-forges:
-  - {name: f, type: gitea, url: "http://127.0.0.1:3000", token: "${T_TOKEN}", repo: a/b}
-pools:
-  - name: gpu
-    labels: [gpu]
-    size: 1
-    docker:
-      image: runner:cuda
-      cpus: 1.5
-      memory: 2g
-      shm_size: 1g
-      volumes: ["/data/imagenet:/data", "/scratch:/scratch:rw", "cache:/cache"]
-      gpus: [0, "GPU-1234"]
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	opt, err := dockerOptions(cfg.Pools[0].Docker)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if opt.Image != "runner:cuda" || opt.NanoCPUs != 1_500_000_000 || opt.Memory != 2<<30 || opt.ShmSize != 1<<30 || opt.OOMScoreAdj != 1000 {
-		t.Errorf("options = %+v", opt)
-	}
-	if got := fmt.Sprint(opt.Mounts); got != "[{/data/imagenet /data true} {/scratch /scratch false} {cache /cache true}]" {
-		t.Errorf("mounts = %s", got)
-	}
-	if opt.GPUs.All || fmt.Sprint(opt.GPUs.IDs) != "[0 GPU-1234]" {
-		t.Errorf("gpus = %+v", opt.GPUs)
-	}
-}
+	// The drivers the configs here name.
+	_ "github.com/runfleet/runfleet/forge/gitea"
+	_ "github.com/runfleet/runfleet/forge/github"
+	_ "github.com/runfleet/runfleet/provider/docker"
+	_ "github.com/runfleet/runfleet/provider/process"
+)
 
 // fakeSMI is an nvidia-smi that prints the named fixture of the gpu
 // package, or fails as on a host without a driver ("").
@@ -125,8 +93,8 @@ func TestGPUPoolsFitTheHost(t *testing.T) {
 			if pc.Size != tt.size || pc.Max != tt.max {
 				t.Errorf("size %d max %d, want %d %d", pc.Size, pc.Max, tt.size, tt.max)
 			}
-			if tt.image != "" && pc.Docker.Image != tt.image {
-				t.Errorf("image %q, want %q", pc.Docker.Image, tt.image)
+			if img, ok := f.Providers["gpu"].(interface{ Image() string }); tt.image != "" && (!ok || img.Image() != tt.image) {
+				t.Errorf("image %v, want %q", img, tt.image)
 			}
 			if tt.name == "cpu only" && (f.Inventory != nil || f.GPUs != nil) {
 				t.Errorf("a CPU-only config read the GPUs: %+v", f.Inventory)

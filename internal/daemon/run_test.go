@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/runfleet/runfleet/config"
 )
 
@@ -106,4 +107,60 @@ func TestRunServeAndReloadConcurrently(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Run did not return")
 	}
+}
+
+// A forge whose queue cannot be polled in its scope (a GitHub
+// organisation) is polled once: the poller says why and stops, without
+// counting a failed poll or retrying.
+func TestPollStopsWhereTheQueueCannotBeListed(t *testing.T) {
+	t.Setenv("T_TOKEN", "x")
+	cfg, err := config.Parse([]byte(`
+state_dir: ` + t.TempDir() + `
+forges:
+  - {name: org, type: github, url: "https://github.com/acme", token: "${T_TOKEN}", poll_interval: 1s}
+pools:
+  - {name: p, labels: [gpu], agent: {path: /bin/true}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf syncBuffer
+	f, err := New(cfg, slog.New(slog.NewTextHandler(&buf, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { f.poll(ctx, "org", time.Second); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("the poller kept polling a queue that cannot be listed")
+	}
+	if n := strings.Count(buf.String(), "cannot be polled"); n != 1 {
+		t.Errorf("%d warnings, want 1:\n%s", n, buf.String())
+	}
+	if got := testutil.ToFloat64(f.Metrics.Polls.WithLabelValues("org", "error")); got != 0 {
+		t.Errorf("%v failed polls counted", got)
+	}
+}
+
+// syncBuffer is a log destination safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

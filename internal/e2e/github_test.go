@@ -81,6 +81,10 @@ type ghOptions struct {
 	// Engine runs the containers instead of the default engine, with
 	// host networking.
 	Engine *gpuEngine
+	// AgentPath replaces the stand-in runner of a process pool.
+	AgentPath string
+	// Org makes the forge the organisation acme, not the repository.
+	Org bool
 }
 
 // newGitHubFleet makes a manager config for a pool on a simulated GitHub
@@ -99,6 +103,10 @@ func newGitHubFleet(t testing.TB, name string, opt ghOptions) *fleet {
 	}
 	opt.Sim.Token = ghToken
 	opt.Sim.Repos = append(opt.Sim.Repos, "acme/"+name)
+	scope := "/acme/" + name
+	if opt.Org {
+		opt.Sim.Orgs, scope = append(opt.Sim.Orgs, "acme"), "/acme"
+	}
 	if opt.Sim.LostAfter == 0 {
 		opt.Sim.LostAfter = 2 * time.Second
 	}
@@ -119,7 +127,7 @@ drain_timeout: 2m
 forges:
   - name: gh
     type: github
-    url: %[3]s/acme/%[1]s
+    url: %[3]s%[8]s
     token: ${E2E_GITHUB_TOKEN}
 %[7]spools:
   - name: %[1]s
@@ -128,7 +136,7 @@ forges:
     max: %[5]d
     workdir: %[6]s
     bootstrap_timeout: 1m
-`, name, f.state, sim.URL, opt.Size, opt.Max, f.work, opt.Forge)
+`, name, f.state, sim.URL, opt.Size, opt.Max, f.work, opt.Forge, scope)
 	if opt.Size < 0 { // sized by the pool's GPUs
 		cfg = strings.Replace(cfg, fmt.Sprintf("    size: %d\n    max: %d\n", opt.Size, opt.Max), "", 1)
 	}
@@ -138,6 +146,9 @@ forges:
 			cfg += "      network: host\n"
 		}
 	} else {
+		if opt.AgentPath != "" {
+			bin = opt.AgentPath
+		}
 		cfg += "    agent:\n      path: " + bin + "\n"
 	}
 	cfg += opt.Pool
@@ -337,17 +348,16 @@ func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 // in no set order: 5 jobs succeed on at most 3 runners, redeliveries are
 // counted as duplicates, and after idle_timeout no registration is left.
 func TestGitHubScaleFromZeroWebhooks(t *testing.T) {
-	addr := freePort(t)
+	top, hooks, base := listeners(t)
 	f := newGitHubFleet(t, "ghzero", ghOptions{
 		Size: 0, Max: 3,
-		Sim:   ghsim.Options{WebhookURL: "http://" + addr + "/webhook/gh", WebhookSecret: hookSecret, Redeliver: true},
-		Top:   "listen: " + addr + "\n",
+		Sim:   ghsim.Options{WebhookURL: hooks + "/webhook/gh", WebhookSecret: hookSecret, Redeliver: true},
+		Top:   top,
 		Forge: "    webhook_secret: " + hookSecret + "\n    poll_interval: 0s\n",
 		Pool:  "    idle_timeout: 5s\n",
 	})
 	sim := f.gh
 	f.start()
-	base := "http://" + addr
 	eventually(t, 30*time.Second, "the server", func() bool { code, _ := get(t, base+"/healthz"); return code == 200 })
 	time.Sleep(2 * time.Second)
 	if n := len(sim.Runners()); n != 0 {

@@ -103,6 +103,7 @@ type fleet struct {
 	startCnt int
 	docker   bool
 	gh       *ghsim.Server // a GitHub fleet's simulator
+	hooks    string        // the webhook listener's base URL, when there is one
 	// engine is the Docker engine of a Docker fleet when it is not the
 	// default one (the GPU engine), and env what the manager needs to
 	// reach it.
@@ -356,13 +357,20 @@ func (f *fleet) runners() []*sdk.ActionRunner {
 	return r.Runners
 }
 
+// jobs lists the repository's jobs, every page (Gitea gives 50 a page).
 func (f *fleet) jobs() []*sdk.ActionWorkflowJob {
 	f.t.Helper()
-	r, _, err := f.client().ListRepoActionJobs(gitea.User, f.repo, sdk.ListRepoActionJobsOptions{ListOptions: sdk.ListOptions{PageSize: 100}})
-	if err != nil {
-		f.t.Fatalf("list jobs: %v", err)
+	var out []*sdk.ActionWorkflowJob
+	for page := 1; ; page++ {
+		r, _, err := f.client().ListRepoActionJobs(gitea.User, f.repo, sdk.ListRepoActionJobsOptions{ListOptions: sdk.ListOptions{Page: page, PageSize: 50}})
+		if err != nil {
+			f.t.Fatalf("list jobs: %v", err)
+		}
+		out = append(out, r.Jobs...)
+		if len(r.Jobs) < 50 {
+			return out
+		}
 	}
-	return r.Jobs
 }
 
 // idleOnline counts registrations that are online and have no job.

@@ -31,11 +31,19 @@ func freePort(t testing.TB) string {
 	return l.Addr().String()
 }
 
+// listeners is the config of a webhook listener and a status listener,
+// each on a free port, and their base URLs.
+func listeners(t testing.TB) (top, hooks, status string) {
+	addr, saddr := freePort(t), freePort(t)
+	return "listen: " + addr + "\nstatus_listen: " + saddr + "\n", "http://" + addr, "http://" + saddr
+}
+
 // scaleFleet is a pool of size 0 and max 4 whose runners are idle for at
-// most idle seconds, fed by webhooks or by polling.
+// most idle seconds, fed by webhooks or by polling. It returns the status
+// listener's base URL; the webhook listener's is f.hooks.
 func scaleFleet(t testing.TB, name string, webhooks, polling bool, dockerSection ...string) (*fleet, string) {
 	t.Helper()
-	addr := freePort(t)
+	top, hooks, status := listeners(t)
 	forge := ""
 	if webhooks {
 		forge += "    webhook_secret: " + hookSecret + "\n"
@@ -47,7 +55,7 @@ func scaleFleet(t testing.TB, name string, webhooks, polling bool, dockerSection
 	}
 	opt := fleetOptions{
 		Size: 0, Max: 4,
-		Top:   "listen: " + addr + "\n",
+		Top:   top,
 		Forge: forge,
 		Extra: "    idle_timeout: 8s\n",
 	}
@@ -55,18 +63,26 @@ func scaleFleet(t testing.TB, name string, webhooks, polling bool, dockerSection
 		opt.Docker = dockerSection[0]
 	}
 	f := newFleet(t, name, opt)
+	f.hooks = hooks
 	if webhooks {
-		_, _, err := f.client().CreateRepoHook(gitea.User, name, sdk.CreateHookOption{
-			Type:   sdk.HookTypeGitea,
-			Config: map[string]string{"url": "http://" + addr + "/webhook/local", "content_type": "json", "secret": hookSecret},
-			Events: []string{"workflow_job"},
-			Active: true,
-		})
-		if err != nil {
-			t.Fatalf("create webhook: %v", err)
-		}
+		f.addWebhook()
 	}
-	return f, "http://" + addr
+	return f, status
+}
+
+// addWebhook points the repository's workflow_job webhook at the fleet's
+// webhook listener (f.hooks).
+func (f *fleet) addWebhook() {
+	f.t.Helper()
+	_, _, err := f.client().CreateRepoHook(gitea.User, f.repo, sdk.CreateHookOption{
+		Type:   sdk.HookTypeGitea,
+		Config: map[string]string{"url": f.hooks + "/webhook/local", "content_type": "json", "secret": hookSecret},
+		Events: []string{"workflow_job"},
+		Active: true,
+	})
+	if err != nil {
+		f.t.Fatalf("create webhook: %v", err)
+	}
 }
 
 func get(t testing.TB, url string) (int, string) {
@@ -115,6 +131,12 @@ func TestScaleFromZero(t *testing.T) {
 			}
 			if code, _ := get(t, base+"/healthz"); code != 200 {
 				t.Fatalf("/healthz: %d", code)
+			}
+			// The listener the forge reaches serves its webhook only.
+			for _, path := range []string{"/", "/metrics", "/healthz"} {
+				if code, _ := get(t, f.hooks+path); code != http.StatusNotFound {
+					t.Errorf("the webhook listener answers GET %s with %d, want 404", path, code)
+				}
 			}
 
 			// At most 4 runners at any time, sampled while the jobs run.
@@ -195,7 +217,7 @@ func badSignature(t *testing.T, base string, f *fleet) {
 	body := `{"action":"queued","workflow_job":{"id":999999,"run_id":1,"name":"forged","status":"queued","labels":["` + f.repo + `"]}}`
 	m := hmac.New(sha256.New, []byte("not-the-secret"))
 	m.Write([]byte(body))
-	req, _ := http.NewRequest("POST", base+"/webhook/local", bytes.NewReader([]byte(body)))
+	req, _ := http.NewRequest("POST", f.hooks+"/webhook/local", bytes.NewReader([]byte(body)))
 	req.Header.Set("X-Gitea-Event-Type", "workflow_job")
 	req.Header.Set("X-Gitea-Signature", hex.EncodeToString(m.Sum(nil)))
 	res, err := http.DefaultClient.Do(req)
@@ -213,4 +235,40 @@ func badSignature(t *testing.T, base string, f *fleet) {
 	if n := len(f.runners()); n > before {
 		t.Errorf("a forged delivery started runners: %d, before %d", n, before)
 	}
+}
+
+// TestBurstsOnAWarmPool pushes five 20-job workflows of one-second jobs at
+// a pool of size 2 with webhooks on: each burst starts at most 20 runners
+// (18 for the jobs the 2 warm runners did not take, 2 to refill the pool),
+// because a runner that took a job is known at once from its own output
+// and never counted as a job still queued.
+func TestBurstsOnAWarmPool(t *testing.T) {
+	const name = "warm"
+	top, hooks, _ := listeners(t)
+	f := newFleet(t, name, fleetOptions{Size: 2, Max: 20, Top: top, Forge: "    webhook_secret: " + hookSecret + "\n"})
+	f.hooks = hooks
+	f.addWebhook()
+	f.start()
+	started := func() int {
+		b, _ := os.ReadFile(f.logPath)
+		return strings.Count(string(b), `msg="runner started"`)
+	}
+	eventually(t, time.Minute, "2 warm runners", func() bool { return f.idleOnline() == 2 })
+	for burst := 1; burst <= 5; burst++ {
+		before := started()
+		f.push(matrix(name, 20, fmt.Sprintf("echo burst %d job ${{ matrix.n }}\nsleep 1", burst)))
+		f.waitJobs(20*burst, 5*time.Minute)
+		eventually(t, time.Minute, "the pool refilled", func() bool { return f.idleOnline() == 2 })
+		n := started() - before
+		t.Logf("burst %d: %d runners started for 20 jobs", burst, n)
+		if n > 20 {
+			t.Errorf("burst %d started %d runners; want at most 20 (18 for the jobs, 2 to refill)", burst, n)
+		}
+	}
+	for _, j := range f.jobs() {
+		if j.Conclusion != "success" {
+			t.Errorf("job %s: %s", j.Name, j.Conclusion)
+		}
+	}
+	f.stopLeavesNothing()
 }

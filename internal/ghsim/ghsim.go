@@ -71,6 +71,20 @@ type Options struct {
 	WebhookURL, WebhookSecret string
 	// Redeliver sends every delivery twice, as a redelivery does.
 	Redeliver bool
+	// DuplicateInErrors answers a JIT request for a name in use with
+	// 422 "Validation Failed" and the reason only in errors[], a shape
+	// GitHub's description allows.
+	DuplicateInErrors bool
+	// KeepLostRunners leaves a runner that GitHub gave up on registered
+	// and offline, instead of deleting it with its failed job.
+	KeepLostRunners bool
+	// SessionTimeout is how long a scale set's message session lives
+	// without a poll before the service drops it (a manager killed
+	// without closing it). Default 10s.
+	SessionTimeout time.Duration
+	// LongPoll is how long a message poll waits for a message before
+	// answering 202. Default 2s (GitHub: about 50s).
+	LongPoll time.Duration
 }
 
 // Runner is a runner registration.
@@ -80,6 +94,7 @@ type Runner struct {
 	Labels    []string
 	Scope     string // "owner/repo" or "org"
 	Group     int64
+	ScaleSet  int // the scale set it belongs to, 0 for none
 	Ephemeral bool
 	Online    bool
 	JobID     int64 // the job it runs, 0 when idle
@@ -92,6 +107,10 @@ type JobSpec struct {
 	Name   string
 	Labels []string // runs-on
 	Script string   // run by the stand-in runner with sh -c
+	// Needs names jobs of the same run that must succeed first: until
+	// then the job is pending, and it is queued (with its webhook) when
+	// they have.
+	Needs []string
 }
 
 // Job is a workflow job.
@@ -102,7 +121,8 @@ type Job struct {
 	Name        string
 	Labels      []string
 	Script      string
-	Status      string // queued, in_progress, completed
+	Needs       []string
+	Status      string // pending (on needs), queued, in_progress, completed
 	Conclusion  string // success, failure
 	RunnerID    int64
 	RunnerName  string
@@ -110,6 +130,10 @@ type Job struct {
 	CreatedAt   time.Time
 	StartedAt   time.Time
 	CompletedAt time.Time
+	queuedAt    time.Time // when its needs released it
+	// scaleSet is the scale set that acquired the job (0: none); only
+	// its runners may take it.
+	scaleSet int
 }
 
 // Run is a workflow run.
@@ -141,6 +165,7 @@ type Server struct {
 	dups      int            // JIT requests refused for a name in use
 	reruns    []int64
 	delivered int // webhook deliveries answered 2xx
+	scale     scaleState
 	stop      chan struct{}
 	hooks     sync.WaitGroup
 }
@@ -152,6 +177,12 @@ func New(opt Options) *Server {
 	}
 	if opt.LostAfter == 0 {
 		opt.LostAfter = 3 * time.Second
+	}
+	if opt.SessionTimeout == 0 {
+		opt.SessionTimeout = 10 * time.Second
+	}
+	if opt.LongPoll == 0 {
+		opt.LongPoll = 2 * time.Second
 	}
 	s := &Server{
 		opt: opt, nextID: 100,
@@ -181,6 +212,7 @@ func New(opt Options) *Server {
 	api("GET /repos/{owner}/{repo}/actions/jobs/{id}", s.getJob)
 	api("POST /repos/{owner}/{repo}/actions/runs/{id}/rerun-failed-jobs", s.rerunFailed)
 	mux.HandleFunc("POST /api/v3/app/installations/{id}/access_tokens", s.accessToken)
+	s.scaleSetRoutes(mux)
 	mux.HandleFunc("POST /_runner/connect", s.runnerConnect)
 	mux.HandleFunc("POST /_runner/acquire", s.runnerAcquire)
 	mux.HandleFunc("POST /_runner/heartbeat", s.runnerHeartbeat)
@@ -322,10 +354,14 @@ func (s *Server) Queue(repo string, jobs ...JobSpec) *Run {
 	defer s.mu.Unlock()
 	run := &Run{ID: s.id(), Repo: repo, Attempt: 1}
 	for _, j := range jobs {
-		job := &Job{ID: s.id(), RunID: run.ID, Attempt: 1, Repo: repo, Name: j.Name, Labels: j.Labels, Script: j.Script, Status: "queued", CreatedAt: time.Now()}
+		job := &Job{ID: s.id(), RunID: run.ID, Attempt: 1, Repo: repo, Name: j.Name, Labels: j.Labels, Script: j.Script, Needs: j.Needs, Status: "queued", CreatedAt: time.Now()}
+		if len(j.Needs) > 0 {
+			job.Status = "pending"
+		} else {
+			s.queued(job)
+		}
 		s.jobs[job.ID] = job
 		run.Jobs = append(run.Jobs, job.ID)
-		s.deliver("queued", job)
 	}
 	s.runs[run.ID] = run
 	cp := *run
@@ -342,6 +378,42 @@ func (s *Server) Jobs() []Job {
 	}
 	slices.SortFunc(out, func(a, b Job) int { return int(a.ID - b.ID) })
 	return out
+}
+
+// Assign starts a queued job on a registered runner, as if the runner had
+// taken it.
+func (s *Server) Assign(jobID, runnerID int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j, x := s.jobs[jobID], s.runners[runnerID]
+	if j == nil || x == nil || j.Status != "queued" {
+		panic(fmt.Sprintf("ghsim: cannot assign job %d to runner %d", jobID, runnerID))
+	}
+	j.Status, j.RunnerID, j.RunnerName, j.StartedAt = "in_progress", x.ID, x.Name, time.Now()
+	x.JobID, x.Online, x.lastSeen = j.ID, true, time.Now().Add(time.Hour)
+	s.deliver("in_progress", j)
+}
+
+// Complete ends a job in progress with the conclusion, as its runner would.
+func (s *Server) Complete(jobID int64, conclusion string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j := s.jobs[jobID]
+	x := s.runners[j.RunnerID]
+	if x == nil {
+		x = &Runner{}
+	}
+	s.finish(x, j, conclusion)
+}
+
+// Lose makes GitHub give up on a runner at once, as when it stops
+// heartbeating: its job fails.
+func (s *Server) Lose(runnerID int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if x := s.runners[runnerID]; x != nil {
+		s.lose(x)
+	}
 }
 
 // ---- REST ----
@@ -489,6 +561,13 @@ func (s *Server) generateJIT(w http.ResponseWriter, r *http.Request, scope strin
 	case body.RunnerGroupID == nil:
 		fail(w, http.StatusUnprocessableEntity, "Invalid input: object is missing required key: runner_group_id.", "/actions/self-hosted-runners")
 		return
+	case *body.RunnerGroupID < 1:
+		writeJSON(w, http.StatusUnprocessableEntity, map[string]any{
+			"message": "Validation Failed", "status": "422",
+			"errors":            []map[string]string{{"resource": "Runner", "field": "runner_group_id", "code": "invalid"}},
+			"documentation_url": "https://docs.github.com/rest/actions/self-hosted-runners",
+		})
+		return
 	case len(body.Labels) == 0 || len(body.Labels) > 100:
 		fail(w, http.StatusUnprocessableEntity, "Invalid request.\n\nlabels must have between 1 and 100 items.", "/actions/self-hosted-runners")
 		return
@@ -498,6 +577,15 @@ func (s *Server) generateJIT(w http.ResponseWriter, r *http.Request, scope strin
 	for _, x := range s.runners {
 		if x.Scope == scope && x.Name == body.Name {
 			s.dups++
+			if s.opt.DuplicateInErrors {
+				writeJSON(w, http.StatusUnprocessableEntity, map[string]any{
+					"message":           "Validation Failed",
+					"errors":            []map[string]string{{"resource": "Runner", "field": "name", "code": "already_exists", "message": "A runner with the name " + body.Name + " already exists."}},
+					"documentation_url": "https://docs.github.com/rest/actions/self-hosted-runners",
+					"status":            "422",
+				})
+				return
+			}
 			fail(w, s.opt.DuplicateStatus, "Already exists - A runner with the name "+body.Name+" already exists.", "/actions/self-hosted-runners")
 			return
 		}
@@ -531,10 +619,12 @@ func (s *Server) encodeJIT(r *Runner) string {
 }
 
 func (s *Server) registrationToken(w http.ResponseWriter, r *http.Request, scope string) {
+	tok := "AABF" + randHex(14)
 	s.mu.Lock()
 	s.regTokens++
+	s.scale.remember(tok, scope)
 	s.mu.Unlock()
-	writeJSON(w, http.StatusCreated, map[string]any{"token": "AABF" + randHex(14), "expires_at": time.Now().Add(time.Hour).UTC().Format(time.RFC3339)})
+	writeJSON(w, http.StatusCreated, map[string]any{"token": tok, "expires_at": time.Now().Add(time.Hour).UTC().Format(time.RFC3339)})
 }
 
 func (s *Server) listRunners(w http.ResponseWriter, r *http.Request, scope string) {
@@ -623,28 +713,41 @@ type runJSON struct {
 	RunAttempt int     `json:"run_attempt"`
 	Status     string  `json:"status"`
 	Conclusion *string `json:"conclusion"`
+	UpdatedAt  string  `json:"updated_at"`
 }
 
 // runState derives a run's status from its latest attempt's jobs.
 func (s *Server) runState(run *Run) runJSON {
+	// A run is queued until one of its jobs starts, then in progress
+	// until all have ended: a job queued behind needs: is inside a run
+	// in progress.
 	out := runJSON{ID: run.ID, RunAttempt: run.Attempt, Status: "completed"}
 	concl := "success"
-	queued, running := false, false
+	open, started := false, false
+	var updated time.Time
 	for _, j := range s.latest(run) {
-		switch j.Status {
-		case "queued":
-			queued = true
-		case "in_progress":
-			running = true
+		for _, t := range []time.Time{j.CreatedAt, j.StartedAt, j.CompletedAt, j.queuedAt} {
+			if t.After(updated) {
+				updated = t
+			}
 		}
-		if j.Status == "completed" && j.Conclusion != "success" {
-			concl = "failure"
+		switch j.Status {
+		case "queued", "pending":
+			open = true
+		case "in_progress":
+			open, started = true, true
+		case "completed":
+			started = started || j.Attempt == run.Attempt
+			if j.Conclusion != "success" && j.Conclusion != "skipped" {
+				concl = "failure"
+			}
 		}
 	}
+	out.UpdatedAt = updated.UTC().Format(time.RFC3339Nano)
 	switch {
-	case running:
+	case open && started:
 		out.Status = "in_progress"
-	case queued:
+	case open:
 		out.Status = "queued"
 	default:
 		out.Conclusion = &concl
@@ -796,11 +899,11 @@ func (s *Server) rerunFailed(w http.ResponseWriter, r *http.Request, scope strin
 		if j.Conclusion == "success" {
 			continue
 		}
-		nj := &Job{ID: s.id(), RunID: run.ID, Attempt: run.Attempt, Repo: run.Repo, Name: j.Name, Labels: j.Labels, Script: j.Script, Status: "queued", CreatedAt: time.Now()}
+		nj := &Job{ID: s.id(), RunID: run.ID, Attempt: run.Attempt, Repo: run.Repo, Name: j.Name, Labels: j.Labels, Script: j.Script, Needs: j.Needs, Status: "pending", CreatedAt: time.Now()}
 		s.jobs[nj.ID] = nj
 		run.Jobs = append(run.Jobs, nj.ID)
-		s.deliver("queued", nj)
 	}
+	s.release(run)
 	s.reruns = append(s.reruns, run.ID)
 	writeJSON(w, http.StatusCreated, map[string]any{})
 }
@@ -886,7 +989,10 @@ func (s *Server) runnerAcquire(w http.ResponseWriter, r *http.Request) {
 		var pick *Job
 		for _, j := range s.jobs {
 			owner, _, _ := strings.Cut(j.Repo, "/")
-			if j.Status == "queued" && (x.Scope == j.Repo || x.Scope == owner) && covers(x.Labels, j.Labels) && (pick == nil || j.ID < pick.ID) {
+			// A scale set's runner takes only jobs its scale set
+			// acquired; other runners never take those.
+			mine := j.scaleSet == x.ScaleSet && (x.ScaleSet != 0 || covers(x.Labels, j.Labels))
+			if j.Status == "queued" && (x.Scope == j.Repo || x.Scope == owner) && mine && (pick == nil || j.ID < pick.ID) {
 				pick = j
 			}
 		}
@@ -894,6 +1000,7 @@ func (s *Server) runnerAcquire(w http.ResponseWriter, r *http.Request) {
 			pick.Status, pick.RunnerID, pick.RunnerName, pick.StartedAt = "in_progress", x.ID, x.Name, time.Now()
 			x.JobID = pick.ID
 			s.deliver("in_progress", pick)
+			s.scaleEvent(pick, "JobStarted")
 			out := map[string]any{"id": pick.ID, "name": pick.Name, "script": pick.Script, "run_id": pick.RunID, "repository": pick.Repo}
 			s.mu.Unlock()
 			writeJSON(w, http.StatusOK, out)
@@ -953,8 +1060,47 @@ func (s *Server) finish(x *Runner, j *Job, conclusion string) {
 	j.Status, j.Conclusion, j.CompletedAt = "completed", conclusion, time.Now()
 	x.JobID = 0
 	s.deliver("completed", j)
+	s.scaleEvent(j, "JobCompleted")
 	if x.Ephemeral {
 		delete(s.runners, x.ID)
+	}
+	s.release(s.runs[j.RunID])
+}
+
+// release queues a run's pending jobs whose needs have all succeeded, and
+// skips those whose needs did not. Called with s.mu held.
+func (s *Server) release(run *Run) {
+	if run == nil {
+		return
+	}
+	latest := s.latest(run)
+	byName := map[string]*Job{}
+	for _, j := range latest {
+		byName[j.Name] = j
+	}
+	for _, j := range latest {
+		if j.Status != "pending" {
+			continue
+		}
+		ready, failed := true, false
+		for _, n := range j.Needs {
+			switch d := byName[n]; {
+			case d == nil || d.Status != "completed":
+				ready = false
+			case d.Conclusion != "success":
+				failed = true
+			}
+		}
+		switch {
+		case failed && ready:
+			j.Status, j.Conclusion, j.CompletedAt = "completed", "skipped", time.Now()
+			s.deliver("completed", j)
+			s.release(run)
+			return
+		case ready:
+			j.Status, j.queuedAt = "queued", time.Now()
+			s.queued(j)
+		}
 	}
 }
 
@@ -974,14 +1120,28 @@ func (s *Server) reap() {
 			if !x.Online || time.Since(x.lastSeen) < s.opt.LostAfter {
 				continue
 			}
-			x.Online = false
-			if j, ok := s.jobs[x.JobID]; ok && j.Status == "in_progress" {
-				j.Output += "\nThe runner has received a shutdown signal or lost communication with the server."
-				s.finish(x, j, "failure")
-			}
+			s.lose(x)
 		}
 		s.mu.Unlock()
 	}
+}
+
+// lose gives up a runner: it goes offline and a job it held fails. It
+// stays registered, offline, when KeepLostRunners says so. Called with
+// s.mu held.
+func (s *Server) lose(x *Runner) {
+	x.Online = false
+	j, ok := s.jobs[x.JobID]
+	if !ok || j.Status != "in_progress" {
+		return
+	}
+	j.Output += "\nThe runner has received a shutdown signal or lost communication with the server."
+	eph := x.Ephemeral
+	if s.opt.KeepLostRunners {
+		x.Ephemeral = false
+	}
+	s.finish(x, j, "failure")
+	x.Ephemeral = eph
 }
 
 // deliver sends a workflow_job webhook for a job's new state, in the

@@ -94,6 +94,10 @@ type Options struct {
 	// the engine's host. Without it, files are copied into the container.
 	FilesDir string
 	Logger   *slog.Logger
+
+	// closeClient is set when the provider made the client itself, and
+	// so closes it.
+	closeClient bool
 }
 
 // Provider runs runners as Docker containers.
@@ -116,6 +120,10 @@ type Provider struct {
 	// watching is set once the pool runs (Watch was called): only then
 	// does List adopt output copies and prune files.
 	watching atomic.Bool
+	// creating counts the Creates under way and created those done: a
+	// listing that no Create overlapped shows every container there is,
+	// so any files directory it does not show is stale, however young.
+	creating, created atomic.Int64
 	// bg bounds the output copies, which outlive the calls that start
 	// them; Close ends it.
 	bg     context.Context
@@ -177,6 +185,11 @@ func containerName(manager, runner string) string {
 // one that is not running (left by a crash between create and start) is
 // removed and replaced.
 func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+	p.creating.Add(1)
+	defer func() {
+		p.created.Add(1)
+		p.creating.Add(-1)
+	}()
 	existing, err := p.containers(ctx, spec.Manager, spec.Name)
 	if err != nil {
 		return provider.Instance{}, err
@@ -246,9 +259,6 @@ func (p *Provider) instance(c container.Summary, st provider.State) provider.Ins
 	}
 	if g := c.Labels[LabelGPUs]; g != "" {
 		in.GPUs = strings.Split(g, ",")
-	}
-	if p.opt.LogDir != "" && in.Name != "" {
-		in.Log = p.logFile(c.ID, in.Name)
 	}
 	return in
 }
@@ -455,10 +465,10 @@ func (p *Provider) removeFiles(name string) {
 	}
 }
 
-// pruneFiles deletes files directories whose container is gone. A
-// directory younger than a minute may belong to a container being
-// created now.
-func (p *Provider) pruneFiles(present map[string]bool) {
+// pruneFiles deletes files directories whose container is gone. Unless
+// the listing was quiet (no Create overlapped it), a directory younger
+// than a minute may belong to a container being created now, and stays.
+func (p *Provider) pruneFiles(present map[string]bool, quiet bool) {
 	if p.opt.FilesDir == "" {
 		return
 	}
@@ -470,7 +480,7 @@ func (p *Provider) pruneFiles(present map[string]bool) {
 		if present[e.Name()] || !strings.HasPrefix(e.Name(), p.opt.Manager+"-") {
 			continue
 		}
-		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > time.Minute {
+		if info, err := e.Info(); err == nil && (quiet || time.Since(info.ModTime()) > time.Minute) {
 			p.removeFiles(e.Name())
 		}
 	}
@@ -606,10 +616,12 @@ func (p *Provider) filters(manager string) client.Filters {
 // but never started after a crash) is reported as exited, for the pool to
 // delete, unless its runner already has a running one.
 func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instance, error) {
+	busy, done := p.creating.Load(), p.created.Load()
 	cs, err := p.containers(ctx, manager, "")
 	if err != nil {
 		return nil, err
 	}
+	quiet := busy == 0 && p.creating.Load() == 0 && p.created.Load() == done
 	live := map[string]bool{} // runners with a running container
 	present := make(map[string]bool, len(cs))
 	names := make(map[string]bool, len(cs))
@@ -638,7 +650,7 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 	// reader such as `runfleet status`.
 	if manager == p.opt.Manager && p.watching.Load() {
 		p.forget(present)
-		p.pruneFiles(names)
+		p.pruneFiles(names, quiet)
 	}
 	return out, nil
 }
@@ -830,7 +842,11 @@ func (p *Provider) copyLogs(id, file string, since time.Time) error {
 
 // Close stops copying output and waits for the event watcher, whose
 // context must have ended. Containers keep running.
-func (p *Provider) Close() {
+func (p *Provider) Close() error {
 	p.cancel()
 	p.wg.Wait()
+	if p.opt.closeClient {
+		return p.cli.Close()
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -197,6 +198,19 @@ func testCreateInspectListDelete(t *testing.T, filesDir string) {
 
 	if err := p.Delete(ctx, "p-1"); err != nil {
 		t.Fatal(err)
+	}
+	// The pool reads the output through the provider, also once the
+	// container is gone.
+	r, err := p.Output(ctx, list[0], 1<<20)
+	if err != nil {
+		t.Fatalf("output of a removed container: %v", err)
+	}
+	if b, _ := io.ReadAll(r); !strings.Contains(string(b), "credential-of-p-1") {
+		t.Errorf("output read through the provider lacks the agent's lines:\n%s", b)
+	}
+	r.Close()
+	if tr := p.Traits(); tr.Local || !tr.HostGPUs {
+		t.Errorf("traits of a local engine's containers: %+v", tr)
 	}
 	if _, err := p.cli.ContainerInspect(ctx, inst.ID, client.ContainerInspectOptions{}); !cerrdefs.IsNotFound(err) {
 		t.Errorf("container still there after Delete: %v", err)
@@ -470,5 +484,40 @@ func TestAdoptedOutputCopiedOnce(t *testing.T) {
 				t.Errorf("%q copied %d times", fmt.Sprintf("%s %d", w, i), n)
 			}
 		}
+	}
+}
+
+// Containers removed while the manager was away (AutoRemove) leave their
+// files directories behind: a listing that no Create overlaps removes
+// them, however young, so that a drain leaves nothing; one that a Create
+// overlaps spares the young ones, which may be that Create's.
+func TestStaleFilesRemovedByQuietListing(t *testing.T) {
+	files := t.TempDir()
+	p := newProvider(t, Options{FilesDir: files})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p.Watch(ctx, func(string) {})
+	for i := range 3 {
+		dir := filepath.Join(files, fmt.Sprintf("%s-p-%d-gone%d", p.opt.Manager, i, i))
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, ".runner"), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.creating.Add(1) // a Create under way
+	if _, err := p.List(ctx, p.opt.Manager); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(files); len(left) != 3 {
+		t.Fatalf("%d directories left while a Create ran, want the 3 young ones spared", len(left))
+	}
+	p.creating.Add(-1)
+	if _, err := p.List(ctx, p.opt.Manager); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(files); len(left) != 0 {
+		t.Fatalf("%d stale files directories left after a quiet listing", len(left))
 	}
 }

@@ -14,7 +14,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,6 +53,7 @@ type Provider struct {
 
 	mu       sync.Mutex
 	watched  map[string]record // by name: processes whose exit is being watched
+	creating map[string]bool   // by name: Create calls under way
 	watchers []func(string)
 }
 
@@ -62,7 +65,7 @@ type record struct {
 	PID     int       `json:"pid"`
 	Start   uint64    `json:"start_ticks"` // /proc/<pid>/stat field 22
 	Workdir string    `json:"workdir"`
-	Log     string    `json:"log"`
+	Log     string    `json:"log"` // the agent's output: logPath of Name and Created
 	Created time.Time `json:"created"`
 	GPUs    []string  `json:"gpus,omitempty"`
 }
@@ -81,7 +84,7 @@ func New(opt Options) (*Provider, error) {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
-	p := &Provider{opt: opt, log: opt.Logger, watched: map[string]record{}}
+	p := &Provider{opt: opt, log: opt.Logger, watched: map[string]record{}, creating: map[string]bool{}}
 	for _, d := range []string{p.recordDir(), p.logDir(), opt.WorkRoot} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("process provider: %w", err)
@@ -105,6 +108,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if spec.Name == "" || strings.ContainsAny(spec.Name, "/\\") || spec.Name[0] == '.' {
 		return provider.Instance{}, fmt.Errorf("create runner: invalid name %q", spec.Name)
 	}
+	defer p.markCreating(spec.Name)()
 	if rec, err := p.readRecord(spec.Name); err == nil {
 		if alive(rec) {
 			return instance(rec, provider.StateRunning), nil
@@ -115,61 +119,71 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		}
 	}
 
-	workdir, err := os.MkdirTemp(p.opt.WorkRoot, spec.Name+".")
-	if err != nil {
-		return provider.Instance{}, fmt.Errorf("create runner %s: workdir: %w", spec.Name, err)
-	}
+	workdir := filepath.Join(p.opt.WorkRoot, spec.Name+"."+strconv.FormatUint(rand.Uint64(), 36))
 	rec := record{
 		Name: spec.Name, Manager: spec.Manager, Pool: spec.Pool, Workdir: workdir,
-		Log:     filepath.Join(p.logDir(), fmt.Sprintf("%s-%d.log", spec.Name, time.Now().UnixNano())),
 		Created: time.Now().UTC(),
 		GPUs:    slices.Clone(spec.GPUs),
 	}
-	fail := func(err error) (provider.Instance, error) {
+	rec.Log = p.logPath(rec.Name, rec.Created)
+	// The record is written before the working directory is made and the
+	// process started (pid 0), so that a crash at any point leaves a
+	// trace to clean up: a record without a pid is matched to its process
+	// by working directory, and names the directory to remove.
+	err := p.writeRecord(rec)
+	if err == nil {
+		err = os.Mkdir(workdir, 0o700)
+	}
+	if err == nil {
+		rec, err = p.start(spec, rec)
+	}
+	if err != nil {
 		_ = os.RemoveAll(workdir)
 		_ = os.Remove(p.recordPath(spec.Name))
 		return provider.Instance{}, fmt.Errorf("create runner %s: %w", spec.Name, err)
 	}
-	// The record is written before the process starts (pid 0), so that a
-	// crash right after the start still leaves a trace to clean up: a
-	// record without a pid is matched to its process by working directory.
-	if err := p.writeRecord(rec); err != nil {
-		return fail(err)
+	p.pruneLogs()
+	return instance(rec, provider.StateRunning), nil
+}
+
+// markCreating notes a Create under way, and returns what ends it: a List
+// meanwhile must not take the pid-less record for one a crashed manager
+// left, and look for (and rewrite) its process.
+func (p *Provider) markCreating(name string) (done func()) {
+	p.mu.Lock()
+	p.creating[name] = true
+	p.mu.Unlock()
+	return func() {
+		p.mu.Lock()
+		delete(p.creating, name)
+		p.mu.Unlock()
 	}
+}
+
+// start writes the runner's files into its working directory and starts
+// its agent, recording and watching the process.
+func (p *Provider) start(spec provider.Spec, rec record) (record, error) {
 	for rel, data := range spec.Files {
-		path := filepath.Join(workdir, filepath.Clean("/"+rel))
+		path := filepath.Join(rec.Workdir, filepath.Clean("/"+rel))
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-			return fail(err)
+			return rec, err
 		}
 		if err := os.WriteFile(path, data, 0o600); err != nil {
-			return fail(err)
+			return rec, err
 		}
 	}
-	tmp := filepath.Join(workdir, "tmp")
+	tmp := filepath.Join(rec.Workdir, "tmp")
 	if err := os.Mkdir(tmp, 0o700); err != nil {
-		return fail(err)
+		return rec, err
 	}
 	logf, err := os.OpenFile(rec.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return fail(err)
+		return rec, err
 	}
 	defer logf.Close()
-
-	env := map[string]string{"HOME": workdir, "TMPDIR": tmp}
-	for k, v := range spec.Env {
-		env[k] = v
-	}
-	if len(spec.GPUs) > 0 {
-		// By UUID, never by index: CUDA's default order is not NVML's.
-		// NVIDIA_VISIBLE_DEVICES is for the containers a job starts
-		// with NVIDIA's runtime.
-		ids := strings.Join(spec.GPUs, ",")
-		env["CUDA_VISIBLE_DEVICES"], env["NVIDIA_VISIBLE_DEVICES"] = ids, ids
-		env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-	}
 	cmd := exec.Command(spec.Command, spec.Args...)
-	cmd.Dir = workdir
-	cmd.Env = envList(env)
+	cmd.Dir = rec.Workdir
+	cmd.Env = envList(agentEnv(spec, rec.Workdir, tmp))
 	// Output goes to a file, not through the manager, so the agent is
 	// unharmed when the manager dies.
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -177,7 +191,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	// its job started, and the manager's signals do not reach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return fail(err)
+		return rec, err
 	}
 	rec.PID = cmd.Process.Pid
 	if st, err := startTicks(rec.PID); err == nil {
@@ -194,14 +208,31 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		p.mu.Lock()
 		delete(p.watched, rec.Name)
 		p.mu.Unlock()
-		return fail(err)
+		return rec, err
 	}
 	go func() {
 		_ = cmd.Wait()
 		p.exited(rec)
 	}()
-	p.pruneLogs()
-	return instance(rec, provider.StateRunning), nil
+	return rec, nil
+}
+
+// agentEnv is the agent's whole environment: the spec's, a home and a
+// temporary directory of its own, and its GPUs.
+func agentEnv(spec provider.Spec, workdir, tmp string) map[string]string {
+	env := map[string]string{"HOME": workdir, "TMPDIR": tmp}
+	for k, v := range spec.Env {
+		env[k] = v
+	}
+	if len(spec.GPUs) > 0 {
+		// By UUID, never by index: CUDA's default order is not NVML's.
+		// NVIDIA_VISIBLE_DEVICES is for the containers a job starts
+		// with NVIDIA's runtime.
+		ids := strings.Join(spec.GPUs, ",")
+		env["CUDA_VISIBLE_DEVICES"], env["NVIDIA_VISIBLE_DEVICES"] = ids, ids
+		env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+	}
+	return env
 }
 
 // exited runs once a watched process has ended: the job's leftover
@@ -241,14 +272,25 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 	for _, e := range entries {
 		name, ok := strings.CutSuffix(e.Name(), ".json")
 		if !ok {
+			p.removeStaleTemp(e)
 			continue
 		}
 		rec, err := p.readRecord(name)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // removed since the listing: its runner just ended
+		}
 		if err != nil {
 			p.log.Warn("unreadable runner record", "file", e.Name(), "err", err)
 			continue
 		}
 		if rec.Manager != manager {
+			continue
+		}
+		p.mu.Lock()
+		starting := p.creating[name]
+		p.mu.Unlock()
+		if starting {
+			out = append(out, instance(rec, provider.StateRunning))
 			continue
 		}
 		if rec.PID == 0 {
@@ -397,17 +439,42 @@ func (p *Provider) readRecord(name string) (record, error) {
 	return rec, nil
 }
 
-// writeRecord replaces the record atomically.
+// writeRecord replaces the record atomically. Each write has its own
+// temporary file, so that two writers of one record cannot rename each
+// other's away.
 func (p *Provider) writeRecord(rec record) error {
 	b, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
 		return err
 	}
-	tmp := p.recordPath(rec.Name) + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+	f, err := os.CreateTemp(p.recordDir(), rec.Name+".json.*"+tempSuffix)
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp, p.recordPath(rec.Name))
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), p.recordPath(rec.Name))
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+	}
+	return err
+}
+
+const tempSuffix = ".tmp"
+
+// removeStaleTemp removes a temporary record file that a manager killed
+// mid-write left behind; a recent one may still be in use.
+func (p *Provider) removeStaleTemp(e os.DirEntry) {
+	if !strings.HasSuffix(e.Name(), tempSuffix) {
+		return
+	}
+	if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > time.Minute {
+		_ = os.Remove(filepath.Join(p.recordDir(), e.Name()))
+	}
 }
 
 // pruneLogs keeps the newest KeepLogs agent logs.
@@ -435,7 +502,7 @@ func (p *Provider) pruneLogs() {
 func instance(rec record, st provider.State) provider.Instance {
 	return provider.Instance{
 		Name: rec.Name, Manager: rec.Manager, Pool: rec.Pool, State: st,
-		Created: rec.Created, ID: strconv.Itoa(rec.PID), Log: rec.Log, GPUs: rec.GPUs,
+		Created: rec.Created, ID: strconv.Itoa(rec.PID), GPUs: rec.GPUs,
 	}
 }
 

@@ -3,6 +3,7 @@ package process
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -242,5 +243,131 @@ func TestGPUsInEnvironmentAndRecord(t *testing.T) {
 	list, err := newProvider(t, dir).List(ctx, "m") // a restarted manager
 	if err != nil || len(list) != 1 || fmt.Sprint(list[0].GPUs) != "[GPU-aaaa MIG-bbbb]" {
 		t.Fatalf("List: %+v, %v", list, err)
+	}
+}
+
+// A reconcile pass lists runners while others are being created: neither
+// may fail, and a runner being created is not reported as exited.
+func TestListDuringCreate(t *testing.T) {
+	p := newProvider(t, t.TempDir())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	listErr := make(chan error, 1)
+	go func() {
+		defer close(listErr)
+		for ctx.Err() == nil {
+			ins, err := p.List(ctx, "m")
+			if err != nil {
+				listErr <- err
+				return
+			}
+			for _, in := range ins {
+				if in.State != provider.StateRunning {
+					listErr <- fmt.Errorf("%s listed %s while alive", in.Name, in.State)
+					return
+				}
+			}
+		}
+	}()
+	for i := range 40 {
+		name := fmt.Sprintf("p-%d", i)
+		if _, err := p.Create(ctx, sh(name, "sleep 30")); err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+	}
+	cancel()
+	if err := <-listErr; err != nil {
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		if err := p.Delete(context.Background(), fmt.Sprintf("p-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	left, _ := filepath.Glob(filepath.Join(p.recordDir(), "*"))
+	if len(left) != 0 {
+		t.Fatalf("records left: %v", left)
+	}
+}
+
+// A record that goes between the listing of the directory and its reading
+// (its runner just ended) is no warning; a record that cannot be read is.
+func TestVanishedRecordIsNoWarning(t *testing.T) {
+	var logs strings.Builder
+	dir := t.TempDir()
+	p, err := New(Options{StateDir: filepath.Join(dir, "state"), WorkRoot: filepath.Join(dir, "work"), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A dangling link reads as a file removed after the listing.
+	if err := os.Symlink(filepath.Join(dir, "gone.json"), p.recordPath("p-1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.List(context.Background(), "m"); err != nil {
+		t.Fatal(err)
+	}
+	if logs.Len() != 0 {
+		t.Fatalf("a vanished record was logged: %s", logs.String())
+	}
+	if err := os.WriteFile(p.recordPath("p-2"), []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.List(context.Background(), "m"); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "unreadable runner record") {
+		t.Fatalf("a corrupt record was not logged: %q", logs.String())
+	}
+}
+
+// A manager killed at any moment of a Create or Delete must leave nothing
+// that no record names: a working directory is made only after the record
+// that names it is written, and removed before it. A watcher checks that
+// every directory under the work root is named by a record while runners
+// come and go.
+func TestEveryWorkdirIsNamedByARecord(t *testing.T) {
+	p := newProvider(t, t.TempDir())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	unnamed := make(chan string, 1)
+	go func() {
+		defer close(unnamed)
+		for ctx.Err() == nil {
+			dirs, _ := os.ReadDir(p.opt.WorkRoot)
+			named := map[string]bool{}
+			recs, _ := os.ReadDir(p.recordDir())
+			for _, e := range recs {
+				if name, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+					if rec, err := p.readRecord(name); err == nil {
+						named[rec.Workdir] = true
+					}
+				}
+			}
+			for _, d := range dirs {
+				path := filepath.Join(p.opt.WorkRoot, d.Name())
+				if named[path] {
+					continue
+				}
+				// Still there after the records were read: no record
+				// names it (a Delete removes the directory first).
+				if _, err := os.Stat(path); err == nil {
+					unnamed <- d.Name()
+					return
+				}
+			}
+		}
+	}()
+	for i := range 200 {
+		name := fmt.Sprintf("p-%d", i%4)
+		if _, err := p.Create(ctx, sh(name, "exit 0")); err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+		if err := p.Delete(ctx, name); err != nil {
+			t.Fatalf("delete %s: %v", name, err)
+		}
+	}
+	cancel()
+	if d, ok := <-unnamed; ok {
+		t.Fatalf("working directory %s existed with no record naming it: a crash then would leak it", d)
 	}
 }

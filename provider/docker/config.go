@@ -1,8 +1,9 @@
-package config
+package docker
 
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path"
 	"slices"
@@ -11,11 +12,12 @@ import (
 
 	"github.com/docker/go-units"
 
+	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/gpu"
 )
 
-// Docker configures a pool's runner containers.
-type Docker struct {
+// Section is a pool's `docker:` section: its runner containers.
+type Section struct {
 	// Image runs the agent; it must hold the agent binary and whatever the
 	// jobs need. It may be a template of the driver's CUDA version:
 	// "nvidia/cuda:{{.CUDA}}.0-runtime-ubuntu24.04" (also .CUDAMajor,
@@ -46,7 +48,7 @@ type Docker struct {
 	// a Docker volume.
 	Volumes []string `json:"volumes"`
 	// GPUs asks for GPUs: "all", or a list of device indexes or UUIDs.
-	GPUs GPUs `json:"gpus"`
+	GPUs GPUList `json:"gpus"`
 	// ExtraHosts are added to the container's /etc/hosts ("name:ip").
 	// host.docker.internal always points at the host.
 	ExtraHosts []string `json:"extra_hosts"`
@@ -67,9 +69,42 @@ type Image struct {
 	MinCUDA string `json:"min_cuda"`
 }
 
+// Section defaults.
+const (
+	DefaultOOMScoreAdj      = 1000
+	DefaultContainerWorkdir = "/runner"
+)
+
+// PullPolicies are the values of pull.
+var PullPolicies = []string{"missing", "always", "never"}
+
+// DecodeSection reads a pool's docker section strictly, fills in the
+// defaults and checks it. gpusPerRunner is the pool's gpus_per_runner.
+// Every problem found is returned, each naming its field relative to the
+// pool ("docker.memory: ...").
+func DecodeSection(raw json.RawMessage, gpusPerRunner int) (Section, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return Section{}, errors.New("docker: is required with provider docker (at least docker.image)")
+	}
+	if raw = bytes.TrimSpace(raw); raw[0] != '{' {
+		return Section{}, errors.New("docker: must be a mapping")
+	}
+	var s Section
+	var errs []error
+	// A key that did not decode leaves its field empty: the rest is
+	// checked all the same, so that every problem shows at once.
+	errs = append(errs, config.Within("docker", config.DecodeSection(raw, &s)))
+	s.setDefaults()
+	errs = append(errs, config.Within("docker", errors.Join(s.validate()...)))
+	if gpusPerRunner != 0 && s.GPUs.Any() {
+		errs = append(errs, errors.New("gpus_per_runner: is set with docker.gpus, which gives every runner the same GPUs; keep one of them"))
+	}
+	return s, errors.Join(errs...)
+}
+
 // GPUImages returns the images in the gpu package's terms; call it on a
-// validated config.
-func (d *Docker) GPUImages() []gpu.Image {
+// checked section.
+func (d *Section) GPUImages() []gpu.Image {
 	var out []gpu.Image
 	for _, im := range d.Images {
 		v, _ := gpu.ParseVersion(im.MinCUDA)
@@ -78,16 +113,11 @@ func (d *Docker) GPUImages() []gpu.Image {
 	return out
 }
 
-// Docker defaults.
-const (
-	DefaultOOMScoreAdj      = 1000
-	DefaultContainerWorkdir = "/runner"
-)
+// NeedsGPUs reports whether the image is chosen by the host's CUDA
+// version.
+func (d *Section) NeedsGPUs() bool { return len(d.Images) > 0 || gpu.IsTemplate(d.Image) }
 
-// Pull policies.
-var PullPolicies = []string{"missing", "always", "never"}
-
-func (d *Docker) setDefaults() {
+func (d *Section) setDefaults() {
 	if d.Pull == "" {
 		d.Pull = "missing"
 	}
@@ -101,10 +131,10 @@ func (d *Docker) setDefaults() {
 }
 
 // MemoryBytes is the memory limit in bytes; 0 when unset.
-func (d *Docker) MemoryBytes() (int64, error) { return bytesize(d.Memory) }
+func (d *Section) MemoryBytes() (int64, error) { return bytesize(d.Memory) }
 
 // ShmBytes is the /dev/shm size in bytes; 0 when unset.
-func (d *Docker) ShmBytes() (int64, error) { return bytesize(d.ShmSize) }
+func (d *Section) ShmBytes() (int64, error) { return bytesize(d.ShmSize) }
 
 func bytesize(s string) (int64, error) {
 	if s == "" {
@@ -119,7 +149,7 @@ func bytesize(s string) (int64, error) {
 
 // validate returns each problem as "field: message", relative to the
 // docker section.
-func (d *Docker) validate() []error {
+func (d *Section) validate() []error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
@@ -189,38 +219,70 @@ func (d *Docker) validate() []error {
 	return errs
 }
 
-// Volume is a parsed mount.
-type Volume struct {
-	Source   string // a host path, or the name of a Docker volume
-	Target   string
-	ReadOnly bool
+// Options turns a checked section into the provider's options for its
+// containers; the caller adds what is not in the section (client, manager,
+// pool, directories).
+func (d *Section) Options() (Options, error) {
+	mem, err := d.MemoryBytes()
+	if err != nil {
+		return Options{}, fmt.Errorf("memory: %w", err)
+	}
+	shm, err := d.ShmBytes()
+	if err != nil {
+		return Options{}, fmt.Errorf("shm_size: %w", err)
+	}
+	opt := Options{
+		Image:             d.Image,
+		Pull:              d.Pull,
+		Network:           d.Network,
+		User:              d.User,
+		Workdir:           d.Workdir,
+		NanoCPUs:          int64(d.CPUs * 1e9),
+		Memory:            mem,
+		ShmSize:           shm,
+		OOMScoreAdj:       DefaultOOMScoreAdj,
+		GPUs:              GPUs{All: d.GPUs.All, IDs: d.GPUs.IDs},
+		ExtraHosts:        d.ExtraHosts,
+		MountDockerSocket: d.MountDockerSocket,
+	}
+	if d.OOMScoreAdj != nil {
+		opt.OOMScoreAdj = *d.OOMScoreAdj
+	}
+	for _, v := range d.Volumes {
+		m, err := ParseVolume(v)
+		if err != nil {
+			return Options{}, err
+		}
+		opt.Mounts = append(opt.Mounts, m)
+	}
+	return opt, nil
 }
 
 // ParseVolume parses "source:target[:ro|rw]". A mount is read-only unless
 // it says rw: datasets must not be changed by a job.
-func ParseVolume(s string) (Volume, error) {
+func ParseVolume(s string) (Mount, error) {
 	parts := strings.Split(s, ":")
 	if len(parts) < 2 || len(parts) > 3 {
-		return Volume{}, fmt.Errorf("%q is not source:target[:ro|rw]", s)
+		return Mount{}, fmt.Errorf("%q is not source:target[:ro|rw]", s)
 	}
-	v := Volume{Source: parts[0], Target: parts[1], ReadOnly: true}
+	v := Mount{Source: parts[0], Target: parts[1], ReadOnly: true}
 	if len(parts) == 3 {
 		switch parts[2] {
 		case "ro":
 		case "rw":
 			v.ReadOnly = false
 		default:
-			return Volume{}, fmt.Errorf("%q: mode %q is not ro or rw", s, parts[2])
+			return Mount{}, fmt.Errorf("%q: mode %q is not ro or rw", s, parts[2])
 		}
 	}
 	if v.Source == "" {
-		return Volume{}, fmt.Errorf("%q has no source", s)
+		return Mount{}, fmt.Errorf("%q has no source", s)
 	}
 	if !path.IsAbs(v.Target) {
-		return Volume{}, fmt.Errorf("%q: target %q must be an absolute path", s, v.Target)
+		return Mount{}, fmt.Errorf("%q: target %q must be an absolute path", s, v.Target)
 	}
 	if !strings.HasPrefix(v.Source, "/") && strings.Contains(v.Source, "/") {
-		return Volume{}, fmt.Errorf("%q: source %q must be an absolute path or a volume name", s, v.Source)
+		return Mount{}, fmt.Errorf("%q: source %q must be an absolute path or a volume name", s, v.Source)
 	}
 	return v, nil
 }
@@ -232,26 +294,26 @@ func IsDockerSocket(src string) bool {
 	return strings.HasSuffix(src, "/docker.sock") || src == "/var/run" || src == "/run" || src == "/run/docker" || src == "/var/run/docker"
 }
 
-// GPUs is "all" or a list of device indexes or UUIDs.
-type GPUs struct {
+// GPUList is "all" or a list of device indexes or UUIDs.
+type GPUList struct {
 	All bool
 	IDs []string
-	// invalid keeps what did not parse, for Validate to name.
+	// invalid keeps what did not parse, for validate to name.
 	invalid string
 }
 
 // Any reports whether GPUs were asked for.
-func (g GPUs) Any() bool { return g.All || len(g.IDs) > 0 }
+func (g GPUList) Any() bool { return g.All || len(g.IDs) > 0 }
 
-func (g GPUs) MarshalJSON() ([]byte, error) {
+func (g GPUList) MarshalJSON() ([]byte, error) {
 	if g.All {
 		return json.Marshal("all")
 	}
 	return json.Marshal(g.IDs)
 }
 
-func (g *GPUs) UnmarshalJSON(b []byte) error {
-	*g = GPUs{}
+func (g *GPUList) UnmarshalJSON(b []byte) error {
+	*g = GPUList{}
 	b = bytes.TrimSpace(b)
 	var s string
 	if err := json.Unmarshal(b, &s); err == nil {

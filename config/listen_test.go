@@ -1,0 +1,38 @@
+package config_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/runfleet/runfleet/config"
+)
+
+// The status page and /metrics are on their own loopback listener by
+// default; on the webhook listener only behind a token.
+func TestStatusListener(t *testing.T) {
+	base := "id: m\nforges:\n  - name: lab\n    type: gitea\n    url: http://gitea:3000\n    token: t\n    repo: a/b\npools:\n  - name: p\n    labels: [x]\n"
+	for _, tc := range []struct {
+		top, want, err string
+	}{
+		{"", "", ""},
+		{"listen: 0.0.0.0:8080\n", config.DefaultStatusListen, ""},
+		{"listen: 0.0.0.0:8080\nstatus_listen: off\n", "", ""},
+		{"status_listen: 127.0.0.1:9999\n", "127.0.0.1:9999", ""},
+		{"listen: 0.0.0.0:8080\nstatus_listen: 0.0.0.0:8080\n", "", "status_listen: \"0.0.0.0:8080\" is listen, which the forges reach"},
+		{"listen: 0.0.0.0:8080\nstatus_listen: 0.0.0.0:8080\nstatus_token: a-long-enough-status-token\n", "0.0.0.0:8080", ""},
+		{"status_listen: 127.0.0.1:9999\nstatus_token: short\n", "", "status_token: is too short"},
+		{"listen: 8080\n", "", "listen: \"8080\" is not host:port"},
+	} {
+		cfg, err := config.Parse([]byte(tc.top + base))
+		switch {
+		case tc.err != "":
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: %v, want %q", tc.top, err, tc.err)
+			}
+		case err != nil:
+			t.Errorf("%q: %v", tc.top, err)
+		case cfg.StatusListen != tc.want:
+			t.Errorf("%q: status_listen %q, want %q", tc.top, cfg.StatusListen, tc.want)
+		}
+	}
+}

@@ -1,0 +1,378 @@
+package github
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/actions/scaleset"
+	"github.com/actions/scaleset/listener"
+	"github.com/hashicorp/go-retryablehttp"
+
+	"github.com/runfleet/runfleet/forge"
+)
+
+// ScaleSetConfig configures a scale-set connection: the REST driver's
+// settings, and the scale set.
+type ScaleSetConfig struct {
+	Config
+	// Name is the scale set's name, which jobs name in runs-on.
+	Name string
+	// RunnerGroup is the runner group it is in ("default" if empty).
+	RunnerGroup string
+}
+
+// ScaleSet is a GitHub connection in scale-set mode (GitHub's way to
+// autoscale, which actions-runner-controller uses): runners are registered
+// into a runner scale set, and demand comes from the scale set's message
+// session (statistics of the jobs assigned to it, and job started and
+// completed messages), through github.com/actions/scaleset. It needs no
+// webhook and no poll of each repository, so it serves an organisation as
+// well as a repository. Listing runners and re-running a lost job go
+// through the REST driver it embeds.
+type ScaleSet struct {
+	*Driver
+	client *scaleset.Client
+	name   string
+	group  string
+	owner  string
+
+	service atomic.Int64 // Actions service calls sent
+
+	ensureMu sync.Mutex // one lookup or creation of the scale set at a time
+	mu       sync.Mutex
+	setID    int
+	stats    scaleset.RunnerScaleSetStatistic
+	// next is the statistics of the message being handled: they count
+	// once its job messages are (the listener records them first).
+	next    scaleset.RunnerScaleSetStatistic
+	started map[int64]bool // runners whose job the service reported started
+}
+
+// NewScaleSet returns a scale-set connection. It makes no network call.
+func NewScaleSet(cfg ScaleSetConfig) (*ScaleSet, error) {
+	d, err := New(cfg.Config)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Name == "" {
+		return nil, errors.New("github scale set: a name is required")
+	}
+	if cfg.RunnerGroup == "" {
+		cfg.RunnerGroup = scaleset.DefaultRunnerGroup
+	}
+	s := &ScaleSet{Driver: d, name: cfg.Name, group: cfg.RunnerGroup, started: map[int64]bool{}}
+	s.owner, _ = os.Hostname()
+	if s.owner == "" {
+		s.owner = "runfleet"
+	}
+	// The client's own retrying HTTP client, with the connection's budget
+	// and call count in its hook: it insists on an *http.Transport, so a
+	// wrapping RoundTripper cannot be used.
+	rc := retryablehttp.NewClient()
+	rc.RetryMax, rc.RetryWaitMax = 4, 30*time.Second
+	rc.RequestLogHook = func(_ retryablehttp.Logger, req *http.Request, _ int) {
+		if cfg.Budget != nil {
+			_ = cfg.Budget.Wait(req.Context())
+		}
+		s.service.Add(1)
+	}
+	// The client's and the listener's own logs (every request, every
+	// poll) are debug detail: what fails comes back as an error, which
+	// this driver words and logs.
+	opts := []scaleset.HTTPOption{scaleset.WithRetryableHTTPClint(rc), scaleset.WithLogger(debugOnly(d.log.With("component", "scaleset")))}
+	info := scaleset.SystemInfo{System: "runfleet", Version: cfg.Version, Subsystem: "manager"}
+	if cfg.AppID != 0 {
+		s.client, err = scaleset.NewClientWithGitHubApp(scaleset.ClientWithGitHubAppConfig{
+			GitHubConfigURL: cfg.URL, SystemInfo: info,
+			GitHubAppAuth: scaleset.GitHubAppAuth{ClientID: strconv.FormatInt(cfg.AppID, 10), InstallationID: cfg.InstallationID, PrivateKey: string(cfg.PrivateKey)},
+		}, opts...)
+	} else {
+		s.client, err = scaleset.NewClientWithPersonalAccessToken(scaleset.NewClientWithPersonalAccessTokenConfig{
+			GitHubConfigURL: cfg.URL, PersonalAccessToken: cfg.Token, SystemInfo: info,
+		}, opts...)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("github scale set %s: %w", cfg.Name, err)
+	}
+	return s, nil
+}
+
+// Stats counts the REST calls and the Actions service's together.
+func (s *ScaleSet) Stats() forge.Stats {
+	st := s.Driver.Stats()
+	st.Calls += s.service.Load()
+	return st
+}
+
+// ensure finds the scale set in its runner group, or creates it, and
+// returns its id.
+func (s *ScaleSet) ensure(ctx context.Context) (int, error) {
+	s.ensureMu.Lock()
+	defer s.ensureMu.Unlock()
+	s.mu.Lock()
+	id := s.setID
+	s.mu.Unlock()
+	if id != 0 {
+		return id, nil
+	}
+	group, err := s.client.GetRunnerGroupByName(ctx, s.group)
+	if err != nil {
+		return 0, fmt.Errorf("github scale set %s: runner group %q: %w", s.name, s.group, err)
+	}
+	set, err := s.client.GetRunnerScaleSet(ctx, group.ID, s.name)
+	if err != nil {
+		return 0, fmt.Errorf("github scale set %s: %w", s.name, err)
+	}
+	if set == nil {
+		set, err = s.client.CreateRunnerScaleSet(ctx, &scaleset.RunnerScaleSet{
+			Name: s.name, RunnerGroupID: group.ID,
+			Labels:        []scaleset.Label{{Name: s.name}},
+			RunnerSetting: scaleset.RunnerSetting{DisableUpdate: true},
+		})
+		if err != nil {
+			return 0, fmt.Errorf("github scale set %s: create: %w", s.name, err)
+		}
+		s.log.Info("github: created the runner scale set", "scale_set", s.name, "id", set.ID, "runner_group", s.group)
+	}
+	s.mu.Lock()
+	s.setID = set.ID
+	s.mu.Unlock()
+	return set.ID, nil
+}
+
+// Register creates a just-in-time runner in the scale set. A registration
+// left under the same name is removed first, unless it runs a job.
+func (s *ScaleSet) Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
+	id, err := s.ensure(ctx)
+	if err != nil {
+		return forge.Credential{}, err
+	}
+	setting := &scaleset.RunnerScaleSetJitRunnerSetting{Name: req.Name, WorkFolder: "_work"}
+	jit, err := s.client.GenerateJitRunnerConfig(ctx, setting, id)
+	if errors.Is(err, scaleset.RunnerExistsError) {
+		if rerr := s.removeByName(ctx, req.Name); rerr != nil {
+			return forge.Credential{}, fmt.Errorf("runner name %s is taken: %w", req.Name, rerr)
+		}
+		jit, err = s.client.GenerateJitRunnerConfig(ctx, setting, id)
+	}
+	if err != nil {
+		return forge.Credential{}, fmt.Errorf("github scale set %s: register runner %s: %w", s.name, req.Name, err)
+	}
+	if jit.Runner == nil || jit.Runner.ID == 0 || jit.EncodedJITConfig == "" {
+		return forge.Credential{}, fmt.Errorf("github scale set %s: register runner %s: answer has no JIT config", s.name, req.Name)
+	}
+	rid := int64(jit.Runner.ID)
+	s.remember(forge.Runner{ID: rid, Name: req.Name, Status: forge.StatusOffline, Labels: []string{s.name}})
+	return forge.Credential{RunnerID: rid, Env: map[string]string{EnvJITConfig: jit.EncodedJITConfig}}, nil
+}
+
+// removeByName removes a leftover registration of that name.
+func (s *ScaleSet) removeByName(ctx context.Context, name string) error {
+	r, err := s.client.GetRunnerByName(ctx, name)
+	if err != nil {
+		return fmt.Errorf("github scale set %s: find runner %s: %w", s.name, name, err)
+	}
+	if r == nil {
+		return nil
+	}
+	s.log.Info("github: removing a stale registration of the same name", "runner", name, "id", r.ID)
+	if err := s.RemoveRunner(ctx, int64(r.ID)); err != nil && !errors.Is(err, forge.ErrNotFound) {
+		return err
+	}
+	return nil
+}
+
+// RemoveRunner removes a scale set's runner; the service refuses while it
+// runs a job (ErrBusy).
+func (s *ScaleSet) RemoveRunner(ctx context.Context, id int64) error {
+	if id == 0 {
+		return forge.ErrNotFound
+	}
+	err := s.client.RemoveRunner(ctx, id)
+	switch {
+	case err == nil:
+		s.forget(id)
+		return nil
+	case errors.Is(err, scaleset.JobStillRunningError):
+		s.markBusy(id)
+		return fmt.Errorf("github runner %d: %w", id, forge.ErrBusy)
+	case errors.Is(err, scaleset.RunnerNotFoundError):
+		s.forget(id)
+		return fmt.Errorf("github runner %d: %w", id, forge.ErrNotFound)
+	}
+	return fmt.Errorf("github scale set %s: remove runner %d: %w", s.name, id, err)
+}
+
+// Listen holds the scale set's message session and follows its statistics
+// and job messages until ctx ends; the session is deleted on the way out.
+// A session a killed manager left is waited out (the service drops it
+// when it is no longer polled) and replaced.
+func (s *ScaleSet) Listen(ctx context.Context, max int, changed func()) error {
+	id, err := s.ensure(ctx)
+	if err != nil {
+		return err
+	}
+	sess, err := s.session(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Without a session the figures go stale: no demand until the
+		// next session's first statistics.
+		s.mu.Lock()
+		s.stats, s.next = scaleset.RunnerScaleSetStatistic{}, scaleset.RunnerScaleSetStatistic{}
+		s.mu.Unlock()
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := sess.Close(cctx); err != nil {
+			s.log.Warn("github: could not delete the scale set's message session; the service drops it in time", "scale_set", s.name, "err", err)
+		}
+	}()
+	s.mu.Lock()
+	clear(s.started)
+	s.mu.Unlock()
+	l, err := listener.New(sess, listener.Config{ScaleSetID: id, MaxRunners: max, Logger: debugOnly(s.log.With("component", "scaleset-listener"))},
+		listener.WithMetricsRecorder(recorder{s, changed}))
+	if err != nil {
+		return fmt.Errorf("github scale set %s: %w", s.name, err)
+	}
+	s.log.Info("github: listening to the runner scale set", "scale_set", s.name, "id", id, "max", max)
+	err = l.Run(ctx, scaler{s, changed})
+	if ctx.Err() != nil {
+		return nil
+	}
+	return fmt.Errorf("github scale set %s: %w", s.name, err)
+}
+
+// session opens the scale set's message session. While another holds it
+// (409: a manager killed without closing its own), it tries again with
+// backoff until the service has dropped that one.
+func (s *ScaleSet) session(ctx context.Context, id int) (*scaleset.MessageSessionClient, error) {
+	wait := time.Second
+	for {
+		sess, err := s.client.MessageSessionClient(ctx, id, s.owner)
+		if err == nil {
+			return sess, nil
+		}
+		if !sessionConflict(err) {
+			return nil, fmt.Errorf("github scale set %s: message session: %w", s.name, err)
+		}
+		s.log.Warn("github: another message session holds the scale set (a manager stopped without closing it?); waiting for the service to drop it", "scale_set", s.name, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 30*time.Second)
+	}
+}
+
+// sessionConflict tells the service's answer to a second session: 409
+// with a TaskAgentSessionConflictException. The client does not export
+// either, so the words are read.
+func sessionConflict(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "SessionConflict") || strings.Contains(msg, `status="409 Conflict"`)
+}
+
+// Unserved returns the jobs assigned to the scale set that no runner runs
+// yet, less those that runners were seen taking before the service said
+// so.
+func (s *ScaleSet) Unserved(took []int64) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.stats.TotalAssignedJobs - s.stats.TotalRunningJobs
+	for _, id := range took {
+		if !s.started[id] {
+			n--
+		}
+	}
+	return max(n, 0)
+}
+
+// scaler receives the listener's job messages and desired counts.
+type scaler struct {
+	s       *ScaleSet
+	changed func()
+}
+
+func (sc scaler) HandleJobStarted(_ context.Context, j *scaleset.JobStarted) error {
+	sc.s.mu.Lock()
+	sc.s.started[int64(j.RunnerID)] = true
+	sc.s.mu.Unlock()
+	sc.changed()
+	return nil
+}
+
+func (sc scaler) HandleJobCompleted(_ context.Context, j *scaleset.JobCompleted) error {
+	id := int64(j.RunnerID)
+	sc.s.mu.Lock()
+	delete(sc.s.started, id)
+	sc.s.mu.Unlock()
+	if id != 0 {
+		// GitHub deletes an ephemeral runner with its job.
+		sc.s.forget(id)
+	}
+	sc.changed()
+	return nil
+}
+
+func (sc scaler) HandleDesiredRunnerCount(_ context.Context, count int) (int, error) {
+	sc.s.mu.Lock()
+	sc.s.stats = sc.s.next
+	sc.s.mu.Unlock()
+	sc.changed()
+	return count, nil
+}
+
+// recorder keeps the scale set's latest statistics.
+type recorder struct {
+	s       *ScaleSet
+	changed func()
+}
+
+func (r recorder) RecordStatistics(st *scaleset.RunnerScaleSetStatistic) {
+	if st == nil {
+		return
+	}
+	r.s.mu.Lock()
+	r.s.next = *st
+	r.s.mu.Unlock()
+}
+
+func (recorder) RecordJobStarted(*scaleset.JobStarted)     {}
+func (recorder) RecordJobCompleted(*scaleset.JobCompleted) {}
+func (recorder) RecordDesiredRunners(int)                  {}
+
+var _ forge.Demander = (*ScaleSet)(nil)
+
+// debugOnly returns a logger that writes everything at debug level.
+func debugOnly(l *slog.Logger) *slog.Logger { return slog.New(debugHandler{l.Handler()}) }
+
+type debugHandler struct{ slog.Handler }
+
+func (h debugHandler) Enabled(ctx context.Context, _ slog.Level) bool {
+	return h.Handler.Enabled(ctx, slog.LevelDebug)
+}
+
+func (h debugHandler) Handle(ctx context.Context, r slog.Record) error {
+	r.Level = slog.LevelDebug
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h debugHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return debugHandler{h.Handler.WithAttrs(as)}
+}
+
+func (h debugHandler) WithGroup(name string) slog.Handler {
+	return debugHandler{h.Handler.WithGroup(name)}
+}

@@ -1,0 +1,114 @@
+package forge
+
+import (
+	"encoding/json"
+	"log/slog"
+	"maps"
+	"net/url"
+	"slices"
+	"sync"
+
+	"golang.org/x/time/rate"
+
+	"github.com/runfleet/runfleet/secret"
+)
+
+// Driver makes connections to forges of one type (gitea, github). A driver
+// package registers one with Register in its init function.
+type Driver interface {
+	// Check decodes and checks one forge's configuration, the driver's
+	// own keys included, without reading the network. It returns every
+	// problem found, each naming its field relative to the forge's entry
+	// ("repo: \"models\" is not owner/name"), joined with errors.Join.
+	Check(c Config) error
+	// Open returns a connection to the forge. It makes no network call:
+	// an unreachable forge shows up on the first call, which the caller
+	// retries.
+	Open(c Config, env Env) (Forge, error)
+}
+
+// Config is one forge connection's configuration as its driver gets it:
+// the fields every forge has, and the driver's own keys as written.
+type Config struct {
+	Name string // the config's name for the connection
+	URL  string
+	// RunnerURL is the forge's address as runners reach it (from inside
+	// a container, say); it is URL unless the config says otherwise.
+	RunnerURL string
+	Token     secret.String // empty when the driver takes another credential
+	// Section holds the keys of the forge's entry that are not common to
+	// every forge (repo, org, app_id, ...), as a JSON object, for the
+	// driver to decode; a key it does not know is an error. Nil when
+	// there are none.
+	Section json.RawMessage
+}
+
+// Env is what a connection gets from the manager that opens it.
+type Env struct {
+	Version string // runfleet's version, for user agents
+	Logger  *slog.Logger
+	// Budget paces the connection's API calls (see Budgeted); nil is
+	// no budget.
+	Budget *rate.Limiter
+}
+
+// LabelChecker is implemented by drivers whose forge limits the labels a
+// runner may have (GitHub takes 1 to 100), so that a pool whose labels the
+// forge would refuse is a config error, not a registration refused at
+// every attempt.
+type LabelChecker interface {
+	// CheckLabels returns every problem with a pool's labels, each
+	// naming its field ("labels: ...", "labels[3]: ..."), joined with
+	// errors.Join.
+	CheckLabels(labels []string) error
+}
+
+// RepoDriver is implemented by drivers that `runfleet runner` (the drop-in
+// for `cml runner launch`) can configure from a repository URL and a token
+// alone.
+type RepoDriver interface {
+	// Recognize reports whether a repository URL is probably this
+	// forge's, by its host name.
+	Recognize(repo *url.URL) bool
+	// InCI reports whether the environment is one of this forge's CI
+	// jobs, for when no repository URL tells.
+	InCI(getenv func(string) (string, bool)) bool
+	// RepoConfig returns the forge's URL and the driver's section for a
+	// repository or organisation URL.
+	RepoConfig(repo string) (forgeURL string, section json.RawMessage, err error)
+}
+
+var (
+	mu      sync.RWMutex
+	drivers = map[string]Driver{}
+)
+
+// Register makes a driver available under a forge type name, the config's
+// `type:`. It panics when the name is taken or the driver is nil: both are
+// mistakes in the program, as with database/sql.Register.
+func Register(typ string, d Driver) {
+	mu.Lock()
+	defer mu.Unlock()
+	if d == nil {
+		panic("forge: Register driver is nil")
+	}
+	if _, dup := drivers[typ]; dup {
+		panic("forge: Register called twice for type " + typ)
+	}
+	drivers[typ] = d
+}
+
+// Lookup returns the driver registered under a type name.
+func Lookup(typ string) (Driver, bool) {
+	mu.RLock()
+	defer mu.RUnlock()
+	d, ok := drivers[typ]
+	return d, ok
+}
+
+// Types returns the registered type names, sorted.
+func Types() []string {
+	mu.RLock()
+	defer mu.RUnlock()
+	return slices.Sorted(maps.Keys(drivers))
+}

@@ -1,0 +1,120 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+
+	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/pool"
+)
+
+// Reload applies a new config without touching busy runners: each pool's
+// loop is paused (its operations in flight finish), given its new size,
+// max, timeouts, labels and environment, and resumed; new pools start;
+// removed pools drain in the background (idle runners go, busy ones
+// finish their jobs). Changes that need a restart (forges, a pool's
+// provider, agent, container or GPU settings, the manager id, the state
+// directory) are refused as a whole: the running config stays.
+func (f *Fleet) Reload(cfg *config.Config) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	old := f.Config
+	if err := restartNeeded(old, cfg); err != nil {
+		return err
+	}
+	if _, err := demanderPools(cfg, f.conns); err != nil {
+		return fmt.Errorf("reload refused: %w", err)
+	}
+	byName := map[string]*pool.Pool{}
+	for _, p := range f.Pools {
+		byName[p.Name()] = p
+	}
+	var next []*pool.Pool
+	var errs []error
+	f.Config = cfg
+	for i := range cfg.Pools {
+		pc := &cfg.Pools[i]
+		if p, ok := byName[pc.Name]; ok {
+			delete(byName, pc.Name)
+			prev, _ := old.Pool(pc.Name)
+			if pc.SizeFromGPUs { // as sized at start
+				pc.Size, pc.Max = prev.Size, max(pc.Max, prev.Size)
+			}
+			if reflect.DeepEqual(prev, *pc) {
+				next = append(next, p)
+				continue
+			}
+			pcfg := f.poolConfig(*pc)
+			if r, ok := f.runs[pc.Name]; ok {
+				r.cancel()
+				<-r.done
+				p.Wait()
+				p.Update(pcfg)
+				f.startPool(p)
+			} else {
+				p.Update(pcfg)
+			}
+			f.log.Info("pool reloaded", "pool", pc.Name, "size", pc.Size, "max", pc.Max)
+			next = append(next, p)
+			continue
+		}
+		p, err := f.buildPool(pc)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pools[%d]: %w", i, err))
+			continue
+		}
+		next = append(next, p)
+		if f.runCtx != nil {
+			f.startPool(p)
+		}
+		f.log.Info("pool added", "pool", pc.Name)
+	}
+	for name, p := range byName {
+		if r, ok := f.runs[name]; ok {
+			r.cancel()
+			delete(f.runs, name)
+			go func() {
+				<-r.done
+				left := p.Drain(context.Background())
+				f.log.Info("removed pool drained", "pool", name, "left", len(left))
+			}()
+		}
+		f.log.Info("pool removed: draining it", "pool", name)
+	}
+	f.Pools = next
+	f.Demand.SetPools(f.demandPools(cfg))
+	return errors.Join(errs...)
+}
+
+// restartNeeded refuses a reload that changes what only a restart can.
+func restartNeeded(old, cfg *config.Config) error {
+	var why []string
+	if old.ID != cfg.ID || old.StateDir != cfg.StateDir {
+		why = append(why, "id or state_dir")
+	}
+	if old.Listen != cfg.Listen || old.StatusListen != cfg.StatusListen || old.StatusToken != cfg.StatusToken {
+		why = append(why, "listen, status_listen or status_token")
+	}
+	if !reflect.DeepEqual(old.Forges, cfg.Forges) {
+		why = append(why, "forges")
+	}
+	for _, pc := range cfg.Pools {
+		prev, ok := old.Pool(pc.Name)
+		if !ok {
+			continue
+		}
+		if prev.Forge != pc.Forge || prev.Provider != pc.Provider || prev.Workdir != pc.Workdir ||
+			!reflect.DeepEqual(prev.Agent, pc.Agent) || prev.GPUsPerRunner != pc.GPUsPerRunner ||
+			!reflect.DeepEqual(prev.HardwareLabels, pc.HardwareLabels) || !bytes.Equal(prev.Section, pc.Section) {
+			why = append(why, "pool "+pc.Name+"'s forge, provider, workdir, agent, "+pc.Provider+" or GPU settings")
+		}
+	}
+	if len(why) > 0 {
+		return fmt.Errorf("reload refused: %s changed; restart runfleet to apply that", strings.Join(why, ", "))
+	}
+	return nil
+}

@@ -1,0 +1,236 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/demand"
+	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/gpu"
+	"github.com/runfleet/runfleet/metrics"
+	"github.com/runfleet/runfleet/pool"
+)
+
+// poolRun is one pool's reconcile loop, stopped and restarted on reload.
+type poolRun struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Run reconciles every pool and polls the forges' queues until ctx ends,
+// then drains the pools: no new runners, idle ones removed with their
+// registrations, busy ones awaited for up to the config's drain timeout.
+// It returns the runners still left after that; busy runners are never
+// killed.
+func (f *Fleet) Run(ctx context.Context) []pool.Runner {
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	f.mu.Lock()
+	f.runCtx = runCtx
+	cfg, npools := f.Config, len(f.Pools)
+	for _, p := range f.Pools {
+		f.startPool(p)
+	}
+	f.mu.Unlock()
+	var wg sync.WaitGroup
+	listened, _ := demanderPools(cfg, f.conns) // checked by New
+	for forgeName, pc := range listened {
+		d := f.conns[forgeName].(forge.Demander)
+		wg.Go(func() { f.listen(runCtx, forgeName, d, pc.Name, pc.Max) })
+	}
+	for _, fc := range cfg.Forges {
+		if _, ok := listened[fc.Name]; ok || fc.PollOff {
+			continue // the forge says itself what its pool needs
+		}
+		if _, ok := f.conns[fc.Name].(forge.JobLister); !ok {
+			f.log.Warn("this forge's queue cannot be polled; pools scale on its webhooks only", "forge", fc.Name)
+			continue
+		}
+		wg.Go(func() { f.poll(runCtx, fc.Name, fc.PollInterval.Duration) })
+	}
+	f.log.Info("runfleet started", "manager", cfg.ID, "pools", npools, "version", Version)
+	<-ctx.Done()
+	stop()
+	f.mu.Lock()
+	for _, r := range f.runs {
+		<-r.done
+	}
+	timeout := f.Config.DrainTimeout.Duration
+	f.mu.Unlock()
+	wg.Wait()
+	defer f.Close()
+	return f.Drain(context.Background(), timeout)
+}
+
+// startPool starts a pool's loop. Called with f.mu held.
+func (f *Fleet) startPool(p *pool.Pool) {
+	ctx, cancel := context.WithCancel(f.runCtx)
+	r := &poolRun{cancel: cancel, done: make(chan struct{})}
+	f.runs[p.Name()] = r
+	go func() {
+		defer close(r.done)
+		p.Run(ctx)
+	}()
+}
+
+// poll reads a forge's queue every interval, so that a job whose webhook
+// was lost still gets a runner. Failed polls are retried with backoff.
+func (f *Fleet) poll(ctx context.Context, forgeName string, every time.Duration) {
+	log := f.log.With("forge", forgeName)
+	backoff := time.Duration(0)
+	for {
+		wait := every
+		if err := f.PollOnce(ctx, forgeName); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, errors.ErrUnsupported) {
+				log.Warn("this forge's queue cannot be polled; pools scale on its webhooks only", "why", err)
+				return
+			}
+			backoff = min(max(2*backoff, time.Second), every)
+			wait = backoff
+			log.Warn("poll of queued jobs failed", "err", err, "retry_in", wait)
+		} else {
+			backoff = 0
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// PollOnce reads one forge's queued jobs into the demand tracker.
+func (f *Fleet) PollOnce(ctx context.Context, forgeName string) error {
+	lister, ok := f.conns[forgeName].(forge.JobLister)
+	if !ok {
+		return fmt.Errorf("forge %s: %w", forgeName, errors.ErrUnsupported)
+	}
+	listed := time.Now()
+	jobs, err := lister.Jobs(ctx, forge.JobQueued)
+	if errors.Is(err, errors.ErrUnsupported) {
+		return err // not a failed poll: there is no queue to poll here
+	}
+	if err != nil {
+		f.Metrics.Polls.WithLabelValues(forgeName, "error").Inc()
+		return err
+	}
+	f.Metrics.Polls.WithLabelValues(forgeName, "ok").Inc()
+	queued := make([]demand.Job, 0, len(jobs))
+	for _, j := range jobs {
+		queued = append(queued, demand.JobOf(forgeName, j))
+	}
+	f.Demand.Poll(forgeName, queued, listed)
+	return nil
+}
+
+// jobChanged is told of every job that moved forward: it counts it and
+// wakes the pool that serves it.
+func (f *Fleet) jobChanged(e demand.Event) {
+	if e.Pool == "" {
+		if e.New && e.Job.Status == demand.Queued {
+			f.log.Debug("queued job matches no pool", "forge", e.Job.Forge, "job", e.Job.ID, "labels", e.Job.Labels)
+		}
+		return
+	}
+	j := e.Job
+	switch {
+	case j.Status == demand.Queued:
+		f.log.Info("job queued", "pool", e.Pool, "job", j.ID, "name", j.Name)
+	case j.Status >= demand.InProgress && e.From <= demand.Queued:
+		f.Metrics.JobsStarted.WithLabelValues(e.Pool).Inc()
+		if start := j.Started; !start.IsZero() && !j.Queued.IsZero() && start.After(j.Queued) {
+			f.Metrics.JobWait.WithLabelValues(e.Pool).Observe(start.Sub(j.Queued).Seconds())
+		}
+	}
+	if j.Status == demand.Completed {
+		conclusion := j.Conclusion
+		if conclusion == "" {
+			conclusion = "unknown"
+		}
+		f.Metrics.JobsCompleted.WithLabelValues(e.Pool, conclusion).Inc()
+	}
+	for _, p := range f.pools() {
+		if p.Name() == e.Pool {
+			p.Trigger()
+		}
+	}
+}
+
+func (f *Fleet) pools() []*pool.Pool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.Pools)
+}
+
+// demandPools describes the pools to the tracker: their labels, the
+// forge's implicit ones, and the hardware labels their runners may get.
+func (f *Fleet) demandPools(cfg *config.Config) []demand.Pool {
+	var out []demand.Pool
+	for _, pc := range cfg.Pools {
+		labels := slices.Clone(pc.Labels)
+		if l, ok := f.conns[pc.Forge].(forge.Labeler); ok {
+			labels = append(labels, l.ImplicitLabels()...)
+		}
+		if pc.GPUsPerRunner != 0 && pc.HasHardwareLabels() && f.GPUs != nil {
+			units := f.GPUs.Units()
+			for i := range units {
+				labels = append(labels, gpu.Labels(units[i:i+1], f.Inventory.CUDA)...)
+			}
+			n := len(units)
+			if pc.GPUsPerRunner > 0 {
+				n = int(pc.GPUsPerRunner)
+			}
+			labels = append(labels, fmt.Sprintf("gpus-%d", n))
+		}
+		out = append(out, demand.Pool{Name: pc.Name, Forge: pc.Forge, Labels: labels})
+	}
+	return out
+}
+
+// RunnerCounts counts the pools' runners by state, for the metrics.
+func (f *Fleet) RunnerCounts() []metrics.RunnerCount {
+	var out []metrics.RunnerCount
+	for _, p := range f.pools() {
+		n := map[pool.State]int{}
+		for _, r := range p.Runners() {
+			n[r.State]++
+		}
+		for _, st := range []pool.State{pool.StateStarting, pool.StateIdle, pool.StateBusy, pool.StateStopping, pool.StateOrphan, pool.StateLost} {
+			out = append(out, metrics.RunnerCount{Pool: p.Name(), State: string(st), N: n[st]})
+		}
+	}
+	return out
+}
+
+// PoolBackoffs reports each pool's backoff, for the metrics.
+func (f *Fleet) PoolBackoffs() []metrics.PoolBackoff {
+	now := time.Now()
+	var out []metrics.PoolBackoff
+	for _, p := range f.pools() {
+		b := p.Backoff()
+		out = append(out, metrics.PoolBackoff{Pool: p.Name(), Failures: b.Failures, Seconds: max(b.Until.Sub(now).Seconds(), 0), Halted: b.Halted})
+	}
+	return out
+}
+
+// ForgeStats reads what the forge drivers count, for the metrics.
+func (f *Fleet) ForgeStats() []metrics.ForgeStats {
+	var out []metrics.ForgeStats
+	for _, name := range slices.Sorted(maps.Keys(f.conns)) {
+		st := metrics.ForgeStats{Forge: name, RateRemaining: -1}
+		if r, ok := f.conns[name].(forge.StatsReporter); ok {
+			s := r.Stats()
+			st.Calls, st.RateRemaining = s.Calls, s.RateRemaining
+		}
+		out = append(out, st)
+	}
+	return out
+}

@@ -1,0 +1,175 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/runfleet/runfleet/agent"
+	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/gpu"
+	"github.com/runfleet/runfleet/provider"
+)
+
+// op is an operation under way on a slot.
+type op int
+
+const (
+	opCreate op = iota + 1 // registering a runner and starting its machine
+	opRemove               // removing its registration, then its machine
+)
+
+type doneOp struct {
+	epoch uint64
+	op    op
+}
+
+// inflight returns the operation under way on a slot, as far as a pass
+// that began listing at epoch since can tell. Called with p.mu held.
+func (p *Pool) inflight(name string, since uint64) (op, bool) {
+	if o, ok := p.pending[name]; ok {
+		return o, true
+	}
+	if d, ok := p.done[name]; ok && d.epoch > since {
+		return d.op, true
+	}
+	return 0, false
+}
+
+// finish records a completed operation. Called with p.mu held.
+func (p *Pool) finish(name string, o op) {
+	delete(p.pending, name)
+	p.epoch++
+	p.done[name] = doneOp{p.epoch, o}
+}
+
+// create registers a runner and starts its machine, in the background,
+// with the GPUs taken for it. Called with p.mu held.
+func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit) {
+	p.pending[name] = opCreate
+	p.created++
+	p.wg.Go(func() {
+		start := p.now()
+		inst, err := p.createRunner(ctx, name, units)
+		p.mu.Lock()
+		p.finish(name, opCreate)
+		if err != nil {
+			p.releaseGPUs(name)
+			p.created--
+			rejected := errors.Is(err, forge.ErrRejected)
+			var wait time.Duration
+			if rejected {
+				p.halt("the forge refused the runner's registration; fix the config and reload: " + err.Error())
+			} else {
+				wait = p.backOff("create runner failed: " + err.Error())
+			}
+			p.mu.Unlock()
+			if p.cfg.OnError != nil {
+				p.cfg.OnError("create")
+			}
+			if rejected {
+				p.log.Error("the forge refused the runner's registration; no runner starts until the config changes", "runner", name, "err", err)
+			} else {
+				p.log.Error("create runner failed", "runner", name, "err", err, "retry_in", wait)
+			}
+			p.reportBackoff()
+		} else {
+			// Its machine, whose output tells what became of it even
+			// if it is gone before a pass lists it.
+			p.last[name] = inst
+			p.mu.Unlock()
+			took := p.now().Sub(start)
+			if p.cfg.OnStarted != nil {
+				p.cfg.OnStarted(took)
+			}
+			p.log.Info("runner started", "runner", name, "took", took.Round(time.Millisecond))
+		}
+		p.Trigger()
+	})
+}
+
+// createRunner registers the runner, then starts its machine. It is never
+// half-applied: a registration whose machine did not start is removed.
+func (p *Pool) createRunner(ctx context.Context, name string, units []gpu.Unit) (provider.Instance, error) {
+	labels := p.labels(units)
+	cred, err := p.forge.Register(ctx, forge.RunnerRequest{Name: name, Labels: labels})
+	if err != nil {
+		return provider.Instance{}, err
+	}
+	var inst provider.Instance
+	spec, err := p.agent.Spec(agent.Runner{
+		Name: name, Manager: p.cfg.Manager, Pool: p.cfg.Name, Labels: labels, Env: p.cfg.Env,
+	}, cred)
+	if err == nil {
+		spec.GPUs = gpu.IDs(units)
+		inst, err = p.prov.Create(ctx, spec)
+	}
+	if err != nil {
+		// A fresh context: the caller's may be what ended.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if rerr := p.forge.RemoveRunner(rctx, cred.RunnerID); rerr != nil && !errors.Is(rerr, forge.ErrNotFound) {
+			p.log.Warn("could not remove registration of failed runner; the next pass will", "runner", name, "err", rerr)
+		}
+		_ = p.prov.Delete(rctx, name)
+		return provider.Instance{}, err
+	}
+	return inst, nil
+}
+
+// retire removes a runner in the background: the registration first, and
+// only once the forge has agreed (it refuses a busy runner), the machine.
+// reg or inst is nil when there is none to remove. Called with p.mu held.
+func (p *Pool) retire(ctx context.Context, name string, reg *forge.Runner, inst *provider.Instance, why string) {
+	p.pending[name] = opRemove
+	p.wg.Go(func() {
+		defer func() {
+			p.mu.Lock()
+			p.finish(name, opRemove)
+			delete(p.memory, name)
+			p.mu.Unlock()
+			p.Trigger()
+		}()
+		exited := inst != nil && inst.State != provider.StateRunning
+		if reg != nil && !p.removeRegistrationFirst(ctx, name, reg.ID, exited, why) {
+			return
+		}
+		if inst != nil {
+			if err := p.prov.Delete(ctx, name); err != nil {
+				p.log.Warn("delete machine failed", "runner", name, "err", err)
+				if p.cfg.OnError != nil {
+					p.cfg.OnError("delete")
+				}
+				return
+			}
+		}
+		p.log.Info("runner removed", "runner", name, "reason", why)
+	})
+}
+
+// removeRegistrationFirst removes a retiring runner's registration and
+// reports whether its machine may go now. A runner that took a job is
+// kept; an agent that exited goes whatever the forge says.
+func (p *Pool) removeRegistrationFirst(ctx context.Context, name string, id int64, exited bool, why string) bool {
+	err := p.forge.RemoveRunner(ctx, id)
+	switch {
+	case errors.Is(err, forge.ErrBusy) && !exited:
+		p.log.Info("runner took a job; keeping it", "runner", name, "reason", why)
+		return false
+	case errors.Is(err, forge.ErrBusy):
+		p.log.Warn("agent exited while the forge counts it busy; its job fails at the forge", "runner", name)
+	case err != nil && !errors.Is(err, forge.ErrNotFound):
+		p.log.Warn("remove registration failed", "runner", name, "err", err)
+		return exited
+	}
+	return true
+}
+
+// removeRegistration removes a duplicate registration in the background.
+func (p *Pool) removeRegistration(ctx context.Context, r forge.Runner) {
+	p.wg.Go(func() {
+		if err := p.forge.RemoveRunner(ctx, r.ID); err != nil && !errors.Is(err, forge.ErrNotFound) {
+			p.log.Warn("remove duplicate registration failed", "runner", r.Name, "id", r.ID, "err", err)
+		}
+	})
+}

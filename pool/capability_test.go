@@ -1,0 +1,208 @@
+package pool
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/agent"
+	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/provider"
+)
+
+// outputProvider keeps each machine's output, by machine id, after the
+// machine is gone (as Docker's copies do), and reports preemption notices.
+type outputProvider struct {
+	*fakeProvider
+	omu    sync.Mutex
+	output map[string]string
+	notice func(provider.Notice)
+}
+
+func (p *outputProvider) Output(_ context.Context, inst provider.Instance, max int64) (io.ReadCloser, error) {
+	p.omu.Lock()
+	defer p.omu.Unlock()
+	out, ok := p.output[inst.ID]
+	if !ok {
+		return nil, provider.ErrNoOutput
+	}
+	return io.NopCloser(bytes.NewReader([]byte(out))), nil
+}
+
+// print adds a line to the output of the named runner's current machine.
+func (p *outputProvider) print(name, line string) {
+	p.mu.Lock()
+	id := p.insts[name].ID
+	p.mu.Unlock()
+	p.omu.Lock()
+	defer p.omu.Unlock()
+	p.output[id] += line + "\n"
+}
+
+func (p *outputProvider) id(name string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.insts[name].ID
+}
+
+func (p *outputProvider) WatchPreemption(_ context.Context, notice func(provider.Notice)) {
+	p.notice = notice
+}
+
+// vanish removes a machine as AutoRemove does when it exits.
+func (p *outputProvider) vanish(name string) {
+	p.mu.Lock()
+	delete(p.insts, name)
+	p.mu.Unlock()
+}
+
+// reportingAgent prints "ready", "busy", "done" lines.
+type reportingAgent struct{ fakeAgent }
+
+func (reportingAgent) Phase(b []byte) agent.Phase {
+	return agent.LastPhase(b, map[agent.Phase][]byte{agent.PhaseReady: []byte("ready"), agent.PhaseBusy: []byte("busy"), agent.PhaseDone: []byte("done")})
+}
+
+// endingForge learns that runners ended, and records lost ones.
+type endingForge struct {
+	*fakeForge
+	lmu   sync.Mutex
+	ended []int64
+	lost  []forge.Runner
+}
+
+func (f *endingForge) Ended(id int64) {
+	f.lmu.Lock()
+	f.ended = append(f.ended, id)
+	f.lmu.Unlock()
+	f.mu.Lock()
+	delete(f.runners, id)
+	f.mu.Unlock()
+}
+
+func (f *endingForge) Lost(_ context.Context, r forge.Runner) {
+	f.lmu.Lock()
+	defer f.lmu.Unlock()
+	f.lost = append(f.lost, r)
+}
+
+type capHarness struct {
+	*harness
+	out   *outputProvider
+	forge *endingForge
+}
+
+func newCapHarness(t *testing.T, cfg Config) *capHarness {
+	h := newHarness(t, cfg)
+	out := &outputProvider{fakeProvider: h.prov, output: map[string]string{}}
+	ef := &endingForge{fakeForge: h.forge}
+	h.pool = New(h.pool.cfg, ef, out, reportingAgent{}, WithClock(h.clk.Now), WithLogger(slog.New(slog.DiscardHandler)))
+	h.pool.watch(context.Background())
+	return &capHarness{harness: h, out: out, forge: ef}
+}
+
+// A container that took its job and was removed when it exited leaves
+// only its output: the pool reads "done" from it, tells the forge the
+// runner ended (no removal call), and refills the slot.
+func TestOutputOfAGoneMachineEndsItsRunner(t *testing.T) {
+	h := newCapHarness(t, Config{Size: 1})
+	h.settle()
+	h.out.print("gpu-1", "ready")
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.out.print("gpu-1", "busy")
+	h.settle()
+	if s := h.states(); s[StateBusy] != 1 {
+		t.Fatalf("states %v, want the runner busy", s)
+	}
+	h.out.print("gpu-1", "done")
+	h.out.vanish("gpu-1")
+	h.settle()
+	if len(h.forge.ended) != 1 || len(h.forge.removed) != 0 {
+		t.Fatalf("ended %v, removed %v: want the forge told, no removal call", h.forge.ended, h.forge.removed)
+	}
+	if len(h.prov.running()) != 1 || h.prov.created != 2 {
+		t.Fatalf("slot not refilled: running %v, created %d", h.prov.running(), h.prov.created)
+	}
+	if len(h.forge.lost) != 0 {
+		t.Fatalf("a finished job was reported lost: %v", h.forge.lost)
+	}
+}
+
+// A machine that vanishes while its agent says busy is reported lost
+// once, however many passes see it.
+func TestVanishedMidJobIsReportedOnce(t *testing.T) {
+	h := newCapHarness(t, Config{Size: 1, RetryLost: true})
+	h.settle()
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.out.print("gpu-1", "busy")
+	h.settle()
+	h.out.vanish("gpu-1")
+	for range 3 {
+		h.settle()
+		h.clk.Add(time.Minute)
+	}
+	if len(h.forge.lost) != 1 || h.forge.lost[0].Name != "gpu-1" || h.forge.lost[0].ID != 1 {
+		t.Fatalf("lost %v, want gpu-1 (registration 1) once", h.forge.lost)
+	}
+}
+
+// A notice that an idle runner's machine is being taken back retires it
+// (registration first); for a busy runner, the job is reported lost at
+// once and a replacement starts although the pool is at max.
+func TestPreemptionNotices(t *testing.T) {
+	h := newCapHarness(t, Config{Size: 1, Max: 2, RetryLost: true})
+	h.settle()
+	h.online()
+	h.out.notice(provider.Notice{Name: "gpu-1", ID: h.out.id("gpu-1"), Reason: "spot interruption"})
+	h.settle()
+	if !slices.Contains(h.forge.removed, "gpu-1") || !slices.Contains(h.prov.deleted, "gpu-1") {
+		t.Fatalf("idle runner on a machine being taken back was kept: removed %v deleted %v", h.forge.removed, h.prov.deleted)
+	}
+	// Its replacement takes a job, and the pool starts another, which
+	// takes one too; then the first one's machine is noticed.
+	busyAll := func() {
+		h.online()
+		h.forge.mu.Lock()
+		for _, r := range h.forge.runners {
+			r.Status = forge.StatusBusy
+		}
+		h.forge.mu.Unlock()
+		h.settle()
+	}
+	busyAll()
+	busyAll()
+	rs := h.pool.Runners()
+	if len(rs) != 2 || rs[0].State != StateBusy || rs[1].State != StateBusy {
+		t.Fatalf("runners %+v, want two busy ones", rs)
+	}
+	before, removed := h.prov.created, len(h.forge.removed)
+	h.out.notice(provider.Notice{Name: rs[0].Name, ID: rs[0].Machine, Reason: "spot interruption"})
+	h.settle()
+	h.settle()
+	if len(h.forge.lost) != 1 || h.forge.lost[0].Name != rs[0].Name || h.forge.lost[0].ID != rs[0].RunnerID {
+		t.Fatalf("lost %v, want %s's job reported once", h.forge.lost, rs[0].Name)
+	}
+	if len(h.forge.removed) != removed || slices.Contains(h.prov.deleted[1:], rs[0].Name) {
+		t.Fatal("a busy runner was removed")
+	}
+	if h.prov.created != before+1 {
+		t.Fatalf("created %d after the notice, want a replacement at max", h.prov.created-before)
+	}
+	if st := h.pool.Runners(); st[0].State != StateStopping {
+		t.Fatalf("the machine being taken back shows %s, want stopping", st[0].State)
+	}
+	// A notice for another pool's machine, or a machine no longer
+	// listed, changes nothing.
+	created, removed, lost := h.prov.created, len(h.forge.removed), len(h.forge.lost)
+	h.out.notice(provider.Notice{Name: "other-1", ID: "x"})
+	h.out.notice(provider.Notice{Name: rs[1].Name, ID: "gone"})
+	h.settle()
+	if h.prov.created != created || len(h.forge.removed) != removed || len(h.forge.lost) != lost {
+		t.Errorf("a notice for no machine of the pool changed it: created %d removed %d lost %d", h.prov.created-created, len(h.forge.removed)-removed, len(h.forge.lost)-lost)
+	}
+}

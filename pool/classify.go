@@ -1,0 +1,251 @@
+package pool
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/runfleet/runfleet/agent"
+	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/provider"
+)
+
+// State of a runner, as status shows it.
+type State string
+
+const (
+	StateStarting State = "starting" // machine up, not yet online at the forge
+	StateIdle     State = "idle"
+	StateBusy     State = "busy"
+	StateStopping State = "stopping" // being removed, its agent has exited, or its machine is being taken back
+	StateOrphan   State = "orphan"   // a registration without a machine, or the reverse
+	// StateLost: its machine went away while it ran a job. The job is
+	// reported lost (the forge re-runs it), a replacement may start, and
+	// the registration goes once the forge lets it, within the bootstrap
+	// timeout.
+	StateLost State = "lost"
+)
+
+// Runner is one slot of the pool as seen by a pass.
+type Runner struct {
+	Name     string
+	Pool     string
+	State    State
+	RunnerID int64 // at the forge; 0 without a registration
+	Created  time.Time
+	Machine  string   // the provider's id (pid, container id)
+	GPUs     []string // the GPUs its machine was given
+	// IdleSince is when the runner was first seen idle; zero unless it
+	// is idle.
+	IdleSince time.Time
+}
+
+// vanishedGrace is how long a registration whose machine vanished mid-job
+// is left for the forge to fail the job and let go of it, before the pool
+// asks for its removal anyway: the bootstrap timeout, or this without
+// one.
+const vanishedGrace = 2 * time.Minute
+
+// facts is everything classify knows of one slot: what the provider and
+// the forge listed, what the agent printed, and what earlier passes noted.
+type facts struct {
+	inst  *provider.Instance // nil: no machine listed
+	reg   *forge.Runner      // nil: no registration listed
+	phase agent.Phase        // from the agent's output, when it tells
+	// preempted is the notice that the listed machine is being taken
+	// back; nil when there is none.
+	preempted *provider.Notice
+	// hadMachine is set when the pool has seen a machine for the slot's
+	// runner: a registration without one then means the machine ended.
+	hadMachine bool
+	memory
+}
+
+// memory is what earlier passes noted of a slot.
+type memory struct {
+	// missingSince is when a running machine was first seen without a
+	// registration.
+	missingSince time.Time
+	// vanishedSince is when the slot's machine was found gone while its
+	// agent ran a job.
+	vanishedSince time.Time
+	// idleSince is when the runner was first seen idle.
+	idleSince time.Time
+}
+
+// policy is the pool's settings that classify applies.
+type policy struct {
+	now              time.Time
+	bootstrapTimeout time.Duration
+	maxLifetime      time.Duration
+	orphanGrace      time.Duration
+	draining         bool
+	// canEnd is set when the forge learns of an ended runner without a
+	// call (forge.EndObserver).
+	canEnd bool
+	// phases is set when the agents' output tells their phase: only then
+	// can an agent that ended without a job be told from one that did.
+	phases bool
+}
+
+// verdict is what a pass does about one slot.
+type verdict struct {
+	state State
+	// retire, when set, is why the runner goes: its registration first,
+	// then its machine.
+	retire string
+	// regGone is set when the forge deleted the registration itself (an
+	// ephemeral runner after its job): retire only the machine.
+	regGone bool
+	// ended tells the forge that the runner's registration went with its
+	// job.
+	ended bool
+	// lost reports the runner's job lost with its machine, for a re-run;
+	// note says why, for the log.
+	lost bool
+	note string
+	// forget drops the slot's last machine: its output tells nothing more.
+	forget bool
+	// crashed is set when the agent ended without taking a job (a broken
+	// image, a wrong path): the pool backs off before starting more.
+	crashed bool
+	// memory is what to note of the slot for the next pass.
+	memory memory
+}
+
+// classify decides a slot's state and what it needs. It is pure: no lock,
+// no I/O, the same facts give the same verdict.
+func classify(f facts, p policy) verdict {
+	switch {
+	case f.inst == nil:
+		return classifyGone(f, p)
+	case f.inst.State != provider.StateRunning:
+		return classifyExited(f, p)
+	case f.reg == nil:
+		return classifyUnregistered(f, p)
+	}
+	return classifyLive(f, p)
+}
+
+// classifyGone: a registration without a machine. The machine ended after
+// its job (a container removed when it exits), ended without one (an
+// agent that failed to start), vanished mid-job (killed, out of memory,
+// taken back), or was never started (a crash between registering and
+// starting).
+func classifyGone(f facts, p policy) verdict {
+	switch {
+	case f.reg == nil:
+		return verdict{state: StateStopping} // nothing left of it
+	case f.phase == agent.PhaseDone && p.canEnd:
+		// The forge deleted the ephemeral registration itself.
+		return verdict{state: StateStopping, ended: true, forget: true}
+	case f.phase == agent.PhaseDone:
+		return verdict{state: StateStopping, retire: "agent exited"}
+	case f.reg.Status == forge.StatusBusy:
+		// The forge still counts the runner busy: its job went with the
+		// machine. The registration goes once the forge lets go of it,
+		// or, at the latest, when the grace is over (or the pool drains).
+		since := f.vanishedSince
+		if since.IsZero() {
+			since = p.now
+		}
+		v := verdict{state: StateLost, lost: true, note: "runner's machine vanished while it ran a job", memory: memory{vanishedSince: since}}
+		if p.draining || p.now.Sub(since) >= p.lostGrace() {
+			v.retire = "machine vanished mid-job"
+		}
+		return v
+	case f.phase == agent.PhaseBusy:
+		// The forge has given up on the runner (offline): nothing to
+		// wait for.
+		return verdict{state: StateLost, lost: true, note: "runner's machine vanished while it ran a job", retire: "machine vanished mid-job"}
+	case f.hadMachine && p.phases:
+		return verdict{state: StateStopping, retire: "agent exited without taking a job", crashed: true}
+	}
+	return verdict{state: StateOrphan, retire: "registration without a machine"}
+}
+
+// lostGrace is how long a registration the forge counts busy is left after
+// its machine vanished.
+func (p policy) lostGrace() time.Duration {
+	if p.bootstrapTimeout > 0 {
+		return p.bootstrapTimeout
+	}
+	return vanishedGrace
+}
+
+// classifyExited: the agent has exited (its job is done, or it failed to
+// start). The machine goes even if the forge still counts it busy: the
+// agent is dead either way, and the slot is free for a fresh runner.
+func classifyExited(f facts, p policy) verdict {
+	v := verdict{state: StateStopping, retire: "agent exited"}
+	switch {
+	case f.phase == agent.PhaseDone:
+		// A forge that learns of an ended runner without a call deleted
+		// the ephemeral registration itself when the job ended: nothing
+		// to remove there. Others are asked to.
+		v.regGone = f.reg != nil && p.canEnd
+		v.ended = v.regGone
+	case f.phase == agent.PhaseBusy:
+		v.lost, v.note = true, "agent died while running a job"
+	case p.phases && f.reg != nil && f.reg.Status != forge.StatusBusy:
+		// Still registered, so not retired by the pool (which removes
+		// the registration first) nor ended after a job.
+		v.retire, v.crashed = "agent exited without taking a job", true
+	}
+	return v
+}
+
+// classifyUnregistered: a running machine without a registration.
+func classifyUnregistered(f facts, p policy) verdict {
+	if f.phase == agent.PhaseBusy {
+		// The forge's list predates the job; never remove a busy runner.
+		return verdict{state: StateBusy}
+	}
+	since := f.missingSince
+	if since.IsZero() {
+		since = p.now
+	}
+	if p.now.Sub(since) >= p.orphanGrace {
+		return verdict{state: StateOrphan, retire: "machine without a registration"}
+	}
+	return verdict{state: StateOrphan, memory: memory{missingSince: since}}
+}
+
+// classifyLive: a running machine with its registration.
+func classifyLive(f facts, p policy) verdict {
+	age := p.now.Sub(f.inst.Created)
+	status := f.reg.Status
+	// The agent's own word is newer than any listing of the forge.
+	switch f.phase {
+	case agent.PhaseBusy:
+		status = forge.StatusBusy
+	case agent.PhaseDone:
+		return verdict{state: StateStopping} // it exits by itself
+	case agent.PhaseReady:
+		if status == forge.StatusOffline {
+			status = forge.StatusIdle
+		}
+	}
+	switch {
+	case f.preempted != nil && status == forge.StatusBusy:
+		// Its job goes with the machine: the forge re-runs it, and a
+		// replacement need not wait for the machine to go.
+		return verdict{state: StateStopping, lost: true, note: "machine is being taken back while it runs a job"}
+	case f.preempted != nil:
+		return verdict{state: StateStopping, retire: "machine is being taken back: " + f.preempted.Reason}
+	case status == forge.StatusBusy:
+		return verdict{state: StateBusy}
+	case status == forge.StatusOffline && p.bootstrapTimeout > 0 && age > p.bootstrapTimeout:
+		return verdict{state: StateStopping, retire: fmt.Sprintf("not online after %s", p.bootstrapTimeout)}
+	case p.draining:
+		return verdict{state: StateStopping, retire: "draining"}
+	case status == forge.StatusOffline:
+		return verdict{state: StateStarting}
+	case p.maxLifetime > 0 && age > p.maxLifetime:
+		return verdict{state: StateStopping, retire: fmt.Sprintf("idle past max lifetime %s", p.maxLifetime)}
+	}
+	since := f.idleSince
+	if since.IsZero() {
+		since = p.now
+	}
+	return verdict{state: StateIdle, memory: memory{idleSince: since}}
+}

@@ -1,0 +1,176 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/forge"
+)
+
+// A machine that vanished mid-job, whose registration the forge already
+// lists offline (it gave up on the runner), frees its slot at once: the
+// job is reported lost once, the registration removed, and with max 1 a
+// replacement starts in the same pass.
+func TestLostRunnerFreesSlotAtOnce(t *testing.T) {
+	h := newCapHarness(t, Config{Size: 1, Max: 1, RetryLost: true})
+	h.settle()
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.out.print("gpu-1", "busy")
+	h.settle()
+	h.out.vanish("gpu-1")
+	h.forge.set("gpu-1", forge.StatusOffline)
+	h.settle()
+	if !slices.Contains(h.forge.removed, "gpu-1") {
+		t.Fatalf("the lost runner's registration was kept: removed %v", h.forge.removed)
+	}
+	if len(h.prov.running()) != 1 || h.prov.created != 2 {
+		t.Fatalf("no replacement: running %v, created %d", h.prov.running(), h.prov.created)
+	}
+	if len(h.forge.lost) != 1 || h.forge.lost[0].ID != 1 {
+		t.Fatalf("lost %v, want registration 1 once", h.forge.lost)
+	}
+}
+
+// While the forge still counts a vanished machine's runner busy, a
+// replacement starts at once (under a name beyond max); the registration
+// is asked to go within the bootstrap timeout; and a drain does not wait
+// for it.
+func TestLostRunnerTheForgeCountsBusy(t *testing.T) {
+	h := newCapHarness(t, Config{Size: 1, Max: 1, RetryLost: true, BootstrapTimeout: 2 * time.Minute})
+	h.settle()
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.out.print("gpu-1", "busy")
+	h.settle()
+	h.out.vanish("gpu-1")
+	h.settle()
+	if got := sorted(h.prov.running()); !slices.Equal(got, []string{"gpu-2"}) {
+		t.Fatalf("running %v, want a replacement gpu-2 at once", got)
+	}
+	if st := h.pool.Runners(); st[0].Name != "gpu-1" || st[0].State != StateLost {
+		t.Fatalf("runners %+v, want gpu-1 lost", st)
+	}
+	// The forge lets go of it within the bootstrap timeout.
+	h.clk.Add(2 * time.Minute)
+	h.forge.set("gpu-1", forge.StatusIdle) // its job failed
+	h.settle()
+	if !slices.Contains(h.forge.removed, "gpu-1") {
+		t.Fatalf("registration kept past the bootstrap timeout: removed %v", h.forge.removed)
+	}
+	if len(h.forge.lost) != 1 {
+		t.Fatalf("lost reported %d times, want once", len(h.forge.lost))
+	}
+
+	// A drain does not wait on a lost runner the forge still holds.
+	h2 := newCapHarness(t, Config{Size: 1, Max: 1})
+	h2.settle()
+	h2.forge.set("gpu-1", forge.StatusBusy)
+	h2.out.print("gpu-1", "busy")
+	h2.settle()
+	h2.out.vanish("gpu-1")
+	h2.settle()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if left := h2.pool.Drain(ctx); len(left) != 0 || ctx.Err() != nil {
+		t.Fatalf("drain left %+v (%v)", left, ctx.Err())
+	}
+}
+
+// An agent that exits at once, again and again, backs the pool off from
+// 1s doubling: in a minute, a handful of runners, not one a pass; the
+// reason, with the end of the agent's output, is the pool's Backoff and
+// OnBackoff's; and a runner that takes a job ends the backoff.
+func TestCrashLoopBacksOff(t *testing.T) {
+	var reported atomic.Value
+	h := newCapHarness(t, Config{Size: 1, OnBackoff: func(b Backoff) { reported.Store(b) }})
+	crash := func() {
+		for _, name := range h.prov.running() {
+			h.out.print(name, "Error: exec: \"/opt/runner/run.sh\": no such file or directory")
+			h.prov.exit(name)
+		}
+	}
+	for range 60 {
+		h.settle()
+		crash()
+		h.settle()
+		h.clk.Add(time.Second)
+	}
+	if h.prov.created > 7 {
+		t.Fatalf("%d runners started in a minute of crashes; want at most 7 (1s, 2s, 4s, ... apart)", h.prov.created)
+	}
+	b := h.pool.Backoff()
+	if b.Failures < 5 || !strings.Contains(b.Reason, "no such file or directory") || !b.Until.After(h.clk.Now()) {
+		t.Fatalf("backoff %+v; want the failures counted and the agent's last line given", b)
+	}
+	if r, _ := reported.Load().(Backoff); r.Failures != b.Failures {
+		t.Fatalf("OnBackoff got %+v, want %+v", r, b)
+	}
+	// Past the wait a runner starts, and takes a job: the backoff ends.
+	h.clk.Add(maxBackoff)
+	h.settle()
+	h.forge.set(h.prov.running()[0], forge.StatusBusy)
+	h.settle()
+	if b := h.pool.Backoff(); b.Failures != 0 {
+		t.Fatalf("backoff %+v after a runner took a job, want none", b)
+	}
+}
+
+// A burst of jobs starts a runner per job, and none is removed as idle
+// above the pool's size while it takes its job, though the forge's list
+// still shows it idle when the jobs leave the queue, and its machine is
+// older than the idle timeout (an image that took long to pull).
+func TestBurstRemovesNoRunnerWhileJobsStart(t *testing.T) {
+	var queued atomic.Int64
+	queued.Store(3)
+	h := newHarness(t, Config{Size: 0, Max: 3, IdleTimeout: time.Minute, BootstrapTimeout: 5 * time.Minute,
+		Demand: func([]int64) int { return int(queued.Load()) }})
+	h.settle()
+	if n := len(h.prov.running()); n != 3 {
+		t.Fatalf("%d runners for 3 jobs", n)
+	}
+	h.clk.Add(90 * time.Second)
+	h.online()
+	h.settle()
+	queued.Store(0) // the jobs were taken; the forge's list lags
+	h.settle()
+	if len(h.forge.removed) != 0 {
+		t.Fatalf("removed %v while they took their jobs", h.forge.removed)
+	}
+	// Idle for the idle timeout with nothing queued: now they go.
+	h.clk.Add(time.Minute)
+	h.settle()
+	if len(h.forge.removed) != 3 {
+		t.Fatalf("removed %v after a minute idle, want all 3", h.forge.removed)
+	}
+}
+
+// A registration the forge refuses as invalid is reported once and never
+// retried, however long the pool runs: the pool is halted, says why, and
+// tries again only after its config is reloaded.
+func TestRejectedRegistrationHaltsThePool(t *testing.T) {
+	h := newHarness(t, Config{Size: 2})
+	h.forge.failReg = fmt.Errorf("%w: github register runner gpu-1: 422 labels must have between 1 and 100 items", forge.ErrRejected)
+	var registers atomic.Int64
+	h.forge.beforeRegister = func() { registers.Add(1) }
+	for range 20 {
+		h.settle()
+		h.clk.Add(time.Minute)
+	}
+	if n := registers.Load(); n > 2 { // the first pass's two
+		t.Fatalf("%d registrations asked for: a refused one was retried", n)
+	}
+	b := h.pool.Backoff()
+	if !b.Halted || !strings.Contains(b.Reason, "422 labels must have between 1 and 100 items") {
+		t.Fatalf("backoff %+v, want the pool halted with the forge's reason", b)
+	}
+	h.forge.failReg = nil
+	h.pool.Update(h.pool.cfg)
+	h.settle()
+	if n := len(h.prov.running()); n != 2 {
+		t.Fatalf("%d runners after the reload, want 2", n)
+	}
+}

@@ -1,0 +1,153 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/runfleet/runfleet/agent"
+	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/provider"
+)
+
+// Reconcile runs one pass: it reads the provider and the forge, classifies
+// each slot, and starts what closes the gap.
+func (p *Pool) Reconcile(ctx context.Context) error {
+	snap, err := p.read(ctx, true)
+	if err != nil {
+		return p.fail(err)
+	}
+	p.pass(ctx, snap)
+	p.reportBackoff()
+	return nil
+}
+
+// pass decides and acts on what a snapshot shows.
+func (p *Pool) pass(ctx context.Context, snap snapshot) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lastErr = nil
+	for _, r := range snap.duplicates {
+		p.removeRegistration(ctx, r)
+	}
+	p.remember(snap)
+	pol := p.policy()
+	view, n := p.classifyAll(snap, pol)
+	debug := p.log.Enabled(ctx, slog.LevelDebug)
+	var crashed *slot
+	for _, name := range snap.order {
+		s := snap.slots[name]
+		if !s.classified {
+			continue
+		}
+		p.apply(ctx, s, debug)
+		switch {
+		case s.verdict.state == StateBusy, s.phase == agent.PhaseBusy, s.phase == agent.PhaseDone:
+			p.recovered()
+		case s.verdict.crashed && crashed == nil:
+			crashed = s
+		}
+	}
+	if crashed != nil && !p.draining {
+		// One step a pass, however many runners of a burst failed.
+		p.crashed(crashed)
+	}
+	prev := p.view
+	p.scale(ctx, snap, prev, view, n, pol.now)
+	p.view = view
+}
+
+// crashed backs the pool off after an agent ended without taking a job,
+// and says why in one log line with the end of the agent's output.
+// Called with p.mu held.
+func (p *Pool) crashed(s *slot) {
+	tail := lastLines(s.output, 5)
+	reason := "agent exited without taking a job"
+	if tail != "" {
+		reason += "; its output ended: " + tail
+	}
+	wait := p.backOff(reason)
+	p.log.Warn("agent exited without taking a job; backing off", "runner", s.name, "failures", p.backoff.Failures, "retry_in", wait, "output", tail)
+}
+
+// Observe reads the provider and the forge and returns the pool's runners
+// as a pass would classify them, changing nothing.
+func (p *Pool) Observe(ctx context.Context) ([]Runner, error) {
+	snap, err := p.read(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	view, _ := p.classifyAll(snap, p.policy())
+	return view, nil
+}
+
+// apply carries out a slot's verdict: it notes what the next pass needs,
+// tells the forge, and retires the runner. Called with p.mu held.
+func (p *Pool) apply(ctx context.Context, s *slot, debug bool) {
+	v := s.verdict
+	if v.memory == (memory{}) {
+		if len(p.memory) > 0 {
+			delete(p.memory, s.name)
+		}
+	} else {
+		p.memory[s.name] = v.memory
+	}
+	if v.forget {
+		delete(p.last, s.name)
+	}
+	if v.ended && s.reg != nil {
+		if e, ok := p.forge.(forge.EndObserver); ok {
+			e.Ended(s.reg.ID)
+		}
+		p.Trigger()
+	}
+	if v.lost && p.reportLost(ctx, s) {
+		p.log.Warn(v.note, "runner", s.name, "registration", regID(s.reg), "machine", p.machineOf(s))
+	}
+	if v.retire != "" {
+		reg := s.reg
+		if v.regGone {
+			reg = nil
+		}
+		p.retire(ctx, s.name, reg, s.inst, v.retire)
+	}
+	if debug {
+		p.log.Debug("slot", "runner", s.name, "state", v.state, "machine", s.inst != nil && s.inst.State == provider.StateRunning, "registered", s.reg != nil, "phase", s.phase)
+	}
+}
+
+func regID(r *forge.Runner) int64 {
+	if r == nil {
+		return 0
+	}
+	return r.ID
+}
+
+// machineOf names the machine a slot's runner ran on: the one listed, or
+// the last one seen. Called with p.mu held.
+func (p *Pool) machineOf(s *slot) string {
+	if s.inst != nil {
+		return s.inst.ID
+	}
+	return p.last[s.name].ID
+}
+
+// reportLost tells the forge, once per machine, that a runner died
+// mid-job, so that its job is re-run. It reports whether the loss is news.
+// Called with p.mu held.
+func (p *Pool) reportLost(ctx context.Context, s *slot) bool {
+	key := fmt.Sprint("registration ", regID(s.reg)) // its machine never seen
+	if m := p.machineOf(s); m != "" {
+		key = "machine " + m
+	}
+	if p.lost[s.name] == key {
+		return false
+	}
+	p.lost[s.name] = key
+	if r, ok := p.forge.(forge.Rerunner); ok && p.cfg.RetryLost {
+		r.Lost(context.WithoutCancel(ctx), forge.Runner{ID: regID(s.reg), Name: s.name})
+	}
+	return true
+}

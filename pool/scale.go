@@ -1,0 +1,126 @@
+package pool
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// scaleInput is what plan needs to size the pool.
+type scaleInput struct {
+	// want is how many runners should be idle or starting: the pool's
+	// size plus its queued jobs that no runner has taken.
+	want        int
+	max, size   int
+	created     int // runners started so far, for once
+	once        bool
+	draining    bool
+	idleTimeout time.Duration
+	now         time.Time
+	createAfter time.Time // no start before this (backoff)
+	halted      bool      // no start at all: the forge refused the request
+}
+
+// plan decides how the pool's size changes, from a pass's view, in which
+// idle counts the runners idle or starting and total those that count
+// against max. It returns which idle runners above the wanted number go
+// (indexes into view: those idle for the idle timeout, first in name
+// order), and how many runners to start. It is pure.
+func plan(view []Runner, idle, total int, in scaleInput) (retire []int, start int) {
+	if !in.draining {
+		for i, r := range view {
+			if idle <= in.want {
+				break
+			}
+			// Idle for the idle timeout, not merely older: a runner that
+			// just came online is about to take the job it was started
+			// for, which the forge may not have reported yet.
+			if r.State == StateIdle && !r.IdleSince.IsZero() && in.now.Sub(r.IdleSince) >= in.idleTimeout {
+				retire = append(retire, i)
+				idle--
+				total--
+			}
+		}
+	}
+	start = min(in.want-idle, in.max-total)
+	if in.once {
+		start = min(start, in.size-in.created)
+	}
+	if in.draining || in.halted || in.now.Before(in.createAfter) {
+		return retire, 0
+	}
+	return retire, max(start, 0)
+}
+
+// scale keeps Size runners idle, plus one for each queued job matched to
+// the pool that no runner has taken yet, within Max: it retires idle
+// runners above that and starts runners below it. Called with p.mu held.
+func (p *Pool) scale(ctx context.Context, snap snapshot, prev, view []Runner, n tally, now time.Time) {
+	in := scaleInput{
+		want: p.cfg.Size, max: p.cfg.Max, size: p.cfg.Size, created: p.created, once: p.cfg.Once,
+		draining: p.draining, idleTimeout: p.cfg.IdleTimeout, now: now, createAfter: p.backoff.Until, halted: p.backoff.Halted,
+	}
+	if p.cfg.Demand != nil && !p.cfg.Once {
+		took := p.tookJob(prev, view, now)
+		demand := max(p.cfg.Demand(took), 0)
+		in.want += demand
+		if demand > 0 || len(took) > 0 {
+			p.log.Debug("demand", "queued_unserved", demand, "took_job_lately", took, "idle_or_starting", n.idle, "total", n.total)
+		}
+	}
+	retire, start := plan(view, n.idle, n.total, in)
+	for _, i := range retire {
+		s := snap.slots[view[i].Name]
+		p.retire(ctx, s.name, s.reg, s.inst, "idle above pool size")
+		view[i].State = StateStopping
+	}
+	// Names come from the fixed set <pool>-1 .. <pool>-<max>; a name is
+	// reused once its runner is gone from both the provider and the forge.
+	// A busy runner whose machine is being taken back still holds its
+	// name, so its replacement takes one beyond max.
+	for i := 1; start > 0 && i <= p.cfg.Max+n.taken; i++ {
+		name := p.cfg.Name + "-" + strconv.Itoa(i)
+		if _, used := snap.slots[name]; used {
+			continue
+		}
+		if _, used := p.inflight(name, snap.since); used {
+			continue
+		}
+		units, ok := p.takeGPUs(name)
+		if !ok {
+			break
+		}
+		p.create(ctx, name, units)
+		start--
+	}
+}
+
+// tookJob returns the registrations of the runners seen to go from idle
+// or starting to busy within TookWindow. Called with p.mu held.
+func (p *Pool) tookJob(prev, view []Runner, now time.Time) []int64 {
+	was := map[string]State{}
+	for _, r := range prev {
+		was[r.Name] = r.State
+	}
+	busy := map[int64]bool{}
+	for _, r := range view {
+		if r.State != StateBusy || r.RunnerID == 0 {
+			continue
+		}
+		busy[r.RunnerID] = true
+		if st := was[r.Name]; (st == StateIdle || st == StateStarting) && p.took[r.RunnerID].IsZero() {
+			p.took[r.RunnerID] = now
+		}
+	}
+	var out []int64
+	for id, at := range p.took {
+		if !busy[id] || now.Sub(at) > p.cfg.TookWindow {
+			delete(p.took, id)
+			continue
+		}
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,103 @@
+package provider
+
+import (
+	"encoding/json"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/runfleet/runfleet/gpu"
+)
+
+// Driver makes providers of one kind (process, docker). A driver package
+// registers one with Register in its init function.
+type Driver interface {
+	// Check decodes and checks a pool's section for this provider (the
+	// pool's `docker:` for docker), without side effects. It returns
+	// every problem found, each naming its field relative to the pool
+	// ("docker.memory: \"12q\" is not a size"), joined with
+	// errors.Join.
+	Check(c PoolConfig) error
+	// Open returns the provider of one pool's machines. It may create
+	// the directories it needs, but starts no machine.
+	Open(c PoolConfig) (Provider, error)
+}
+
+// PoolConfig is what a driver is told of the pool whose machines it runs.
+type PoolConfig struct {
+	Manager string // the manager id
+	Pool    string
+	// StateDir is the manager's state directory: records, and copies of
+	// the agents' output.
+	StateDir string
+	// Workdir is the parent of the runners' working directories on this
+	// host.
+	Workdir string
+	// GPUsPerRunner is how many of the host's GPUs each runner gets for
+	// itself: -1 all, 0 none.
+	GPUsPerRunner int
+	// Section is the pool's section named after the provider, as
+	// written, for the driver to decode; nil when the pool has none.
+	Section json.RawMessage
+	// GPUs returns the host's GPU inventory, read once on first use, for
+	// a driver that chooses by it (an image by CUDA version). Set for
+	// Open only.
+	GPUs   func() gpu.Inventory
+	Logger *slog.Logger
+}
+
+// CMLDriver is implemented by drivers that `runfleet runner`, the drop-in
+// for `cml runner launch`, can start runners with.
+type CMLDriver interface {
+	// CMLSection says whether CML's options ask for this provider
+	// (--docker IMAGE, --cloud NAME), and returns the pool's section for
+	// them.
+	CMLSection(o CMLOptions) (section json.RawMessage, ok bool, err error)
+}
+
+// CMLOptions are the options of `cml runner launch` that choose and
+// configure where runners run.
+type CMLOptions struct {
+	Docker        string   // --docker: an image
+	DockerVolumes []string // --docker-volumes
+	// Cloud holds the --cloud* options given, by flag name without the
+	// dashes ("cloud", "cloud-type", "cloud-spot").
+	Cloud  map[string]string
+	Getenv func(string) (string, bool)
+}
+
+var (
+	mu      sync.RWMutex
+	drivers = map[string]Driver{}
+)
+
+// Register makes a driver available under a provider name, the pool's
+// `provider:`. It panics when the name is taken or the driver is nil: both
+// are mistakes in the program, as with database/sql.Register.
+func Register(name string, d Driver) {
+	mu.Lock()
+	defer mu.Unlock()
+	if d == nil {
+		panic("provider: Register driver is nil")
+	}
+	if _, dup := drivers[name]; dup {
+		panic("provider: Register called twice for " + name)
+	}
+	drivers[name] = d
+}
+
+// Lookup returns the driver registered under a name.
+func Lookup(name string) (Driver, bool) {
+	mu.RLock()
+	defer mu.RUnlock()
+	d, ok := drivers[name]
+	return d, ok
+}
+
+// Names returns the registered provider names, sorted.
+func Names() []string {
+	mu.RLock()
+	defer mu.RUnlock()
+	return slices.Sorted(maps.Keys(drivers))
+}
