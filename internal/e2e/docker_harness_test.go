@@ -58,13 +58,25 @@ func dockerForgeURL() string {
 // containers lists this fleet's containers, running or not.
 func (f *fleet) containers() []container.Summary {
 	f.t.Helper()
-	res, err := f.cli().ContainerList(context.Background(), client.ContainerListOptions{
-		All: true, Filters: make(client.Filters).Add("label", docker.LabelManager+"=e2e-"+f.repo),
-	})
+	items, err := f.listContainers()
 	if err != nil {
 		f.t.Fatalf("list containers: %v", err)
 	}
-	return res.Items
+	return items
+}
+
+// containersQuiet is containers for a goroutine other than the test's:
+// an error gives none.
+func (f *fleet) containersQuiet() []container.Summary {
+	items, _ := f.listContainers()
+	return items
+}
+
+func (f *fleet) listContainers() ([]container.Summary, error) {
+	res, err := f.cli().ContainerList(context.Background(), client.ContainerListOptions{
+		All: true, Filters: make(client.Filters).Add("label", docker.LabelManager+"=e2e-"+f.repo),
+	})
+	return res.Items, err
 }
 
 func (f *fleet) inspect(id string) container.InspectResponse {

@@ -39,6 +39,8 @@ type gpuEngine struct {
 	cli    *client.Client
 	cmd    *exec.Cmd
 	bridge string
+	// dockerd's command line and environment, to start it again.
+	args, env []string
 
 	imgOnce sync.Once
 	img     string
@@ -56,7 +58,9 @@ var (
 func needGPUEngine(t testing.TB) *gpuEngine {
 	t.Helper()
 	need(t)
-	gpuEngineOnce.Do(func() { theGPUEngine, gpuEngineErr = startGPUEngine() })
+	gpuEngineOnce.Do(func() {
+		theGPUEngine, gpuEngineErr = startEngine(engineOptions{Name: "rfgpu", Net: 231, NvidiaHook: true})
+	})
 	if gpuEngineErr != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("the GPU test engine is required in CI: %v", gpuEngineErr)
@@ -66,7 +70,19 @@ func needGPUEngine(t testing.TB) *gpuEngine {
 	return theGPUEngine
 }
 
-func startGPUEngine() (*gpuEngine, error) {
+// engineOptions sets a private engine apart from the others: its name
+// prefixes its directory, bridge and containerd namespace, and Net is the
+// second octet of its subnet.
+type engineOptions struct {
+	Name string
+	Net  int
+	// NvidiaHook puts the stand-in NVIDIA hook on the engine's PATH.
+	NvidiaHook bool
+	// DaemonJSON is its config file; "{}" when empty.
+	DaemonJSON string
+}
+
+func startEngine(opt engineOptions) (*gpuEngine, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("not root")
 	}
@@ -75,11 +91,11 @@ func startGPUEngine() (*gpuEngine, error) {
 		return nil, err
 	}
 	// A short path: the socket's must fit in 108 bytes.
-	dir, err := os.MkdirTemp("", "rfgpu")
+	dir, err := os.MkdirTemp("", opt.Name)
 	if err != nil {
 		return nil, err
 	}
-	e := &gpuEngine{dir: dir, host: "unix://" + filepath.Join(dir, "docker.sock"), bridge: fmt.Sprintf("rfgpu%d", os.Getpid()%100000)}
+	e := &gpuEngine{dir: dir, host: "unix://" + filepath.Join(dir, "docker.sock"), bridge: fmt.Sprintf("%s%d", opt.Name, os.Getpid()%100000)}
 	fail := func(err error) (*gpuEngine, error) {
 		e.stop()
 		return nil, err
@@ -88,16 +104,21 @@ func startGPUEngine() (*gpuEngine, error) {
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		return fail(err)
 	}
-	hook := "#!/bin/sh\n# Stand-in for NVIDIA's prestart hook: there is no GPU to set up.\ncat >/dev/null\nexit 0\n"
-	if err := os.WriteFile(filepath.Join(bin, "nvidia-container-runtime-hook"), []byte(hook), 0o755); err != nil {
-		return fail(err)
+	if opt.NvidiaHook {
+		hook := "#!/bin/sh\n# Stand-in for NVIDIA's prestart hook: there is no GPU to set up.\ncat >/dev/null\nexit 0\n"
+		if err := os.WriteFile(filepath.Join(bin, "nvidia-container-runtime-hook"), []byte(hook), 0o755); err != nil {
+			return fail(err)
+		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, "daemon.json"), []byte("{}"), 0o644); err != nil {
+	if opt.DaemonJSON == "" {
+		opt.DaemonJSON = "{}"
+	}
+	if err := os.WriteFile(filepath.Join(dir, "daemon.json"), []byte(opt.DaemonJSON), 0o644); err != nil {
 		return fail(err)
 	}
 	// Its own bridge: an engine started with --bridge none would delete
 	// the default engine's docker0.
-	subnet := fmt.Sprintf("10.231.%d.1/24", os.Getpid()%250)
+	subnet := fmt.Sprintf("10.%d.%d.1/24", opt.Net, os.Getpid()%250)
 	// A fixed address: a bridge made by hand otherwise takes its lowest
 	// port's, which changes as containers come and go and leaves their
 	// neighbours' ARP entries stale.
@@ -110,12 +131,7 @@ func startGPUEngine() (*gpuEngine, error) {
 			return fail(fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out))
 		}
 	}
-	logf, err := os.Create(filepath.Join(dir, "dockerd.log"))
-	if err != nil {
-		return fail(err)
-	}
-	defer logf.Close()
-	e.cmd = exec.Command(dockerd,
+	e.args = []string{
 		"--config-file", filepath.Join(dir, "daemon.json"),
 		"--host", e.host,
 		"--data-root", filepath.Join(dir, "data"),
@@ -123,15 +139,30 @@ func startGPUEngine() (*gpuEngine, error) {
 		"--pidfile", filepath.Join(dir, "docker.pid"),
 		"--bridge", e.bridge,
 		"--iptables=false", "--ip6tables=false",
-		"--containerd-namespace", "rfgpu", "--containerd-plugins-namespace", "rfgpu-plugins",
-	)
-	e.cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"))
-	e.cmd.Stdout, e.cmd.Stderr = logf, logf
-	if err := e.cmd.Start(); err != nil {
-		return fail(err)
+		"--containerd-namespace", opt.Name, "--containerd-plugins-namespace", opt.Name + "-plugins",
 	}
+	e.env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"))
 	if e.cli, err = client.New(client.WithHost(e.host)); err != nil {
 		return fail(err)
+	}
+	if err := e.run(dockerd); err != nil {
+		return fail(err)
+	}
+	return e, nil
+}
+
+// run starts dockerd and waits until it answers.
+func (e *gpuEngine) run(dockerd string) error {
+	logf, err := os.OpenFile(filepath.Join(e.dir, "dockerd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	e.cmd = exec.Command(dockerd, e.args...)
+	e.cmd.Env = e.env
+	e.cmd.Stdout, e.cmd.Stderr = logf, logf
+	if err := e.cmd.Start(); err != nil {
+		return err
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -139,13 +170,37 @@ func startGPUEngine() (*gpuEngine, error) {
 		_, err := e.cli.Ping(ctx, client.PingOptions{})
 		cancel()
 		if err == nil {
-			return e, nil
+			return nil
 		}
 		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(filepath.Join(dir, "dockerd.log"))
-			return fail(fmt.Errorf("private dockerd did not answer: %v\n%s", err, tailString(string(b), 3000)))
+			b, _ := os.ReadFile(filepath.Join(e.dir, "dockerd.log"))
+			return fmt.Errorf("private dockerd did not answer: %v\n%s", err, tailString(string(b), 3000))
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// restart stops dockerd (SIGTERM, as a service manager does) and starts
+// it again; with live-restore its containers run on meanwhile.
+func (e *gpuEngine) restart(down time.Duration) error {
+	if err := e.terminate(); err != nil {
+		return err
+	}
+	time.Sleep(down)
+	return e.run(e.cmd.Path)
+}
+
+func (e *gpuEngine) terminate() error {
+	_ = e.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = e.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-time.After(30 * time.Second):
+		_ = e.cmd.Process.Kill()
+		<-done
+		return errors.New("dockerd did not stop within 30s of SIGTERM")
 	}
 }
 
@@ -175,16 +230,8 @@ func (e *gpuEngine) stop() {
 		cancel()
 		_ = e.cli.Close()
 	}
-	if e.cmd != nil && e.cmd.Process != nil {
-		_ = e.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = e.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = e.cmd.Process.Kill()
-			<-done
-		}
+	if e.cmd != nil && e.cmd.Process != nil && e.cmd.ProcessState == nil {
+		_ = e.terminate()
 	}
 	// What the engine mounted under its directories (its network
 	// namespace, overlay layers), deepest first.

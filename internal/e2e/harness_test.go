@@ -489,10 +489,13 @@ func (f *fleet) statusTable() string {
 	return string(out)
 }
 
-// liveRunners counts the runners with a live process: the distinct
-// working directories that live processes run in (an agent and its job's
-// steps share one).
-func (f *fleet) liveRunners() int {
+// liveRunners counts the runners with a live process.
+func (f *fleet) liveRunners() int { return len(f.liveDirs()) }
+
+// liveDirs is the set of working directories (under the work root) that
+// live processes run in: one per live runner, since an agent and its
+// job's steps share one.
+func (f *fleet) liveDirs() map[string]bool {
 	dirs := map[string]bool{}
 	for _, pid := range f.runnerPIDs() {
 		cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
@@ -503,5 +506,5 @@ func (f *fleet) liveRunners() int {
 		top, _, _ := strings.Cut(rel, "/")
 		dirs[top] = true
 	}
-	return len(dirs)
+	return dirs
 }

@@ -26,9 +26,12 @@ func (f *fleet) rewrite(old, new string) {
 	}
 }
 
-func (f *fleet) logHas(s string) bool {
+func (f *fleet) logHas(s string) bool { return f.logCount(s) > 0 }
+
+// logCount counts s in the current manager's log.
+func (f *fleet) logCount(s string) int {
 	b, _ := os.ReadFile(f.logPath)
-	return strings.Contains(string(b), s)
+	return strings.Count(string(b), s)
 }
 
 // TestReloadKeepsBusyRunner grows and shrinks a pool with SIGHUP while a

@@ -307,3 +307,18 @@ func (g *Gitea) LogTail() string {
 	logs, _ := os.ReadFile(filepath.Join(g.Dir, "log", "gitea.log"))
 	return tail(out, 2000) + tail(logs, 4000)
 }
+
+// Freeze stops the server's processes (SIGSTOP): connections are still
+// accepted by the kernel, and nothing answers, as a hung forge behaves.
+// Thaw resumes them.
+func (g *Gitea) Freeze() error { return g.signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen server.
+func (g *Gitea) Thaw() error { return g.signal(syscall.SIGCONT) }
+
+func (g *Gitea) signal(sig syscall.Signal) error {
+	if g.cmd == nil || g.cmd.Process == nil {
+		return errors.New("gitea: not started")
+	}
+	return syscall.Kill(-g.cmd.Process.Pid, sig)
+}

@@ -2,8 +2,10 @@
 // Docker engine, through the Engine API.
 //
 // A container takes exactly one job: the agent's ephemeral registration
-// makes it exit after the job, and AutoRemove deletes the container with
-// everything the job wrote. Containers carry the manager id, pool and slot
+// makes it exit after the job, and the provider deletes the container with
+// everything the job wrote as soon as it exits (not AutoRemove: engines
+// before 24.0.8 kill AutoRemove containers when a live-restore engine
+// restarts, moby/moby#46308, and with them the jobs). Containers carry the manager id, pool and slot
 // in their labels; the labels are the truth after a restart, and a
 // container without this manager's label is never touched.
 package docker
@@ -95,6 +97,12 @@ type Options struct {
 	FilesDir string
 	Logger   *slog.Logger
 
+	// CallTimeout bounds each request to the engine (1 min when 0), and
+	// PullTimeout an image pull (30 min when 0): an engine that accepts
+	// connections and never answers must not hang the pool. The event
+	// stream and log copies are streams, watched otherwise.
+	CallTimeout, PullTimeout time.Duration
+
 	// closeClient is set when the provider made the client itself, and
 	// so closes it.
 	closeClient bool
@@ -143,6 +151,12 @@ func New(opt Options) (*Provider, error) {
 	}
 	if opt.Pull == "" {
 		opt.Pull = "missing"
+	}
+	if opt.CallTimeout <= 0 {
+		opt.CallTimeout = time.Minute
+	}
+	if opt.PullTimeout <= 0 {
+		opt.PullTimeout = 30 * time.Minute
 	}
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
@@ -217,6 +231,23 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	}, nil
 }
 
+// call bounds one request to the engine.
+func (p *Provider) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, p.opt.CallTimeout)
+}
+
+func (p *Provider) createContainer(ctx context.Context, opts client.ContainerCreateOptions) (client.ContainerCreateResult, error) {
+	ctx, cancel := p.call(ctx)
+	defer cancel()
+	return p.cli.ContainerCreate(ctx, opts)
+}
+
+func (p *Provider) inspectImage(ctx context.Context) (client.ImageInspectResult, error) {
+	ctx, cancel := p.call(ctx)
+	defer cancel()
+	return p.cli.ImageInspect(ctx, p.opt.Image)
+}
+
 // containers lists the manager's containers of one runner, or of every
 // runner of this provider's pool when runner is "".
 func (p *Provider) containers(ctx context.Context, manager, runner string) ([]container.Summary, error) {
@@ -224,6 +255,8 @@ func (p *Provider) containers(ctx context.Context, manager, runner string) ([]co
 	if runner != "" {
 		f.Add("label", LabelRunner+"="+runner)
 	}
+	ctx, cancel := p.call(ctx)
+	defer cancel()
 	res, err := p.cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
 	if err != nil {
 		return nil, fmt.Errorf("list containers: %w", err)
@@ -299,7 +332,6 @@ func (p *Provider) containerConfig(spec provider.Spec) (*container.Config, *cont
 	}
 	init := true // reaps the job's orphans and forwards signals to the agent
 	host := &container.HostConfig{
-		AutoRemove:  true,
 		NetworkMode: container.NetworkMode(p.opt.Network),
 		OomScoreAdj: p.opt.OOMScoreAdj,
 		ShmSize:     p.opt.ShmSize,
@@ -359,10 +391,10 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec) (string, stri
 		host.Mounts = append(host.Mounts, mountpkg.Mount{Type: mountpkg.TypeBind, Source: dir, Target: p.opt.Workdir})
 	}
 	opts := client.ContainerCreateOptions{Name: name, Config: cfg, HostConfig: host}
-	res, err := p.cli.ContainerCreate(ctx, opts)
+	res, err := p.createContainer(ctx, opts)
 	if cerrdefs.IsNotFound(err) && p.opt.Pull != "never" {
 		if err = p.pull(ctx, true); err == nil {
-			res, err = p.cli.ContainerCreate(ctx, opts)
+			res, err = p.createContainer(ctx, opts)
 		}
 	}
 	if err != nil {
@@ -378,12 +410,14 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec) (string, stri
 	archive, err := tarFiles(path.Base(p.opt.Workdir), spec.Files)
 	if err == nil {
 		// Files go straight into the container's own layer, and
-		// AutoRemove deletes them with it.
-		_, err = p.cli.CopyToContainer(ctx, res.ID, client.CopyToContainerOptions{
+		// go with it.
+		cctx, cancel := p.call(ctx)
+		_, err = p.cli.CopyToContainer(cctx, res.ID, client.CopyToContainerOptions{
 			DestinationPath: path.Dir(p.opt.Workdir),
 			Content:         archive,
 			CopyUIDGID:      true,
 		})
+		cancel()
 	}
 	if err != nil {
 		p.remove(context.WithoutCancel(ctx), res.ID, name)
@@ -407,7 +441,7 @@ func (p *Provider) mountFiles(ctx context.Context) (bool, error) {
 	known, user := p.imageUserKnown, p.imageUser
 	p.mu.Unlock()
 	if !known {
-		res, err := p.cli.ImageInspect(ctx, p.opt.Image)
+		res, err := p.inspectImage(ctx)
 		if cerrdefs.IsNotFound(err) {
 			if p.opt.Pull == "never" {
 				return false, fmt.Errorf("image %s is not on the engine, and pull is never", p.opt.Image)
@@ -415,7 +449,7 @@ func (p *Provider) mountFiles(ctx context.Context) (bool, error) {
 			if err := p.pull(ctx, true); err != nil {
 				return false, fmt.Errorf("image %s is not on the engine: %w", p.opt.Image, err)
 			}
-			res, err = p.cli.ImageInspect(ctx, p.opt.Image)
+			res, err = p.inspectImage(ctx)
 		}
 		if err != nil {
 			return false, fmt.Errorf("inspect image %s: %w", p.opt.Image, err)
@@ -497,6 +531,8 @@ func (p *Provider) pull(ctx context.Context, missing bool) error {
 	}
 	p.log.Info("pulling image", "image", p.opt.Image)
 	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, p.opt.PullTimeout)
+	defer cancel()
 	resp, err := p.cli.ImagePull(ctx, p.opt.Image, client.ImagePullOptions{})
 	if err == nil {
 		err = resp.Wait(ctx)
@@ -558,6 +594,8 @@ func tarFiles(dir string, files map[string][]byte) (io.Reader, error) {
 }
 
 func (p *Provider) start(ctx context.Context, id, runner string) error {
+	ctx, cancel := p.call(ctx)
+	defer cancel()
 	if _, err := p.cli.ContainerStart(ctx, id, client.ContainerStartOptions{}); err != nil {
 		return fmt.Errorf("start container for %s: %w", runner, err)
 	}
@@ -565,9 +603,23 @@ func (p *Provider) start(ctx context.Context, id, runner string) error {
 	return nil
 }
 
+// removeExited removes a container whose agent exited, in the
+// background: the pool learns of the exit at once, and the name of a
+// replacement never waits for it. A container that exits while no manager
+// runs is listed as exited and removed by the pool.
+func (p *Provider) removeExited(id, name string) {
+	p.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(p.bg, time.Minute)
+		defer cancel()
+		if err := p.removeContainer(ctx, id, name); err != nil && p.bg.Err() == nil {
+			p.log.Warn("remove exited container", "container", name, "err", err)
+		}
+	})
+}
+
 // remove deletes a container, and its files. The engine may already be
-// removing it (AutoRemove); it finishes that on its own, and since names
-// are never reused there is nothing to wait for.
+// removing it; it finishes that on its own, and since names are never
+// reused there is nothing to wait for.
 func (p *Provider) remove(ctx context.Context, id, name string) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -577,9 +629,11 @@ func (p *Provider) remove(ctx context.Context, id, name string) {
 }
 
 func (p *Provider) removeContainer(ctx context.Context, id, name string) error {
+	ctx, cancel := p.call(ctx)
+	defer cancel()
 	_, err := p.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
-	// On conflict the engine is already removing it (AutoRemove): its
-	// agent is gone, and so may its files be.
+	// On conflict the engine is already removing it: its agent is gone,
+	// and so may its files be.
 	if err != nil && !cerrdefs.IsNotFound(err) && !cerrdefs.IsConflict(err) {
 		return fmt.Errorf("remove container %s: %w", name, err)
 	}
@@ -713,6 +767,7 @@ func (p *Provider) watchOnce(ctx context.Context, since time.Time, changed func(
 			case events.ActionDie:
 				p.log.Info("runner container exited", "runner", runner, "exit_code", m.Actor.Attributes["exitCode"])
 				p.awaitCopy(m.Actor.ID)
+				p.removeExited(m.Actor.ID, m.Actor.Attributes["name"])
 			case events.ActionOOM:
 				p.log.Warn("runner container ran out of memory", "runner", runner)
 			}
@@ -727,7 +782,7 @@ func (p *Provider) watchOnce(ctx context.Context, since time.Time, changed func(
 }
 
 // follow copies a container's output to the pool's log directory, once
-// per container and provider. Lines carry the engine's timestamps, so that
+// per container and provider (again after a broken stream). Lines carry the engine's timestamps, so that
 // the copy of a container adopted after a restart goes on exactly after
 // the last line an earlier manager wrote: nothing written while no manager
 // ran is lost, and nothing is copied twice.
@@ -736,7 +791,9 @@ func (p *Provider) follow(id, runner string, adopted bool) {
 		return
 	}
 	p.mu.Lock()
-	if _, seen := p.followed[id]; seen {
+	// A running container whose copy ended (the engine restarted and
+	// closed the stream) is followed again from its last copied line.
+	if copying, seen := p.followed[id]; seen && (copying || !adopted) {
 		p.mu.Unlock()
 		return
 	}

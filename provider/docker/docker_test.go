@@ -3,9 +3,11 @@ package docker
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -135,7 +137,8 @@ func testCreateInspectListDelete(t *testing.T, filesDir string) {
 	}
 	c := res.Container
 	hc := c.HostConfig
-	if !hc.AutoRemove || hc.OomScoreAdj != 1000 || hc.NanoCPUs != 500_000_000 || hc.Memory != 64<<20 || hc.ShmSize != 32<<20 {
+	// Not AutoRemove, which a live-restore engine's restart kills.
+	if hc.AutoRemove || hc.OomScoreAdj != 1000 || hc.NanoCPUs != 500_000_000 || hc.Memory != 64<<20 || hc.ShmSize != 32<<20 {
 		t.Errorf("host config: AutoRemove=%v OomScoreAdj=%d NanoCPUs=%d Memory=%d ShmSize=%d", hc.AutoRemove, hc.OomScoreAdj, hc.NanoCPUs, hc.Memory, hc.ShmSize)
 	}
 	want := map[string]string{LabelManager: p.opt.Manager, LabelPool: "p", LabelRunner: "p-1", LabelSlot: "1"}
@@ -229,7 +232,7 @@ func testCreateInspectListDelete(t *testing.T, filesDir string) {
 	}
 }
 
-// Exits are reported as they happen, and AutoRemove leaves nothing.
+// Exits are reported as they happen, and the exited container is removed.
 func TestWatchReportsExit(t *testing.T) {
 	p := newProvider(t, Options{})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -487,7 +490,7 @@ func TestAdoptedOutputCopiedOnce(t *testing.T) {
 	}
 }
 
-// Containers removed while the manager was away (AutoRemove) leave their
+// Containers removed while the manager was away (by hand) leave their
 // files directories behind: a listing that no Create overlaps removes
 // them, however young, so that a drain leaves nothing; one that a Create
 // overlaps spares the young ones, which may be that Create's.
@@ -519,5 +522,64 @@ func TestStaleFilesRemovedByQuietListing(t *testing.T) {
 	}
 	if left, _ := os.ReadDir(files); len(left) != 0 {
 		t.Fatalf("%d stale files directories left after a quiet listing", len(left))
+	}
+}
+
+// An engine that accepts connections and never answers must not hang the
+// pool: every request has a deadline, and the error says what timed out.
+func TestHangingEngineTimesOut(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var conns []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // held open, never answered
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	cli, err := client.New(client.WithHost("tcp://"+l.Addr().String()), client.WithAPIVersion("1.41"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Options{Client: cli, Manager: "m", Pool: "p", Image: "img", Pull: "never", CallTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+	calls := map[string]func() error{
+		"list": func() error { _, err := p.List(ctx, "m"); return err },
+		"create": func() error {
+			_, err := p.Create(ctx, provider.Spec{Name: "p-1", Manager: "m", Pool: "p", Command: "true"})
+			return err
+		},
+		"delete": func() error { return p.Delete(ctx, "p-1") },
+	}
+	for name, call := range calls {
+		start := time.Now()
+		err := call()
+		took := time.Since(start)
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s against a hanging engine: %v, want a deadline error", name, err)
+		}
+		if took > 5*time.Second {
+			t.Errorf("%s took %s against a hanging engine", name, took)
+		}
 	}
 }

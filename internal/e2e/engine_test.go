@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/internal/ghsim"
+	"github.com/runfleet/runfleet/provider/docker"
+)
+
+// TestDockerEngineRestart restarts a private Docker engine (live-restore
+// on, as a production engine upgraded in place runs) while two jobs run in
+// its containers: the manager's event stream reconnects, the running
+// containers are adopted (same containers, their output copied on), no
+// runner is started twice, both jobs succeed and the pool refills.
+func TestDockerEngineRestart(t *testing.T) {
+	need(t)
+	eng, err := startEngine(engineOptions{Name: "rfrst", Net: 232, DaemonJSON: `{"live-restore": true}`})
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("a private Docker engine is required in CI: %v", err)
+		}
+		t.Skipf("needs a private Docker engine (root and dockerd): %v", err)
+	}
+	t.Cleanup(eng.stop)
+	f := newGitHubFleet(t, "engrestart", ghOptions{Size: 2, Max: 4, Docker: true, Engine: eng})
+	sim := f.gh
+	f.start()
+	eventually(t, time.Minute, "2 idle runners", func() bool { return idleGitHub(sim) == 2 })
+	sim.Queue("acme/engrestart",
+		ghsim.JobSpec{Name: "a", Labels: []string{"self-hosted", "engrestart"}, Script: "sleep 12; echo job a finished"},
+		ghsim.JobSpec{Name: "b", Labels: []string{"self-hosted", "engrestart"}, Script: "sleep 12; echo job b finished"})
+	eventually(t, time.Minute, "2 jobs running", func() bool {
+		n := 0
+		for _, j := range sim.Jobs() {
+			if j.Status == "in_progress" {
+				n++
+			}
+		}
+		return n == 2
+	})
+	before := map[string]string{} // runner -> container id
+	for _, c := range f.containers() {
+		if c.State == "running" {
+			before[c.Labels[docker.LabelRunner]] = c.ID
+		}
+	}
+	started := f.logCount(`msg="runner started"`)
+	watch := watchContainers(t, f)
+
+	if err := eng.restart(3 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("engine restarted")
+	eventually(t, time.Minute, "the event stream back", func() bool {
+		return f.logCount("docker event stream lost; reconnecting") > 0 && f.logCount(`msg="runner container exited"`) > 0
+	})
+	eventually(t, 2*time.Minute, "both jobs done", func() bool { done, _ := completed(sim); return done == 2 })
+	if _, ok := completed(sim); ok != 2 {
+		t.Errorf("%d of 2 jobs succeeded", ok)
+	}
+	eventually(t, time.Minute, "the pool refilled", func() bool { return idleGitHub(sim) == 2 })
+	watch.stop()
+	if d := watch.duplicates(); len(d) > 0 {
+		t.Errorf("runners with two running containers at once: %v", d)
+	}
+	// The jobs' containers were adopted, not replaced: the manager started
+	// the two that refill the pool and nothing else.
+	if n := f.logCount(`msg="runner started"`) - started; n != 2 {
+		t.Errorf("%d runners started after the restart, want 2 (the refill)", n)
+	}
+	for runner := range before {
+		logs, _ := filepath.Glob(filepath.Join(f.state, "logs", runner+"-*.log"))
+		var out strings.Builder
+		for _, l := range logs {
+			b, _ := os.ReadFile(l)
+			out.Write(b)
+		}
+		if !strings.Contains(out.String(), "completed with result: Succeeded") {
+			t.Errorf("the output copy of %s stopped at the engine restart:\n%s", runner, tailString(out.String(), 1500))
+		}
+	}
+	f.stopLeavesNothing()
+}
+
+// watchContainers samples a Docker fleet's running containers until
+// stopped, noting any runner with two at once.
+func watchContainers(t *testing.T, f *fleet) *registrationWatch {
+	w := &registrationWatch{dups: map[string]bool{}, quit: make(chan struct{}), ended: make(chan struct{})}
+	go func() {
+		defer close(w.ended)
+		for {
+			select {
+			case <-w.quit:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			w.note("running container", runningContainers(f))
+		}
+	}()
+	t.Cleanup(w.stop)
+	return w
+}
