@@ -36,3 +36,29 @@ func TestStatusListener(t *testing.T) {
 		}
 	}
 }
+
+// Each forge gets its driver's default budget of calls unless the config
+// says otherwise: Gitea has no rate limit, GitHub allows 5,000 an hour.
+func TestDefaultCallBudgetByForge(t *testing.T) {
+	for _, tc := range []struct {
+		forge, extra   string
+		perHour, burst int
+	}{
+		{"    type: gitea\n    repo: a/b\n", "", 36000, 300},
+		{"    type: gitea\n    repo: a/b\n", "    calls_per_hour: 600\n", 600, 300},
+		{"    type: github\n", "", config.DefaultCallsPerHour, config.DefaultCallBurst},
+	} {
+		url := "http://forge:3000"
+		if strings.Contains(tc.forge, "github") {
+			url = "https://github.com/a/b"
+		}
+		doc := "id: m\nforges:\n  - name: f\n    url: " + url + "\n    token: t\n" + tc.forge + tc.extra + "pools:\n  - name: p\n    labels: [x]\n"
+		cfg, err := config.Parse([]byte(doc))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.forge, err)
+		}
+		if f := cfg.Forges[0]; f.CallsPerHour != tc.perHour || f.CallBurst != tc.burst {
+			t.Errorf("%s%s: budget %d/h burst %d, want %d/h burst %d", tc.forge, tc.extra, f.CallsPerHour, f.CallBurst, tc.perHour, tc.burst)
+		}
+	}
+}

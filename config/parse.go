@@ -15,6 +15,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/secret"
 )
@@ -364,11 +365,17 @@ func (c *Config) setDefaults() {
 		if !f.PollInterval.Given() && !f.PollOff {
 			f.PollInterval = D(DefaultPollInterval)
 		}
+		perHour, burst := DefaultCallsPerHour, DefaultCallBurst
+		if d, ok := forge.Lookup(f.Type); ok {
+			if b, ok := d.(forge.Budgeter); ok {
+				perHour, burst = b.DefaultBudget()
+			}
+		}
 		if f.CallsPerHour == 0 {
-			f.CallsPerHour = DefaultCallsPerHour
+			f.CallsPerHour = perHour
 		}
 		if f.CallBurst == 0 {
-			f.CallBurst = DefaultCallBurst
+			f.CallBurst = burst
 		}
 		f.URL = strings.TrimRight(f.URL, "/")
 		f.RunnerURL = strings.TrimRight(f.RunnerURL, "/")

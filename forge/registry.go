@@ -63,6 +63,16 @@ type LabelChecker interface {
 	CheckLabels(labels []string) error
 }
 
+// Budgeter is implemented by drivers whose forge calls for another default
+// budget of API calls than config.DefaultCallsPerHour, which is set under
+// GitHub's 5,000 an hour. A self-hosted forge with no rate limit lets a
+// busy fleet call it more often.
+type Budgeter interface {
+	// DefaultBudget is the calls an hour and the burst a connection
+	// gets when its config does not say.
+	DefaultBudget() (perHour, burst int)
+}
+
 // RepoDriver is implemented by drivers that `runfleet runner` (the drop-in
 // for `cml runner launch`) can configure from a repository URL and a token
 // alone.

@@ -72,6 +72,13 @@ func decode(c forge.Config) (Scope, error) {
 	return sc, errors.Join(errs...)
 }
 
+// DefaultBudget is ten calls a second, with bursts of 300: Gitea has no API
+// rate limit, and a pool costs about five calls a job (register, disable,
+// list, delete, and its share of polling), so GitHub's default would hold
+// a busy fleet to about 700 jobs an hour. The budget is still there to stop
+// a crash loop from flooding the server.
+func (driver) DefaultBudget() (perHour, burst int) { return 36000, 300 }
+
 func (driver) Check(c forge.Config) error {
 	_, err := decode(c)
 	return err

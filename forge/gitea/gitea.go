@@ -338,18 +338,26 @@ func (d *Driver) Jobs(ctx context.Context, status forge.JobStatus) ([]forge.Job,
 	return out, nil
 }
 
+// maxSettle bounds RemoveRunner's wait for task fetches under way.
+const maxSettle = 10 * time.Second
+
 // RemoveRunner removes a runner that has no job. Gitea itself deletes a
 // runner whatever it is doing, so the driver first disables it (Gitea then
 // assigns it nothing more), waits for any task fetch already under way,
 // and deletes it only if no job is assigned to it. A busy runner is left
 // disabled: it is ephemeral and goes away after its job.
 func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
+	start := time.Now()
 	r, err := d.setDisabled(ctx, id, true)
 	if err != nil {
 		return err
 	}
+	// A task fetch that read the runner before the disable committed can
+	// still assign it a job; on a loaded server that takes longer, so the
+	// wait grows with how slowly the disable was answered.
+	settle := min(max(d.cfg.SettleTime, 4*time.Since(start)), maxSettle)
 	select {
-	case <-time.After(d.cfg.SettleTime):
+	case <-time.After(settle):
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -46,7 +46,7 @@ func TestDockerJobsEachInFreshContainer(t *testing.T) {
 	hc := c.HostConfig
 	t.Logf("inspect %s: AutoRemove=%v OomScoreAdj=%d Memory=%d NanoCpus=%d Mounts=%+v Labels=%v",
 		c.Name, hc.AutoRemove, hc.OomScoreAdj, hc.Memory, hc.NanoCPUs, hc.Mounts, c.Config.Labels)
-	if hc.AutoRemove || hc.OomScoreAdj != 1000 || hc.Memory != 512<<20 || hc.NanoCPUs != 1e9 {
+	if !hc.AutoRemove || hc.OomScoreAdj != 1000 || hc.Memory != 512<<20 || hc.NanoCPUs != 1e9 {
 		t.Errorf("host config: AutoRemove=%v OomScoreAdj=%d Memory=%d NanoCPUs=%d", hc.AutoRemove, hc.OomScoreAdj, hc.Memory, hc.NanoCPUs)
 	}
 	runner := c.Config.Labels[docker.LabelRunner]

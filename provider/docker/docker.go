@@ -2,10 +2,11 @@
 // Docker engine, through the Engine API.
 //
 // A container takes exactly one job: the agent's ephemeral registration
-// makes it exit after the job, and the provider deletes the container with
-// everything the job wrote as soon as it exits (not AutoRemove: engines
-// before 24.0.8 kill AutoRemove containers when a live-restore engine
-// restarts, moby/moby#46308, and with them the jobs). Containers carry the manager id, pool and slot
+// makes it exit after the job, and AutoRemove deletes the container with
+// everything the job wrote. On an engine with live-restore the provider
+// removes exited containers itself instead: engines before 24.0.8 kill
+// AutoRemove containers when they restart (moby/moby#46308), and with them
+// the jobs that live-restore is there to keep. Containers carry the manager id, pool and slot
 // in their labels; the labels are the truth after a restart, and a
 // container without this manager's label is never touched.
 package docker
@@ -120,6 +121,8 @@ type Provider struct {
 	// copying files.
 	imageUserKnown bool
 	imageUser      string
+	// Whether the engine has live-restore, asked once.
+	liveRestoreKnown, liveRestoreOn bool
 	// followed holds the containers whose output this provider copies
 	// (true) or has copied (false), until they are gone.
 	followed map[string]bool
@@ -332,6 +335,7 @@ func (p *Provider) containerConfig(spec provider.Spec) (*container.Config, *cont
 	}
 	init := true // reaps the job's orphans and forwards signals to the agent
 	host := &container.HostConfig{
+		AutoRemove:  true,
 		NetworkMode: container.NetworkMode(p.opt.Network),
 		OomScoreAdj: p.opt.OOMScoreAdj,
 		ShmSize:     p.opt.ShmSize,
@@ -375,6 +379,7 @@ func (p *Provider) containerConfig(spec provider.Spec) (*container.Config, *cont
 func (p *Provider) create(ctx context.Context, spec provider.Spec) (string, string, error) {
 	name := containerName(spec.Manager, spec.Name)
 	cfg, host := p.containerConfig(spec)
+	host.AutoRemove = !p.liveRestore(ctx)
 	if err := p.pull(ctx, false); err != nil {
 		return "", "", err
 	}
@@ -603,6 +608,40 @@ func (p *Provider) start(ctx context.Context, id, runner string) error {
 	return nil
 }
 
+// liveRestore reports whether the engine keeps containers running through
+// its own restart, asking it once. Its containers are then made without
+// AutoRemove (see the package comment).
+func (p *Provider) liveRestore(ctx context.Context) bool {
+	p.mu.Lock()
+	known, on := p.liveRestoreKnown, p.liveRestoreOn
+	p.mu.Unlock()
+	if known {
+		return on
+	}
+	ctx, cancel := p.call(ctx)
+	defer cancel()
+	res, err := p.cli.Info(ctx, client.InfoOptions{})
+	if err != nil {
+		return false // asked again at the next Create
+	}
+	on = res.Info.LiveRestoreEnabled
+	p.mu.Lock()
+	p.liveRestoreKnown, p.liveRestoreOn = true, on
+	p.mu.Unlock()
+	if on {
+		p.log.Info("the engine has live-restore: runfleet removes exited runner containers itself, not AutoRemove")
+	}
+	return on
+}
+
+// removesExited reports whether this provider's containers are made
+// without AutoRemove.
+func (p *Provider) removesExited() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.liveRestoreOn
+}
+
 // removeExited removes a container whose agent exited, in the
 // background: the pool learns of the exit at once, and the name of a
 // replacement never waits for it. A container that exits while no manager
@@ -618,8 +657,8 @@ func (p *Provider) removeExited(id, name string) {
 }
 
 // remove deletes a container, and its files. The engine may already be
-// removing it; it finishes that on its own, and since names are never
-// reused there is nothing to wait for.
+// removing it (AutoRemove); it finishes that on its own, and since names
+// are never reused there is nothing to wait for.
 func (p *Provider) remove(ctx context.Context, id, name string) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -632,8 +671,8 @@ func (p *Provider) removeContainer(ctx context.Context, id, name string) error {
 	ctx, cancel := p.call(ctx)
 	defer cancel()
 	_, err := p.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
-	// On conflict the engine is already removing it: its agent is gone,
-	// and so may its files be.
+	// On conflict the engine is already removing it (AutoRemove): its
+	// agent is gone, and so may its files be.
 	if err != nil && !cerrdefs.IsNotFound(err) && !cerrdefs.IsConflict(err) {
 		return fmt.Errorf("remove container %s: %w", name, err)
 	}
@@ -767,7 +806,9 @@ func (p *Provider) watchOnce(ctx context.Context, since time.Time, changed func(
 			case events.ActionDie:
 				p.log.Info("runner container exited", "runner", runner, "exit_code", m.Actor.Attributes["exitCode"])
 				p.awaitCopy(m.Actor.ID)
-				p.removeExited(m.Actor.ID, m.Actor.Attributes["name"])
+				if p.removesExited() {
+					p.removeExited(m.Actor.ID, m.Actor.Attributes["name"])
+				}
 			case events.ActionOOM:
 				p.log.Warn("runner container ran out of memory", "runner", runner)
 			}

@@ -137,8 +137,7 @@ func testCreateInspectListDelete(t *testing.T, filesDir string) {
 	}
 	c := res.Container
 	hc := c.HostConfig
-	// Not AutoRemove, which a live-restore engine's restart kills.
-	if hc.AutoRemove || hc.OomScoreAdj != 1000 || hc.NanoCPUs != 500_000_000 || hc.Memory != 64<<20 || hc.ShmSize != 32<<20 {
+	if !hc.AutoRemove || hc.OomScoreAdj != 1000 || hc.NanoCPUs != 500_000_000 || hc.Memory != 64<<20 || hc.ShmSize != 32<<20 {
 		t.Errorf("host config: AutoRemove=%v OomScoreAdj=%d NanoCPUs=%d Memory=%d ShmSize=%d", hc.AutoRemove, hc.OomScoreAdj, hc.NanoCPUs, hc.Memory, hc.ShmSize)
 	}
 	want := map[string]string{LabelManager: p.opt.Manager, LabelPool: "p", LabelRunner: "p-1", LabelSlot: "1"}
@@ -232,7 +231,7 @@ func testCreateInspectListDelete(t *testing.T, filesDir string) {
 	}
 }
 
-// Exits are reported as they happen, and the exited container is removed.
+// Exits are reported as they happen, and AutoRemove leaves nothing.
 func TestWatchReportsExit(t *testing.T) {
 	p := newProvider(t, Options{})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -490,7 +489,7 @@ func TestAdoptedOutputCopiedOnce(t *testing.T) {
 	}
 }
 
-// Containers removed while the manager was away (by hand) leave their
+// Containers removed while the manager was away (AutoRemove) leave their
 // files directories behind: a listing that no Create overlaps removes
 // them, however young, so that a drain leaves nothing; one that a Create
 // overlaps spares the young ones, which may be that Create's.
