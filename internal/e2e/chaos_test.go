@@ -227,8 +227,32 @@ type registrationWatch struct {
 }
 
 func watchRegistrations(t *testing.T, f *fleet) *registrationWatch {
-	w := &registrationWatch{dups: map[string]bool{}, quit: make(chan struct{}), ended: make(chan struct{})}
 	c := f.client()
+	return watchNames(t, func(w *registrationWatch) {
+		// Errors are skipped: the sample is only a witness.
+		r, _, err := c.ListRepoActionRunners(gitea.User, f.repo, sdk.ListActionRunnersOptions{ListOptions: sdk.ListOptions{PageSize: 100}})
+		if err == nil {
+			var names []string
+			for _, x := range r.Runners {
+				names = append(names, x.Name)
+			}
+			w.note("registration", names)
+		}
+		if f.docker {
+			w.note("running container", runningContainers(f))
+		}
+	})
+}
+
+// watchContainers samples a Docker fleet's running containers until
+// stopped, noting any runner with two at once.
+func watchContainers(t *testing.T, f *fleet) *registrationWatch {
+	return watchNames(t, func(w *registrationWatch) { w.note("running container", runningContainers(f)) })
+}
+
+// watchNames calls sample every 200 ms until the watch is stopped.
+func watchNames(t *testing.T, sample func(*registrationWatch)) *registrationWatch {
+	w := &registrationWatch{dups: map[string]bool{}, quit: make(chan struct{}), ended: make(chan struct{})}
 	go func() {
 		defer close(w.ended)
 		for {
@@ -237,18 +261,7 @@ func watchRegistrations(t *testing.T, f *fleet) *registrationWatch {
 				return
 			case <-time.After(200 * time.Millisecond):
 			}
-			// Errors are skipped: the sample is only a witness.
-			r, _, err := c.ListRepoActionRunners(gitea.User, f.repo, sdk.ListActionRunnersOptions{ListOptions: sdk.ListOptions{PageSize: 100}})
-			if err == nil {
-				var names []string
-				for _, x := range r.Runners {
-					names = append(names, x.Name)
-				}
-				w.note("registration", names)
-			}
-			if f.docker {
-				w.note("running container", runningContainers(f))
-			}
+			sample(w)
 		}
 	}()
 	t.Cleanup(w.stop)

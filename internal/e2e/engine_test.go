@@ -85,22 +85,3 @@ func TestDockerEngineRestart(t *testing.T) {
 	}
 	f.stopLeavesNothing()
 }
-
-// watchContainers samples a Docker fleet's running containers until
-// stopped, noting any runner with two at once.
-func watchContainers(t *testing.T, f *fleet) *registrationWatch {
-	w := &registrationWatch{dups: map[string]bool{}, quit: make(chan struct{}), ended: make(chan struct{})}
-	go func() {
-		defer close(w.ended)
-		for {
-			select {
-			case <-w.quit:
-				return
-			case <-time.After(200 * time.Millisecond):
-			}
-			w.note("running container", runningContainers(f))
-		}
-	}()
-	t.Cleanup(w.stop)
-	return w
-}
