@@ -265,7 +265,7 @@ func (t *Tracker) QueuedFor(pool string) int { return t.Queued()[pool] }
 // Unserved returns a pool's queued jobs less those that the pool's
 // runners took lately (tookJob, their registration ids) without the
 // tracker having heard of it yet. A runner is accounted for by a running
-// job that names its registration (a webhook), or else by a job seen
+// or ended job that names its registration (a webhook), or else by a job seen
 // leaving the queue within window that names none (a poll), which it
 // then claims, so that one such job accounts for one runner only; the
 // rest took jobs still counted as queued.
@@ -280,7 +280,7 @@ func (t *Tracker) Unserved(pool string, tookJob []int64, window time.Duration) i
 	named := map[int64]bool{}
 	var anonymous []*entry
 	for _, e := range t.jobs {
-		if e.pool != pool || e.job.Status != InProgress {
+		if e.pool != pool || e.job.Status < InProgress {
 			continue
 		}
 		if e.job.RunnerID != 0 {

@@ -151,3 +151,17 @@ func TestUnservedClaimsEachPolledStartOnce(t *testing.T) {
 		t.Fatalf("unserved %d, want 0: job 1's start was runner 21's, not 22's", n)
 	}
 }
+
+// A runner whose job the forge reports ended, before or without reporting
+// it started, is accounted for by that job: it took a queued job, and the
+// queue is not counted short for it.
+func TestUnservedCountsEndedJobsRunner(t *testing.T) {
+	tr := New([]Pool{{Name: "p", Forge: "f", Labels: []string{"gpu"}}}, nil)
+	tr.Observe(Job{Forge: "f", ID: 1, Status: Queued, Labels: []string{"gpu"}})
+	tr.Observe(Job{Forge: "f", ID: 2, Status: Queued, Labels: []string{"gpu"}})
+	// Runner 31 ran job 1 in a second; the only report is its end.
+	tr.Observe(Job{Forge: "f", ID: 1, Status: Completed, Conclusion: "success", RunnerID: 31})
+	if n := tr.Unserved("p", []int64{31}, time.Minute); n != 1 {
+		t.Fatalf("unserved %d, want 1 (job 2): runner 31's job is accounted for by its end", n)
+	}
+}

@@ -123,15 +123,19 @@ func (p *Pool) createRunner(ctx context.Context, name string, units []gpu.Unit) 
 func (p *Pool) retire(ctx context.Context, name string, reg *forge.Runner, inst *provider.Instance, why string) {
 	p.pending[name] = opRemove
 	p.wg.Go(func() {
+		kept := false
 		defer func() {
 			p.mu.Lock()
 			p.finish(name, opRemove)
-			delete(p.memory, name)
+			if !kept {
+				delete(p.memory, name)
+			}
 			p.mu.Unlock()
 			p.Trigger()
 		}()
 		exited := inst != nil && inst.State != provider.StateRunning
-		if reg != nil && !p.removeRegistrationFirst(ctx, name, reg.ID, exited, why) {
+		if reg != nil && !p.removeRegistrationFirst(ctx, name, reg.ID, exited, inst == nil, why) {
+			kept = true
 			return
 		}
 		if inst != nil {
@@ -147,12 +151,40 @@ func (p *Pool) retire(ctx context.Context, name string, reg *forge.Runner, inst 
 	})
 }
 
+// refusal is the backoff of a registration whose machine is gone and
+// whose removal the forge refused, counting the runner busy: its job went
+// with the machine, and the forge lets go of it only once it gives up on
+// the job, which can take minutes (Gitea's zombie task timeout). Asking on
+// every pass would only spend calls.
+type refusal struct {
+	until time.Time
+	wait  time.Duration
+}
+
+// The backoff of a refused removal doubles from refusedFirst to
+// refusedMax.
+const (
+	refusedFirst = 5 * time.Second
+	refusedMax   = 2 * time.Minute
+)
+
 // removeRegistrationFirst removes a retiring runner's registration and
 // reports whether its machine may go now. A runner that took a job is
-// kept; an agent that exited goes whatever the forge says.
-func (p *Pool) removeRegistrationFirst(ctx context.Context, name string, id int64, exited bool, why string) bool {
+// kept; an agent that exited goes whatever the forge says. A registration
+// without a machine (gone) that the forge refuses is asked for again only
+// after a backoff.
+func (p *Pool) removeRegistrationFirst(ctx context.Context, name string, id int64, exited, gone bool, why string) bool {
 	err := p.forge.RemoveRunner(ctx, id)
 	switch {
+	case errors.Is(err, forge.ErrBusy) && gone:
+		p.mu.Lock()
+		r := p.refused[id]
+		r.wait = min(max(2*r.wait, refusedFirst), refusedMax)
+		r.until = p.now().Add(r.wait)
+		p.refused[id] = r
+		p.mu.Unlock()
+		p.log.Info("the forge still holds the job of a runner whose machine is gone; asking again later", "runner", name, "reason", why, "retry_in", r.wait)
+		return false
 	case errors.Is(err, forge.ErrBusy) && !exited:
 		p.log.Info("runner took a job; keeping it", "runner", name, "reason", why)
 		return false

@@ -23,6 +23,7 @@ type fakeForge struct {
 	failReg  error // every Register fails with it
 	removed  []string
 	calls    int
+	removals int // RemoveRunner calls
 	// hooks, called without the lock
 	beforeRegister func()
 	afterRunners   func()
@@ -68,6 +69,7 @@ func (f *fakeForge) RemoveRunner(_ context.Context, id int64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
+	f.removals++
 	r, ok := f.runners[id]
 	if !ok {
 		return forge.ErrNotFound

@@ -106,6 +106,11 @@ func (p *Pool) apply(ctx context.Context, s *slot, debug bool) {
 	if v.lost && p.reportLost(ctx, s) {
 		p.log.Warn(v.note, "runner", s.name, "registration", regID(s.reg), "machine", p.machineOf(s))
 	}
+	if v.retire != "" && s.inst == nil && s.reg != nil && p.now().Before(p.refused[s.reg.ID].until) {
+		// The forge refused this removal lately: it holds the job that
+		// went with the machine. Asked again after a backoff.
+		v.retire = ""
+	}
 	if v.retire != "" {
 		reg := s.reg
 		if v.regGone {

@@ -147,6 +147,7 @@ type Pool struct {
 	last           map[string]provider.Instance // slot -> its last machine seen, whose output outlives it
 	preempted      map[string]provider.Notice   // machine id -> notice that it is being taken back
 	took           map[int64]time.Time          // registration seen to take a job, when
+	refused        map[int64]refusal            // registration whose removal the forge refused after its machine went
 	backoff        Backoff                      // runners failing one after another
 	backoffChanged bool                         // since the last OnBackoff
 	view           []Runner                     // after the last pass
@@ -189,6 +190,7 @@ func New(cfg Config, f Forge, prov provider.Provider, a agent.Agent, opts ...Opt
 		last:      map[string]provider.Instance{},
 		preempted: map[string]provider.Notice{},
 		took:      map[int64]time.Time{},
+		refused:   map[int64]refusal{},
 		backoff:   cfg.Backoff,
 	}
 	for _, o := range opts {

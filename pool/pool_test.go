@@ -367,3 +367,41 @@ func TestStaleSnapshotDoesNotDuplicate(t *testing.T) {
 		t.Fatalf("made %d registrations, want 1", h.forge.nextID)
 	}
 }
+
+// TestRefusedRemovalBacksOff: a runner whose machine vanished mid-job and
+// which the forge still counts busy is asked for again after a backoff,
+// not on every pass, and is removed once the forge lets go of it.
+func TestRefusedRemovalBacksOff(t *testing.T) {
+	h := newHarness(t, Config{Size: 0, BootstrapTimeout: time.Minute})
+	h.forge.Register(context.Background(), forge.RunnerRequest{Name: "gpu-3"})
+	h.forge.set("gpu-3", forge.StatusBusy)
+	h.settle()
+	h.clk.Add(2 * time.Minute) // past the grace for a vanished machine
+	h.settle()
+	calls := func() int {
+		h.forge.mu.Lock()
+		defer h.forge.mu.Unlock()
+		return h.forge.removals
+	}
+	first := calls()
+	if first == 0 {
+		t.Fatalf("the registration was never asked to go")
+	}
+	for range 20 {
+		h.settle()
+	}
+	if n := calls() - first; n != 0 {
+		t.Fatalf("%d more removal calls within the backoff, want 0", n)
+	}
+	h.clk.Add(6 * time.Second)
+	h.settle()
+	if n := calls() - first; n != 1 {
+		t.Fatalf("%d removal calls after the first backoff, want 1", n)
+	}
+	h.forge.set("gpu-3", forge.StatusOffline) // the forge gave up on the job
+	h.clk.Add(11 * time.Second)
+	h.settle()
+	if h.forge.byName("gpu-3") != nil {
+		t.Fatalf("the registration stayed after the forge let go of it")
+	}
+}

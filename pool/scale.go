@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/runfleet/runfleet/agent"
 )
 
 // scaleInput is what plan needs to size the pool.
@@ -62,7 +64,7 @@ func (p *Pool) scale(ctx context.Context, snap snapshot, prev, view []Runner, n 
 		draining: p.draining, idleTimeout: p.cfg.IdleTimeout, now: now, createAfter: p.backoff.Until, halted: p.backoff.Halted,
 	}
 	if p.cfg.Demand != nil && !p.cfg.Once {
-		took := p.tookJob(prev, view, now)
+		took := p.tookJob(snap, prev, view, now)
 		demand := max(p.cfg.Demand(took), 0)
 		in.want += demand
 		if demand > 0 || len(took) > 0 {
@@ -96,26 +98,35 @@ func (p *Pool) scale(ctx context.Context, snap snapshot, prev, view []Runner, n 
 	}
 }
 
-// tookJob returns the registrations of the runners seen to go from idle
-// or starting to busy within TookWindow. Called with p.mu held.
-func (p *Pool) tookJob(prev, view []Runner, now time.Time) []int64 {
+// tookJob returns the registrations of the runners seen to take a job
+// within TookWindow: to go from idle or starting to busy, or straight to
+// done between two passes. A runner stays listed for the window after its
+// job ends: the forge's report of the job can come later still (Gitea's
+// webhooks lag behind one-second jobs under load), and until it comes the
+// job counts as queued. Called with p.mu held.
+func (p *Pool) tookJob(snap snapshot, prev, view []Runner, now time.Time) []int64 {
 	was := map[string]State{}
 	for _, r := range prev {
 		was[r.Name] = r.State
 	}
-	busy := map[int64]bool{}
 	for _, r := range view {
-		if r.State != StateBusy || r.RunnerID == 0 {
+		if r.RunnerID == 0 || !p.took[r.RunnerID].IsZero() {
 			continue
 		}
-		busy[r.RunnerID] = true
-		if st := was[r.Name]; (st == StateIdle || st == StateStarting) && p.took[r.RunnerID].IsZero() {
+		if st := was[r.Name]; st != StateIdle && st != StateStarting {
+			continue
+		}
+		ph := agent.PhaseUnknown
+		if s, ok := snap.slots[r.Name]; ok {
+			ph = s.phase
+		}
+		if r.State == StateBusy || ph == agent.PhaseBusy || ph == agent.PhaseDone {
 			p.took[r.RunnerID] = now
 		}
 	}
 	var out []int64
 	for id, at := range p.took {
-		if !busy[id] || now.Sub(at) > p.cfg.TookWindow {
+		if now.Sub(at) > p.cfg.TookWindow {
 			delete(p.took, id)
 			continue
 		}

@@ -186,3 +186,36 @@ func TestScaleDownNeverRemovesBusyRunner(t *testing.T) {
 	}
 	t.Logf("%d interleavings: %d jobs assigned, %d machines removed, 0 busy runners removed", runs, jobs, removed)
 }
+
+// TestTookJobOutlivesItsJob: a runner that takes a queued job and finishes
+// it before the forge reports the job leaving the queue (Gitea's webhooks
+// lag behind one-second jobs) still accounts for that job, so the pool
+// only refills to its size and starts no runner for a job already run.
+func TestTookJobOutlivesItsJob(t *testing.T) {
+	var queued atomic.Int64 // what the forge has reported: never updated here
+	h := newHarness(t, Config{Size: 1, Max: 4, Demand: func(took []int64) int { return int(queued.Load()) - len(took) }})
+	h.settle()
+	h.online()
+	h.settle()
+	// gpu-1 takes the job as it is queued.
+	queued.Store(1)
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.settle()
+	h.online()
+	if got := sorted(h.prov.running()); fmt.Sprint(got) != "[gpu-1 gpu-2]" {
+		t.Fatalf("with gpu-1 busy: %v, want gpu-1 and one idle runner", got)
+	}
+	// Its job ends before the forge's report of the job arrives.
+	h.forge.finish("gpu-1", h.prov)
+	h.settle()
+	if got := sorted(h.prov.running()); fmt.Sprint(got) != "[gpu-2]" {
+		t.Fatalf("after gpu-1's job ended unreported: %v, want only gpu-2 (the job was run)", got)
+	}
+	// Past the window the report is taken as lost no more: the queue
+	// counts again.
+	h.clk.Add(2 * time.Minute)
+	h.settle()
+	if n := len(h.prov.running()); n != 2 {
+		t.Fatalf("%d runners after the window with a job still reported queued, want 2", n)
+	}
+}

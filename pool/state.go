@@ -166,6 +166,19 @@ func (p *Pool) remember(snap snapshot) {
 			}
 		}
 	}
+	if len(p.refused) > 0 {
+		listed := map[int64]bool{}
+		for _, s := range snap.slots {
+			if s.reg != nil {
+				listed[s.reg.ID] = true
+			}
+		}
+		for id := range p.refused {
+			if !listed[id] {
+				delete(p.refused, id)
+			}
+		}
+	}
 	p.syncGPUs(snap)
 	for name, d := range p.done {
 		if d.epoch <= snap.since { // this pass's snapshot shows its result

@@ -53,8 +53,11 @@ type ScaleSet struct {
 	stats    scaleset.RunnerScaleSetStatistic
 	// next is the statistics of the message being handled: they count
 	// once its job messages are (the listener records them first).
-	next    scaleset.RunnerScaleSetStatistic
-	started map[int64]bool // runners whose job the service reported started
+	next scaleset.RunnerScaleSetStatistic
+	// started holds the runners whose job the service reported started
+	// or completed, and when: the pool reports a runner that took a job
+	// for a while after its job ends.
+	started map[int64]time.Time
 }
 
 // NewScaleSet returns a scale-set connection. It makes no network call.
@@ -69,7 +72,7 @@ func NewScaleSet(cfg ScaleSetConfig) (*ScaleSet, error) {
 	if cfg.RunnerGroup == "" {
 		cfg.RunnerGroup = scaleset.DefaultRunnerGroup
 	}
-	s := &ScaleSet{Driver: d, name: cfg.Name, group: cfg.RunnerGroup, started: map[int64]bool{}}
+	s := &ScaleSet{Driver: d, name: cfg.Name, group: cfg.RunnerGroup, started: map[int64]time.Time{}}
 	s.owner, _ = os.Hostname()
 	if s.owner == "" {
 		s.owner = "runfleet"
@@ -292,11 +295,30 @@ func (s *ScaleSet) Unserved(took []int64) int {
 	defer s.mu.Unlock()
 	n := s.stats.TotalAssignedJobs - s.stats.TotalRunningJobs
 	for _, id := range took {
-		if !s.started[id] {
+		if _, ok := s.started[id]; !ok {
 			n--
 		}
 	}
 	return max(n, 0)
+}
+
+// startedKept is how long a runner's started job is remembered, well
+// beyond the pool's window for runners that took a job.
+const startedKept = time.Hour
+
+// startedRunner notes that a runner's job started (or ended, should its
+// start not have been reported), and forgets runners noted long ago.
+// Called with s.mu held.
+func (s *ScaleSet) startedRunner(id int64) {
+	now := time.Now()
+	if _, ok := s.started[id]; !ok {
+		s.started[id] = now
+	}
+	for r, at := range s.started {
+		if now.Sub(at) > startedKept {
+			delete(s.started, r)
+		}
+	}
 }
 
 // scaler receives the listener's job messages and desired counts.
@@ -307,7 +329,7 @@ type scaler struct {
 
 func (sc scaler) HandleJobStarted(_ context.Context, j *scaleset.JobStarted) error {
 	sc.s.mu.Lock()
-	sc.s.started[int64(j.RunnerID)] = true
+	sc.s.startedRunner(int64(j.RunnerID))
 	sc.s.mu.Unlock()
 	sc.changed()
 	return nil
@@ -316,7 +338,7 @@ func (sc scaler) HandleJobStarted(_ context.Context, j *scaleset.JobStarted) err
 func (sc scaler) HandleJobCompleted(_ context.Context, j *scaleset.JobCompleted) error {
 	id := int64(j.RunnerID)
 	sc.s.mu.Lock()
-	delete(sc.s.started, id)
+	sc.s.startedRunner(id)
 	sc.s.mu.Unlock()
 	if id != 0 {
 		// GitHub deletes an ephemeral runner with its job.

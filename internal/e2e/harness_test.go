@@ -188,12 +188,31 @@ func (f *fleet) cleanup() {
 	if f.t.Failed() || os.Getenv("E2E_LOGS") != "" {
 		f.dumpLogs()
 	}
+	if dir := os.Getenv("E2E_KEEP_LOGS"); dir != "" {
+		f.keepLogs(dir)
+	}
 	// Whatever a failed test left, no runner process may outlive it.
 	for _, p := range f.runnerPIDs() {
 		_ = syscall.Kill(-p, syscall.SIGKILL)
 	}
 	if f.docker {
 		f.removeContainers()
+	}
+}
+
+// keepLogs copies the managers' whole logs into dir/<test>/, for reading
+// after a run (E2E_KEEP_LOGS): a failed test's dump shows only their ends.
+func (f *fleet) keepLogs(dir string) {
+	to := filepath.Join(dir, strings.ReplaceAll(f.t.Name(), "/", "_"))
+	if err := os.MkdirAll(to, 0o755); err != nil {
+		f.t.Logf("keep logs: %v", err)
+		return
+	}
+	for i := 1; i <= f.startCnt; i++ {
+		name := fmt.Sprintf("manager-%d.log", i)
+		if b, err := os.ReadFile(filepath.Join(f.dir, name)); err == nil {
+			_ = os.WriteFile(filepath.Join(to, name), b, 0o644)
+		}
 	}
 }
 
