@@ -133,7 +133,7 @@ func (p *Pool) retire(ctx context.Context, name string, reg *forge.Runner, inst 
 			p.mu.Unlock()
 			p.Trigger()
 		}()
-		exited := inst != nil && inst.State != provider.StateRunning
+		exited := inst != nil && inst.State == provider.StateExited
 		if reg != nil && !p.removeRegistrationFirst(ctx, name, reg.ID, exited, inst == nil, why) {
 			kept = true
 			return

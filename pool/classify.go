@@ -118,7 +118,7 @@ func classify(f facts, p policy) verdict {
 	switch {
 	case f.inst == nil:
 		return classifyGone(f, p)
-	case f.inst.State != provider.StateRunning:
+	case f.inst.State == provider.StateExited:
 		return classifyExited(f, p)
 	case f.reg == nil:
 		return classifyUnregistered(f, p)

@@ -22,6 +22,7 @@ const (
 	none = iota
 	running
 	exited
+	created // made, never started: a start may be under way
 
 	off  = forge.StatusOffline
 	idle = forge.StatusIdle
@@ -35,6 +36,8 @@ func machine(state int, age time.Duration) *provider.Instance {
 		return &provider.Instance{Name: "p-1", State: provider.StateRunning, Created: classifyNow.Add(-age), ID: "m1"}
 	case exited:
 		return &provider.Instance{Name: "p-1", State: provider.StateExited, Created: classifyNow.Add(-age), ID: "m1"}
+	case created:
+		return &provider.Instance{Name: "p-1", State: provider.StateCreated, Created: classifyNow.Add(-age), ID: "m1"}
 	}
 	return nil
 }
@@ -87,6 +90,11 @@ var classifyCases = []classifyCase{
 	{name: "unregistered within grace", machine: running, age: time.Minute, reg: noRg, mem: memory{missingSince: classifyNow.Add(-10 * time.Second)}, want: verdict{state: StateOrphan, memory: memory{missingSince: classifyNow.Add(-10 * time.Second)}}},
 	{name: "unregistered past grace", machine: running, age: time.Minute, reg: noRg, mem: memory{missingSince: classifyNow.Add(-15 * time.Second)}, want: verdict{state: StateOrphan, retire: "machine without a registration"}},
 	{name: "unregistered, agent busy: listing predates the job", machine: running, age: time.Minute, reg: noRg, phase: agent.PhaseBusy, mem: memory{missingSince: classifyNow.Add(-time.Hour)}, want: verdict{state: StateBusy}},
+	// A machine created but never started (its manager was killed
+	// mid-create): it may start yet, so it is a runner coming up.
+	{name: "created, registered", machine: created, age: 10 * time.Second, reg: off, want: verdict{state: StateStarting}},
+	{name: "created, took a job as it started", machine: created, age: 10 * time.Second, reg: busy, want: verdict{state: StateBusy}},
+	{name: "created, never started", machine: created, age: 3 * time.Minute, reg: off, want: verdict{state: StateStopping, retire: "not online after 2m0s"}},
 	// An exited machine.
 	{name: "exited after its job", machine: exited, age: time.Minute, reg: busy, phase: agent.PhaseDone, want: verdict{state: StateStopping, retire: "agent exited", regGone: true, ended: true}},
 	{name: "exited after its job, forge must be told", machine: exited, age: time.Minute, reg: busy, phase: agent.PhaseDone, pol: func(p *policy) { p.canEnd = false }, want: verdict{state: StateStopping, retire: "agent exited"}},

@@ -119,7 +119,7 @@ func (p *Pool) apply(ctx context.Context, s *slot, debug bool) {
 		p.retire(ctx, s.name, reg, s.inst, v.retire)
 	}
 	if debug {
-		p.log.Debug("slot", "runner", s.name, "state", v.state, "machine", s.inst != nil && s.inst.State == provider.StateRunning, "registered", s.reg != nil, "phase", s.phase)
+		p.log.Debug("slot", "runner", s.name, "state", v.state, "machine", s.inst != nil && s.inst.State != provider.StateExited, "registered", s.reg != nil, "phase", s.phase)
 	}
 }
 

@@ -45,6 +45,11 @@ type State string
 const (
 	StateRunning State = "running"
 	StateExited  State = "exited" // the agent ended; Delete cleans up what is left
+	// StateCreated: made but never started. A start may still be under
+	// way (sent by a manager killed mid-create, which the engine carries
+	// out all the same), so the machine is treated as one coming up, not
+	// as one whose agent ended.
+	StateCreated State = "created"
 )
 
 // Instance is the provider's record of one machine.

@@ -43,6 +43,12 @@ type Agent struct {
 	InContainer bool
 }
 
+// FetchTimeout bounds each task fetch of the runner. A fetch that Gitea
+// has not answered by then is abandoned by the runner, so a task that
+// Gitea assigns later is lost whatever the manager does; one assigned
+// sooner shows within this time, which is what RemoveRunner waits for.
+const FetchTimeout = 5 * time.Second
+
 // ConfigFile is the config file written next to the registration.
 const ConfigFile = "runner.yaml"
 
@@ -70,8 +76,10 @@ func (g Agent) Spec(r agent.Runner, cred forge.Credential) (provider.Spec, error
 			// job up within one interval.
 			"fetch_interval":     fetch.String(),
 			"fetch_interval_max": fetch.String(),
-			"labels":             labels,
-			"timeout":            "24h",
+			// RemoveRunner's settle time is derived from it.
+			"fetch_timeout": FetchTimeout.String(),
+			"labels":        labels,
+			"timeout":       "24h",
 		},
 		// The built-in cache server would listen on a port of the host
 		// shared by every runner; off until a pool asks for it.

@@ -53,7 +53,8 @@ type Config struct {
 	Version string
 	// SettleTime is how long RemoveRunner waits between disabling a
 	// runner and checking it has no job, so that a task fetch that was
-	// already under way is seen. Defaults to 500ms.
+	// already under way is seen. Defaults to the runner's FetchTimeout
+	// and a second.
 	SettleTime time.Duration
 	Logger     *slog.Logger
 }
@@ -81,7 +82,7 @@ func New(cfg Config) *Driver {
 		hc = &http.Client{Timeout: 30 * time.Second}
 	}
 	if cfg.SettleTime == 0 {
-		cfg.SettleTime = 500 * time.Millisecond
+		cfg.SettleTime = FetchTimeout + time.Second
 	}
 	if cfg.Version == "" {
 		cfg.Version = "runfleet"
@@ -339,22 +340,28 @@ func (d *Driver) Jobs(ctx context.Context, status forge.JobStatus) ([]forge.Job,
 }
 
 // maxSettle bounds RemoveRunner's wait for task fetches under way.
-const maxSettle = 10 * time.Second
+const maxSettle = 15 * time.Second
 
 // RemoveRunner removes a runner that has no job. Gitea itself deletes a
 // runner whatever it is doing, so the driver first disables it (Gitea then
 // assigns it nothing more), waits for any task fetch already under way,
 // and deletes it only if no job is assigned to it. A busy runner is left
 // disabled: it is ephemeral and goes away after its job.
+//
+// The wait: a fetch that read the runner before the disable committed can
+// still assign it a task (Gitea re-reads the runner, then picks a task in
+// a transaction of its own). The runner abandons a fetch after its fetch
+// timeout, and a task assigned after that is lost to the runner anyway,
+// so waiting that long after the disable's answer sees every task the
+// runner can run.
 func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 	start := time.Now()
 	r, err := d.setDisabled(ctx, id, true)
 	if err != nil {
 		return err
 	}
-	// A task fetch that read the runner before the disable committed can
-	// still assign it a job; on a loaded server that takes longer, so the
-	// wait grows with how slowly the disable was answered.
+	// On a loaded server everything takes longer: the wait grows with
+	// how slowly the disable was answered.
 	settle := min(max(d.cfg.SettleTime, 4*time.Since(start)), maxSettle)
 	select {
 	case <-time.After(settle):

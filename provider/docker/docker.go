@@ -705,9 +705,10 @@ func (p *Provider) filters(manager string) client.Filters {
 
 // List returns the manager's containers, found by label. A container the
 // engine is removing is left out: it is gone as far as the pool is
-// concerned. Any other container that is not running (exited, or created
-// but never started after a crash) is reported as exited, for the pool to
-// delete, unless its runner already has a running one.
+// concerned. One created but never started (a manager killed mid-create)
+// is reported as created. Any other container that is not running is
+// reported as exited, for the pool to delete, unless its runner already
+// has a running one.
 func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instance, error) {
 	busy, done := p.creating.Load(), p.created.Load()
 	cs, err := p.containers(ctx, manager, "")
@@ -735,6 +736,10 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 			}
 			out = append(out, p.instance(c, provider.StateRunning))
 		case c.State == container.StateRemoving, live[c.Labels[LabelRunner]]:
+		case c.State == container.StateCreated:
+			// Never started: a start sent by a manager killed mid-create
+			// may still be carried out, so it is not an agent that ended.
+			out = append(out, p.instance(c, provider.StateCreated))
 		default:
 			out = append(out, p.instance(c, provider.StateExited))
 		}
