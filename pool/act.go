@@ -108,7 +108,15 @@ func (p *Pool) createRunner(ctx context.Context, name string, units []gpu.Unit) 
 		// A fresh context: the caller's may be what ended.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		if rerr := p.forge.RemoveRunner(rctx, cred.RunnerID); rerr != nil && !errors.Is(rerr, forge.ErrNotFound) {
+		rerr := p.forge.RemoveRunner(rctx, cred.RunnerID)
+		switch {
+		case errors.Is(rerr, forge.ErrBusy):
+			// Its machine came up after all (a provider that reported a
+			// failure it could not see through) and took a job: it is
+			// left to the passes, which keep a busy runner.
+			p.log.Warn("a runner whose start failed took a job; keeping its machine", "runner", name, "err", err)
+			return provider.Instance{}, err
+		case rerr != nil && !errors.Is(rerr, forge.ErrNotFound):
 			p.log.Warn("could not remove registration of failed runner; the next pass will", "runner", name, "err", rerr)
 		}
 		_ = p.prov.Delete(rctx, name)

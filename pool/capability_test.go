@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -204,5 +205,35 @@ func TestPreemptionNotices(t *testing.T) {
 	h.settle()
 	if h.prov.created != created || len(h.forge.removed) != removed || len(h.forge.lost) != lost {
 		t.Errorf("a notice for no machine of the pool changed it: created %d removed %d lost %d", h.prov.created-created, len(h.forge.removed)-removed, len(h.forge.lost)-lost)
+	}
+}
+
+// TestJobRunBetweenPassesCountsAsTaken: a runner idle at one pass whose
+// one-second job came and went before the next (its registration gone
+// with the job, only its output left) took a job all the same: the queue,
+// which has not heard of the job yet, is not counted for it.
+func TestJobRunBetweenPassesCountsAsTaken(t *testing.T) {
+	var queued atomic.Int64 // the forge's reports lag: never updated here
+	var took atomic.Int64
+	h := newCapHarness(t, Config{Size: 1, Max: 4, Demand: func(t []int64) int {
+		took.Store(int64(len(t)))
+		return int(queued.Load()) - len(t)
+	}})
+	h.settle()
+	h.out.print("gpu-1", "ready")
+	h.online()
+	h.settle()
+	// Between two passes: a job is queued, gpu-1 takes it, runs it and
+	// exits; Gitea deletes the ephemeral registration.
+	queued.Store(1)
+	h.out.print("gpu-1", "busy")
+	h.out.print("gpu-1", "done")
+	h.forge.finish("gpu-1", h.prov)
+	h.settle()
+	if took.Load() != 1 {
+		t.Fatalf("%d runners reported taking a job, want 1 (gpu-1)", took.Load())
+	}
+	if n := len(h.prov.running()); n != 1 {
+		t.Fatalf("%d runners after gpu-1 ran the job, want 1 (the refill): none for a job already run", n)
 	}
 }

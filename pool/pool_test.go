@@ -405,3 +405,40 @@ func TestRefusedRemovalBacksOff(t *testing.T) {
 		t.Fatalf("the registration stayed after the forge let go of it")
 	}
 }
+
+// startedAnywayProvider reports a failed start for a machine that came up
+// all the same and whose runner took a job at once, as a container does
+// whose start the engine carried out after its caller gave up.
+type startedAnywayProvider struct {
+	*fakeProvider
+	forge *fakeForge
+}
+
+func (p startedAnywayProvider) Create(ctx context.Context, s provider.Spec) (provider.Instance, error) {
+	if _, err := p.fakeProvider.Create(ctx, s); err != nil {
+		return provider.Instance{}, err
+	}
+	p.forge.set(s.Name, forge.StatusBusy)
+	return provider.Instance{}, errors.New("start container: context canceled")
+}
+
+// TestFailedStartThatTookAJobIsKept: a runner whose start was reported
+// failed but which took a job keeps its machine, and its job.
+func TestFailedStartThatTookAJobIsKept(t *testing.T) {
+	h := newHarness(t, Config{Size: 1})
+	h.pool = New(h.pool.cfg, h.forge, startedAnywayProvider{h.prov, h.forge}, fakeAgent{}, WithClock(h.clk.Now), WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err := h.pool.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.pool.Wait()
+	if len(h.prov.deleted) != 0 || h.forge.byName("gpu-1") == nil {
+		t.Fatalf("deleted %v, registration %v: the busy runner was removed", h.prov.deleted, h.forge.byName("gpu-1"))
+	}
+	if err := h.pool.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.pool.Wait()
+	if st := h.states(); st[StateBusy] != 1 {
+		t.Fatalf("states %v, want gpu-1 busy", st)
+	}
+}

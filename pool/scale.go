@@ -105,15 +105,23 @@ func (p *Pool) scale(ctx context.Context, snap snapshot, prev, view []Runner, n 
 // webhooks lag behind one-second jobs under load), and until it comes the
 // job counts as queued. Called with p.mu held.
 func (p *Pool) tookJob(snap snapshot, prev, view []Runner, now time.Time) []int64 {
-	was := map[string]State{}
+	was := map[string]Runner{}
 	for _, r := range prev {
-		was[r.Name] = r.State
+		was[r.Name] = r
 	}
 	for _, r := range view {
-		if r.RunnerID == 0 || !p.took[r.RunnerID].IsZero() {
+		before := was[r.Name]
+		if before.State != StateIdle && before.State != StateStarting {
 			continue
 		}
-		if st := was[r.Name]; st != StateIdle && st != StateStarting {
+		// A runner that ran its job between two passes may be listed
+		// without its registration, which the forge deleted with the
+		// job: it is the one the last pass saw.
+		id := r.RunnerID
+		if id == 0 {
+			id = before.RunnerID
+		}
+		if id == 0 || !p.took[id].IsZero() {
 			continue
 		}
 		ph := agent.PhaseUnknown
@@ -121,7 +129,7 @@ func (p *Pool) tookJob(snap snapshot, prev, view []Runner, now time.Time) []int6
 			ph = s.phase
 		}
 		if r.State == StateBusy || ph == agent.PhaseBusy || ph == agent.PhaseDone {
-			p.took[r.RunnerID] = now
+			p.took[id] = now
 		}
 	}
 	var out []int64

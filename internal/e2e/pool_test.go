@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,7 +59,7 @@ func TestCrashWhileJobsRun(t *testing.T) {
 	f := newFleet(t, "crash", fleetOptions{Size: 2})
 	f.start()
 	eventually(t, time.Minute, "2 idle runners", func() bool { return f.idleOnline() == 2 })
-	f.push(matrix("crash", 2, `sleep 12
+	f.push(matrix("crash", 2, `sleep 20
 echo done`))
 	f.waitInProgress(2)
 	// status shows both runners busy with their jobs.
@@ -80,12 +81,17 @@ echo done`))
 	// The driver refuses to remove a runner that has a job.
 	drv := giteadrv.New(giteadrv.Config{URL: gitea.URL, Token: gitea.Token,
 		Scope: giteadrv.Scope{Kind: "repo", Owner: gitea.User, Repo: f.repo}})
+	// Both at once: each waits out the runner's fetch timeout.
+	var wg sync.WaitGroup
 	for _, r := range st.Pools[0].Runners {
-		err := drv.RemoveRunner(context.Background(), r.RunnerID)
-		if !errors.Is(err, forge.ErrBusy) {
-			t.Errorf("RemoveRunner(%s, busy) = %v, want ErrBusy", r.Name, err)
-		}
+		wg.Go(func() {
+			err := drv.RemoveRunner(context.Background(), r.RunnerID)
+			if !errors.Is(err, forge.ErrBusy) {
+				t.Errorf("RemoveRunner(%s, busy) = %v, want ErrBusy", r.Name, err)
+			}
+		})
 	}
+	wg.Wait()
 
 	f.kill9()
 	busy := f.runnerPIDs()

@@ -42,7 +42,7 @@ func TestReloadKeepsBusyRunner(t *testing.T) {
 	f := newFleet(t, "reload", fleetOptions{Size: 1, Max: 3, Extra: "    idle_timeout: 1s\n"})
 	f.start()
 	eventually(t, time.Minute, "1 idle runner", func() bool { return f.idleOnline() == 1 })
-	f.push(matrix("reload", 1, "sleep 8\necho done"))
+	f.push(matrix("reload", 1, "sleep 25\necho done"))
 	f.waitInProgress(1)
 	var busy string
 	for _, j := range f.jobs() {

@@ -599,13 +599,24 @@ func tarFiles(dir string, files map[string][]byte) (io.Reader, error) {
 }
 
 func (p *Provider) start(ctx context.Context, id, runner string) error {
-	ctx, cancel := p.call(ctx)
+	cctx, cancel := p.call(ctx)
 	defer cancel()
-	if _, err := p.cli.ContainerStart(ctx, id, client.ContainerStartOptions{}); err != nil {
+	if _, err := p.cli.ContainerStart(cctx, id, client.ContainerStartOptions{}); err != nil && !p.startedAnyway(ctx, id) {
 		return fmt.Errorf("start container for %s: %w", runner, err)
 	}
 	p.follow(id, runner, false)
 	return nil
+}
+
+// startedAnyway reports whether a container whose start failed runs all
+// the same: the engine carries out a start whose caller gave up (a drain
+// cancelled it, the call timed out), and its agent may already have taken
+// a job, so it must not be removed as a container that did not start.
+func (p *Provider) startedAnyway(ctx context.Context, id string) bool {
+	cctx, cancel := p.call(context.WithoutCancel(ctx))
+	defer cancel()
+	res, err := p.cli.ContainerInspect(cctx, id, client.ContainerInspectOptions{})
+	return err == nil && res.Container.State != nil && res.Container.State.Running
 }
 
 // liveRestore reports whether the engine keeps containers running through

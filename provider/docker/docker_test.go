@@ -313,6 +313,34 @@ func TestCreatedButNotStartedIsReplaced(t *testing.T) {
 	}
 }
 
+// A start whose caller gave up (a drain cancelled it) is carried out by
+// the engine all the same: a container that runs after a failed start
+// counts as started and is kept, since its agent may have taken a job; one
+// that did not start is not.
+func TestStartedAnywayIsKept(t *testing.T) {
+	p := newProvider(t, Options{})
+	ctx := context.Background()
+	id, _, err := p.create(ctx, sleeper(p, "p-5", "sleep 30"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.startedAnyway(ctx, id) {
+		t.Fatalf("a container never started counts as started")
+	}
+	// The engine carries out the start; the caller's context has ended.
+	if _, err := p.cli.ContainerStart(ctx, id, client.ContainerStartOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if !p.startedAnyway(cancelled, id) {
+		t.Fatalf("a running container whose start was reported failed does not count as started")
+	}
+	if err := p.start(cancelled, id, "p-5"); err != nil {
+		t.Fatalf("start with its answer lost = %v, want nil: the container runs", err)
+	}
+}
+
 // GPU requests reach the container's HostConfig exactly: all GPUs as
 // Count -1, given devices as DeviceIDs, never both. The containers are
 // created but not started, since this host may have no GPU.
