@@ -403,6 +403,18 @@ func (f *fleet) idleOnline() int {
 	return n
 }
 
+// ready counts the runners that can take a job now: online, idle and not
+// disabled (a disabled one is being removed).
+func (f *fleet) ready() int {
+	n := 0
+	for _, r := range f.runners() {
+		if r.Status == "online" && !r.Busy && !r.Disabled {
+			n++
+		}
+	}
+	return n
+}
+
 func (f *fleet) push(workflow string) {
 	f.t.Helper()
 	if err := gitea.PutFile(f.repo, ".gitea/workflows/ci.yaml", workflow, "ci"); err != nil {
