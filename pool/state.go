@@ -153,31 +153,20 @@ func (p *Pool) remember(snap snapshot) {
 			}
 		}
 	}
-	if len(p.preempted) > 0 {
-		live := map[string]bool{}
+	// Notices of machines, and refusals of registrations, no longer
+	// listed are done with.
+	if len(p.preempted) > 0 || len(p.refused) > 0 {
+		machines, regs := map[string]bool{}, map[int64]bool{}
 		for _, s := range snap.slots {
 			if s.inst != nil {
-				live[s.inst.ID] = true
+				machines[s.inst.ID] = true
 			}
-		}
-		for id := range p.preempted {
-			if !live[id] {
-				delete(p.preempted, id)
-			}
-		}
-	}
-	if len(p.refused) > 0 {
-		listed := map[int64]bool{}
-		for _, s := range snap.slots {
 			if s.reg != nil {
-				listed[s.reg.ID] = true
+				regs[s.reg.ID] = true
 			}
 		}
-		for id := range p.refused {
-			if !listed[id] {
-				delete(p.refused, id)
-			}
-		}
+		maps.DeleteFunc(p.preempted, func(id string, _ provider.Notice) bool { return !machines[id] })
+		maps.DeleteFunc(p.refused, func(id int64, _ refusal) bool { return !regs[id] })
 	}
 	p.syncGPUs(snap)
 	for name, d := range p.done {

@@ -394,21 +394,19 @@ func (f *fleet) jobs() []*sdk.ActionWorkflowJob {
 
 // idleOnline counts registrations that are online and have no job.
 func (f *fleet) idleOnline() int {
-	n := 0
-	for _, r := range f.runners() {
-		if r.Status == "online" && !r.Busy {
-			n++
-		}
-	}
-	return n
+	return f.countRunners(func(r *sdk.ActionRunner) bool { return r.Status == "online" && !r.Busy })
 }
 
 // ready counts the runners that can take a job now: online, idle and not
 // disabled (a disabled one is being removed).
 func (f *fleet) ready() int {
+	return f.countRunners(func(r *sdk.ActionRunner) bool { return r.Status == "online" && !r.Busy && !r.Disabled })
+}
+
+func (f *fleet) countRunners(ok func(*sdk.ActionRunner) bool) int {
 	n := 0
 	for _, r := range f.runners() {
-		if r.Status == "online" && !r.Busy && !r.Disabled {
+		if ok(r) {
 			n++
 		}
 	}
