@@ -449,18 +449,22 @@ func matrix(label string, n int, script string) string {
 // waitJobs waits until n jobs are completed and returns them.
 func (f *fleet) waitJobs(n int, timeout time.Duration) []*sdk.ActionWorkflowJob {
 	f.t.Helper()
-	var jobs []*sdk.ActionWorkflowJob
-	eventually(f.t, timeout, fmt.Sprintf("%d jobs to complete", n), func() bool {
-		jobs = f.jobs()
-		done := 0
+	for deadline := time.Now().Add(timeout); ; time.Sleep(100 * time.Millisecond) {
+		jobs := f.jobs()
+		var open []string
 		for _, j := range jobs {
-			if j.Status == "completed" {
-				done++
+			if j.Status != "completed" {
+				open = append(open, fmt.Sprintf("%s (run %d) %s on %q", j.Name, j.RunID, j.Status, j.RunnerName))
 			}
 		}
-		return len(jobs) >= n && done >= n
-	})
-	return jobs
+		if len(jobs) >= n && len(jobs)-len(open) >= n {
+			return jobs
+		}
+		if time.Now().After(deadline) {
+			// Name the jobs, so that a failure says where to look.
+			f.t.Fatalf("timed out after %s waiting for %d jobs to complete; Gitea lists %d, not completed: %v", timeout, n, len(jobs), open)
+		}
+	}
 }
 
 // waitInProgress waits until n jobs are in progress.

@@ -41,20 +41,23 @@ func BenchmarkSoak(b *testing.B) {
 	zero := f.soakSample(b, status)
 	start := time.Now()
 	for i := range bursts {
+		// Sampled when burst i is due, before it is pushed: the window
+		// before holds exactly its own bursts, the last of them pushed
+		// one interval ago.
+		time.Sleep(time.Until(start.Add(time.Duration(i) * every)))
 		switch i {
 		case window:
 			first = f.soakSample(b, status)
 		case bursts - window:
 			last = f.soakSample(b, status)
 		}
-		time.Sleep(time.Until(start.Add(time.Duration(i) * every)))
 		f.push(matrix(name, burst, fmt.Sprintf("echo soak %d job ${{ matrix.n }}\nsleep 1", i)))
 	}
 	jobs := f.waitJobs(bursts*burst, 10*time.Minute)
 	end := f.soakSample(b, status)
 	n := float64(window * burst)
-	first.perJob = (first.calls - zero.calls) / n
-	end.perJob = (end.calls - last.calls) / n
+	first.rate(zero, n)
+	end.rate(last, n)
 	failed := 0
 	for _, j := range jobs {
 		if j.Conclusion != "success" {
@@ -72,6 +75,8 @@ func BenchmarkSoak(b *testing.B) {
 	b.ReportMetric(end.fds, "end-fds")
 	b.ReportMetric(first.perJob, "start-calls/job")
 	b.ReportMetric(end.perJob, "end-calls/job")
+	b.ReportMetric(first.perMin, "start-calls/min")
+	b.ReportMetric(end.perMin, "end-calls/min")
 	if failed > 0 {
 		b.Errorf("%d jobs failed", failed)
 	}
@@ -79,18 +84,28 @@ func BenchmarkSoak(b *testing.B) {
 }
 
 type soakSample struct {
+	at                      time.Time
 	rssMiB, goroutines, fds float64
-	calls, perJob           float64
+	calls, perJob, perMin   float64
+}
+
+// rate sets the forge calls per job and per minute since an earlier
+// sample, over n jobs: part of the calls follow the clock (each pass lists
+// runners and running jobs), part follow the jobs, so both are shown.
+func (s *soakSample) rate(since soakSample, n float64) {
+	calls := s.calls - since.calls
+	s.perJob = calls / n
+	s.perMin = calls / s.at.Sub(since.at).Minutes()
 }
 
 func (s soakSample) String() string {
-	return fmt.Sprintf("RSS %.1f MiB, %.0f goroutines, %.0f open files, %.2f forge calls per job", s.rssMiB, s.goroutines, s.fds, s.perJob)
+	return fmt.Sprintf("RSS %.1f MiB, %.0f goroutines, %.0f open files, %.2f forge calls per job, %.1f per minute", s.rssMiB, s.goroutines, s.fds, s.perJob, s.perMin)
 }
 
 // soakSample reads the manager's figures now.
 func (f *fleet) soakSample(b *testing.B, status string) soakSample {
 	pid := f.cmd.Process.Pid
-	var s soakSample
+	s := soakSample{at: time.Now()}
 	st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	for _, line := range strings.Split(string(st), "\n") {
 		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
