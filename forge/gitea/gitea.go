@@ -44,9 +44,13 @@ type Config struct {
 	RunnerURL string
 	Token     string // API token of a user allowed to manage runners in Scope
 	Scope     Scope
-	// HTTPClient is used for every call; a client with a 30s timeout
+	// HTTPClient is used for every call; http.DefaultClient's transport
 	// when nil.
 	HTTPClient *http.Client
+	// CallTimeout bounds each request (30s if 0), also on an HTTPClient
+	// that has no timeout of its own: a Gitea that accepts connections
+	// and never answers fails the call instead of holding the pass.
+	CallTimeout time.Duration
 	// Budget paces the API calls (forge.Budgeted); nil is none.
 	Budget *rate.Limiter
 	// Version is reported to Gitea as the runner version.
@@ -79,7 +83,10 @@ func (d *Driver) Stats() forge.Stats { return forge.Stats{Calls: d.calls.Load(),
 func New(cfg Config) *Driver {
 	hc := cfg.HTTPClient
 	if hc == nil {
-		hc = &http.Client{Timeout: 30 * time.Second}
+		hc = &http.Client{}
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = 30 * time.Second
 	}
 	if cfg.SettleTime == 0 {
 		cfg.SettleTime = FetchTimeout + time.Second
@@ -96,6 +103,9 @@ func New(cfg Config) *Driver {
 	// A copy of the client that counts its requests.
 	counted := *hc
 	counted.Transport = forge.Budgeted(forge.CountCalls(counted.Transport, &d.calls), cfg.Budget)
+	if counted.Timeout <= 0 || counted.Timeout > cfg.CallTimeout {
+		counted.Timeout = cfg.CallTimeout
+	}
 	d.hc = &counted
 	d.runner = runnerv1connect.NewRunnerServiceClient(d.hc, cfg.URL+"/api/actions")
 	return d
