@@ -50,7 +50,7 @@ func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit) {
 	p.created++
 	p.wg.Go(func() {
 		start := p.now()
-		inst, err := p.createRunner(ctx, name, units)
+		inst, reg, err := p.createRunner(ctx, name, units)
 		p.mu.Lock()
 		p.finish(name, opCreate)
 		if err != nil {
@@ -77,6 +77,9 @@ func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit) {
 			// Its machine, whose output tells what became of it even
 			// if it is gone before a pass lists it.
 			p.last[name] = inst
+			// And its registration, which the forge may delete with a
+			// one-second job before any listing shows it (tookJob).
+			p.registered[name] = reg
 			p.mu.Unlock()
 			took := p.now().Sub(start)
 			if p.cfg.OnStarted != nil {
@@ -90,11 +93,12 @@ func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit) {
 
 // createRunner registers the runner, then starts its machine. It is never
 // half-applied: a registration whose machine did not start is removed.
-func (p *Pool) createRunner(ctx context.Context, name string, units []gpu.Unit) (provider.Instance, error) {
+// It returns the machine and the registration's id.
+func (p *Pool) createRunner(ctx context.Context, name string, units []gpu.Unit) (provider.Instance, int64, error) {
 	labels := p.labels(units)
 	cred, err := p.forge.Register(ctx, forge.RunnerRequest{Name: name, Labels: labels})
 	if err != nil {
-		return provider.Instance{}, err
+		return provider.Instance{}, 0, err
 	}
 	var inst provider.Instance
 	spec, err := p.agent.Spec(agent.Runner{
@@ -115,14 +119,14 @@ func (p *Pool) createRunner(ctx context.Context, name string, units []gpu.Unit) 
 			// failure it could not see through) and took a job: it is
 			// left to the passes, which keep a busy runner.
 			p.log.Warn("a runner whose start failed took a job; keeping its machine", "runner", name, "err", err)
-			return provider.Instance{}, err
+			return provider.Instance{}, 0, err
 		case rerr != nil && !errors.Is(rerr, forge.ErrNotFound):
 			p.log.Warn("could not remove registration of failed runner; the next pass will", "runner", name, "err", rerr)
 		}
 		_ = p.prov.Delete(rctx, name)
-		return provider.Instance{}, err
+		return provider.Instance{}, 0, err
 	}
-	return inst, nil
+	return inst, cred.RunnerID, nil
 }
 
 // retire removes a runner in the background: the registration first, and

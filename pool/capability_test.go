@@ -237,3 +237,68 @@ func TestJobRunBetweenPassesCountsAsTaken(t *testing.T) {
 		t.Fatalf("%d runners after gpu-1 ran the job, want 1 (the refill): none for a job already run", n)
 	}
 }
+
+// A runner started by one pass that takes a job before the next pass
+// reads (a slow pass under load) was never seen starting or idle: it
+// still counts as having taken a job, so its job, which the forge has
+// not yet reported leaving the queue, starts no runner of its own.
+func TestRunnerBusyAtItsFirstListingCountsAsTaken(t *testing.T) {
+	var queued atomic.Int64 // the forge's reports lag: never updated here
+	var took atomic.Int64
+	h := newCapHarness(t, Config{Size: 1, Max: 4, Demand: func(t []int64) int {
+		took.Store(int64(len(t)))
+		return int(queued.Load()) - len(t)
+	}})
+	pass := func() {
+		t.Helper()
+		if err := h.pool.Reconcile(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		h.pool.Wait()
+	}
+	pass() // starts gpu-1, whose create ends after the pass
+	queued.Store(1)
+	h.online()
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.out.print("gpu-1", "busy")
+	pass()
+	if took.Load() != 1 {
+		t.Fatalf("%d runners reported taking a job, want 1 (gpu-1)", took.Load())
+	}
+	h.settle()
+	if n := len(h.prov.running()); n != 2 {
+		t.Fatalf("%d runners, want 2 (gpu-1 busy, one refill): none for gpu-1's own job", n)
+	}
+}
+
+// The same, when the runner runs its whole job between the pass that
+// started it and the next: no listing ever showed its registration, which
+// the forge deleted with the job; the pool knows it from the create.
+func TestRunnerDoneAtItsFirstListingCountsAsTaken(t *testing.T) {
+	var queued atomic.Int64 // the forge's reports lag: never updated here
+	var took atomic.Int64
+	h := newCapHarness(t, Config{Size: 1, Max: 4, Demand: func(t []int64) int {
+		took.Store(int64(len(t)))
+		return int(queued.Load()) - len(t)
+	}})
+	pass := func() {
+		t.Helper()
+		if err := h.pool.Reconcile(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		h.pool.Wait()
+	}
+	pass() // starts gpu-1, whose create ends after the pass
+	queued.Store(1)
+	h.out.print("gpu-1", "busy")
+	h.out.print("gpu-1", "done")
+	h.forge.finish("gpu-1", h.prov)
+	pass()
+	if took.Load() != 1 {
+		t.Fatalf("%d runners reported taking a job, want 1 (gpu-1)", took.Load())
+	}
+	h.settle()
+	if n := len(h.prov.running()); n != 1 {
+		t.Fatalf("%d runners after gpu-1 ran the job, want 1 (the refill): none for a job already run", n)
+	}
+}

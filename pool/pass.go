@@ -52,9 +52,7 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 		// One step a pass, however many runners of a burst failed.
 		p.crashed(crashed)
 	}
-	prev := p.view
-	p.scale(ctx, snap, prev, view, n, pol.now)
-	p.view = view
+	p.view = p.scale(ctx, snap, p.view, view, n, pol.now)
 }
 
 // crashed backs the pool off after an agent ended without taking a job,

@@ -147,6 +147,7 @@ type Pool struct {
 	last           map[string]provider.Instance // slot -> its last machine seen, whose output outlives it
 	preempted      map[string]provider.Notice   // machine id -> notice that it is being taken back
 	took           map[int64]time.Time          // registration seen to take a job, when
+	registered     map[string]int64             // slot -> registration its create made, until a listing shows it
 	refused        map[int64]refusal            // registration whose removal the forge refused after its machine went
 	backoff        Backoff                      // runners failing one after another
 	backoffChanged bool                         // since the last OnBackoff
@@ -179,19 +180,20 @@ func New(cfg Config, f Forge, prov provider.Provider, a agent.Agent, opts ...Opt
 	}
 	p := &Pool{
 		cfg: cfg, forge: f, prov: prov, agent: a,
-		log:       slog.Default(),
-		now:       time.Now,
-		names:     regexp.MustCompile(`^` + regexp.QuoteMeta(cfg.Name) + `-([0-9]+)$`),
-		trigger:   make(chan struct{}, 1),
-		pending:   map[string]op{},
-		done:      map[string]doneOp{},
-		memory:    map[string]memory{},
-		lost:      map[string]string{},
-		last:      map[string]provider.Instance{},
-		preempted: map[string]provider.Notice{},
-		took:      map[int64]time.Time{},
-		refused:   map[int64]refusal{},
-		backoff:   cfg.Backoff,
+		log:        slog.Default(),
+		now:        time.Now,
+		names:      regexp.MustCompile(`^` + regexp.QuoteMeta(cfg.Name) + `-([0-9]+)$`),
+		trigger:    make(chan struct{}, 1),
+		pending:    map[string]op{},
+		done:       map[string]doneOp{},
+		memory:     map[string]memory{},
+		lost:       map[string]string{},
+		last:       map[string]provider.Instance{},
+		preempted:  map[string]provider.Notice{},
+		took:       map[int64]time.Time{},
+		registered: map[string]int64{},
+		refused:    map[int64]refusal{},
+		backoff:    cfg.Backoff,
 	}
 	for _, o := range opts {
 		o(p)

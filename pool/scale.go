@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"strconv"
@@ -57,8 +58,11 @@ func plan(view []Runner, idle, total int, in scaleInput) (retire []int, start in
 
 // scale keeps Size runners idle, plus one for each queued job matched to
 // the pool that no runner has taken yet, within Max: it retires idle
-// runners above that and starts runners below it. Called with p.mu held.
-func (p *Pool) scale(ctx context.Context, snap snapshot, prev, view []Runner, n tally, now time.Time) {
+// runners above that and starts runners below it. It returns the view
+// with the runners it started, as starting: the next pass must know that
+// they were, or one that takes a job before that pass reads would never
+// have been seen starting (tookJob). Called with p.mu held.
+func (p *Pool) scale(ctx context.Context, snap snapshot, prev, view []Runner, n tally, now time.Time) []Runner {
 	in := scaleInput{
 		want: p.cfg.Size, max: p.cfg.Max, size: p.cfg.Size, created: p.created, once: p.cfg.Once,
 		draining: p.draining, idleTimeout: p.cfg.IdleTimeout, now: now, createAfter: p.backoff.Until, halted: p.backoff.Halted,
@@ -94,8 +98,10 @@ func (p *Pool) scale(ctx context.Context, snap snapshot, prev, view []Runner, n 
 			break
 		}
 		p.create(ctx, name, units)
+		view = append(view, Runner{Name: name, Pool: p.cfg.Name, State: StateStarting})
 		start--
 	}
+	return view
 }
 
 // tookJob returns the registrations of the runners seen to take a job
@@ -116,11 +122,9 @@ func (p *Pool) tookJob(snap snapshot, prev, view []Runner, now time.Time) []int6
 		}
 		// A runner that ran its job between two passes may be listed
 		// without its registration, which the forge deleted with the
-		// job: it is the one the last pass saw.
-		id := r.RunnerID
-		if id == 0 {
-			id = before.RunnerID
-		}
+		// job: it is the one the last pass saw, or, if no listing ever
+		// showed it, the one its create made.
+		id := cmp.Or(r.RunnerID, before.RunnerID, p.registered[r.Name])
 		if id == 0 || !p.took[id].IsZero() {
 			continue
 		}

@@ -136,6 +136,14 @@ func readOutput(ctx context.Context, out provider.OutputReader, inst provider.In
 // last machine, the GPUs machines hold; and forgets what is gone. Called
 // with p.mu held.
 func (p *Pool) remember(snap snapshot) {
+	for name := range p.registered {
+		// Listed with its registration, which the view now carries; or
+		// gone, and not just created after the listing.
+		s, ok := snap.slots[name]
+		if _, busy := p.inflight(name, snap.since); (ok && s.reg != nil) || (!ok && !busy) {
+			delete(p.registered, name)
+		}
+	}
 	for name := range p.last {
 		if _, ok := snap.slots[name]; !ok {
 			delete(p.last, name) // gone from the provider and the forge
@@ -254,7 +262,7 @@ func (p *Pool) classifyAll(snap snapshot, pol policy) (view []Runner, n tally) {
 	}
 	// Created after this pass listed: running, but not in the snapshot.
 	for _, name := range p.startingUnlisted(snap) {
-		view = append(view, Runner{Name: name, Pool: p.cfg.Name, State: StateStarting})
+		view = append(view, Runner{Name: name, Pool: p.cfg.Name, State: StateStarting, RunnerID: p.registered[name]})
 		n.idle++
 		n.total++
 	}
