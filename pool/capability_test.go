@@ -208,30 +208,51 @@ func TestPreemptionNotices(t *testing.T) {
 	}
 }
 
+// tookHarness is a pool of size 1 whose forge's reports of jobs lag: its
+// demand is the queued count, never updated by the runners taking them,
+// less the runners the pool reports taking a job (took holds how many).
+type tookHarness struct {
+	*capHarness
+	queued, took atomic.Int64
+}
+
+func newTookHarness(t *testing.T) *tookHarness {
+	h := &tookHarness{}
+	h.capHarness = newCapHarness(t, Config{Size: 1, Max: 4, Demand: func(t []int64) int {
+		h.took.Store(int64(len(t)))
+		return int(h.queued.Load()) - len(t)
+	}})
+	return h
+}
+
+// pass runs one pass and waits for what it started.
+func (h *tookHarness) pass() {
+	h.t.Helper()
+	if err := h.pool.Reconcile(context.Background()); err != nil {
+		h.t.Fatal(err)
+	}
+	h.pool.Wait()
+}
+
 // TestJobRunBetweenPassesCountsAsTaken: a runner idle at one pass whose
 // one-second job came and went before the next (its registration gone
 // with the job, only its output left) took a job all the same: the queue,
 // which has not heard of the job yet, is not counted for it.
 func TestJobRunBetweenPassesCountsAsTaken(t *testing.T) {
-	var queued atomic.Int64 // the forge's reports lag: never updated here
-	var took atomic.Int64
-	h := newCapHarness(t, Config{Size: 1, Max: 4, Demand: func(t []int64) int {
-		took.Store(int64(len(t)))
-		return int(queued.Load()) - len(t)
-	}})
+	h := newTookHarness(t)
 	h.settle()
 	h.out.print("gpu-1", "ready")
 	h.online()
 	h.settle()
 	// Between two passes: a job is queued, gpu-1 takes it, runs it and
 	// exits; Gitea deletes the ephemeral registration.
-	queued.Store(1)
+	h.queued.Store(1)
 	h.out.print("gpu-1", "busy")
 	h.out.print("gpu-1", "done")
 	h.forge.finish("gpu-1", h.prov)
 	h.settle()
-	if took.Load() != 1 {
-		t.Fatalf("%d runners reported taking a job, want 1 (gpu-1)", took.Load())
+	if h.took.Load() != 1 {
+		t.Fatalf("%d runners reported taking a job, want 1 (gpu-1)", h.took.Load())
 	}
 	if n := len(h.prov.running()); n != 1 {
 		t.Fatalf("%d runners after gpu-1 ran the job, want 1 (the refill): none for a job already run", n)
@@ -243,27 +264,15 @@ func TestJobRunBetweenPassesCountsAsTaken(t *testing.T) {
 // still counts as having taken a job, so its job, which the forge has
 // not yet reported leaving the queue, starts no runner of its own.
 func TestRunnerBusyAtItsFirstListingCountsAsTaken(t *testing.T) {
-	var queued atomic.Int64 // the forge's reports lag: never updated here
-	var took atomic.Int64
-	h := newCapHarness(t, Config{Size: 1, Max: 4, Demand: func(t []int64) int {
-		took.Store(int64(len(t)))
-		return int(queued.Load()) - len(t)
-	}})
-	pass := func() {
-		t.Helper()
-		if err := h.pool.Reconcile(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		h.pool.Wait()
-	}
-	pass() // starts gpu-1, whose create ends after the pass
-	queued.Store(1)
+	h := newTookHarness(t)
+	h.pass() // starts gpu-1, whose create ends after the pass
+	h.queued.Store(1)
 	h.online()
 	h.forge.set("gpu-1", forge.StatusBusy)
 	h.out.print("gpu-1", "busy")
-	pass()
-	if took.Load() != 1 {
-		t.Fatalf("%d runners reported taking a job, want 1 (gpu-1)", took.Load())
+	h.pass()
+	if h.took.Load() != 1 {
+		t.Fatalf("%d runners reported taking a job, want 1 (gpu-1)", h.took.Load())
 	}
 	h.settle()
 	if n := len(h.prov.running()); n != 2 {
@@ -275,27 +284,15 @@ func TestRunnerBusyAtItsFirstListingCountsAsTaken(t *testing.T) {
 // started it and the next: no listing ever showed its registration, which
 // the forge deleted with the job; the pool knows it from the create.
 func TestRunnerDoneAtItsFirstListingCountsAsTaken(t *testing.T) {
-	var queued atomic.Int64 // the forge's reports lag: never updated here
-	var took atomic.Int64
-	h := newCapHarness(t, Config{Size: 1, Max: 4, Demand: func(t []int64) int {
-		took.Store(int64(len(t)))
-		return int(queued.Load()) - len(t)
-	}})
-	pass := func() {
-		t.Helper()
-		if err := h.pool.Reconcile(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		h.pool.Wait()
-	}
-	pass() // starts gpu-1, whose create ends after the pass
-	queued.Store(1)
+	h := newTookHarness(t)
+	h.pass() // starts gpu-1, whose create ends after the pass
+	h.queued.Store(1)
 	h.out.print("gpu-1", "busy")
 	h.out.print("gpu-1", "done")
 	h.forge.finish("gpu-1", h.prov)
-	pass()
-	if took.Load() != 1 {
-		t.Fatalf("%d runners reported taking a job, want 1 (gpu-1)", took.Load())
+	h.pass()
+	if h.took.Load() != 1 {
+		t.Fatalf("%d runners reported taking a job, want 1 (gpu-1)", h.took.Load())
 	}
 	h.settle()
 	if n := len(h.prov.running()); n != 1 {

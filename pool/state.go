@@ -136,14 +136,14 @@ func readOutput(ctx context.Context, out provider.OutputReader, inst provider.In
 // last machine, the GPUs machines hold; and forgets what is gone. Called
 // with p.mu held.
 func (p *Pool) remember(snap snapshot) {
-	for name := range p.registered {
-		// Listed with its registration, which the view now carries; or
-		// gone, and not just created after the listing.
+	// A create's registration is done with once listed (the view now
+	// carries it), or once its slot is gone and not just created after
+	// the listing.
+	maps.DeleteFunc(p.registered, func(name string, _ int64) bool {
 		s, ok := snap.slots[name]
-		if _, busy := p.inflight(name, snap.since); (ok && s.reg != nil) || (!ok && !busy) {
-			delete(p.registered, name)
-		}
-	}
+		_, inflight := p.inflight(name, snap.since)
+		return (ok && s.reg != nil) || (!ok && !inflight)
+	})
 	for name := range p.last {
 		if _, ok := snap.slots[name]; !ok {
 			delete(p.last, name) // gone from the provider and the forge

@@ -4,32 +4,18 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/internal/stall"
 )
 
 // A Gitea that accepts connections and never answers cannot hold a pass:
 // every call the pool makes ends, with an error, at the call's deadline.
 func TestHangingForgeTimesOut(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // held open, never answered
-		}
-	}()
 	d := New(Config{
-		URL: "http://" + ln.Addr().String(), Token: "t",
+		URL: "http://" + stall.Listen(t), Token: "t",
 		Scope:       Scope{Kind: "repo", Owner: "a", Repo: "b"},
 		CallTimeout: 300 * time.Millisecond,
 		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),

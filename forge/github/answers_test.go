@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"hash"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -24,6 +23,7 @@ import (
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/forge/github"
 	"github.com/runfleet/runfleet/internal/ghsim"
+	"github.com/runfleet/runfleet/internal/stall"
 )
 
 // A runner name is reused by every runner of its slot: the job lost with a
@@ -225,21 +225,7 @@ func TestWebhookRequiresSHA256(t *testing.T) {
 // A forge that accepts connections and never answers cannot hold a pass:
 // every call has a deadline.
 func TestHangingForgeTimesOut(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // held open, never answered
-		}
-	}()
-	url := "http://" + ln.Addr().String()
+	url := "http://" + stall.Listen(t)
 	d, err := github.New(github.Config{URL: url + "/acme/app", APIURL: url, Token: token, Logger: quiet(), CallTimeout: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -167,12 +167,7 @@ func (f *fleet) waitAllJobs(n int, timeout time.Duration) []*sdk.ActionWorkflowJ
 	var settled time.Time
 	for deadline := time.Now().Add(timeout); ; time.Sleep(time.Second) {
 		jobs = f.jobs()
-		var open []string
-		for _, j := range jobs {
-			if j.Status != "completed" {
-				open = append(open, fmt.Sprintf("%s (run %d) %s on %q", j.Name, j.RunID, j.Status, j.RunnerName))
-			}
-		}
+		open := openJobs(jobs)
 		switch {
 		case len(open) > 0:
 			settled = time.Time{}

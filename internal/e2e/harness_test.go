@@ -451,12 +451,7 @@ func (f *fleet) waitJobs(n int, timeout time.Duration) []*sdk.ActionWorkflowJob 
 	f.t.Helper()
 	for deadline := time.Now().Add(timeout); ; time.Sleep(100 * time.Millisecond) {
 		jobs := f.jobs()
-		var open []string
-		for _, j := range jobs {
-			if j.Status != "completed" {
-				open = append(open, fmt.Sprintf("%s (run %d) %s on %q", j.Name, j.RunID, j.Status, j.RunnerName))
-			}
-		}
+		open := openJobs(jobs)
 		if len(jobs) >= n && len(jobs)-len(open) >= n {
 			return jobs
 		}
@@ -465,6 +460,17 @@ func (f *fleet) waitJobs(n int, timeout time.Duration) []*sdk.ActionWorkflowJob 
 			f.t.Fatalf("timed out after %s waiting for %d jobs to complete; Gitea lists %d, not completed: %v", timeout, n, len(jobs), open)
 		}
 	}
+}
+
+// openJobs names the jobs not completed, with their status and runner.
+func openJobs(jobs []*sdk.ActionWorkflowJob) []string {
+	var open []string
+	for _, j := range jobs {
+		if j.Status != "completed" {
+			open = append(open, fmt.Sprintf("%s (run %d) %s on %q", j.Name, j.RunID, j.Status, j.RunnerName))
+		}
+	}
+	return open
 }
 
 // waitInProgress waits until n jobs are in progress.

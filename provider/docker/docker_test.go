@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -23,6 +22,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/runfleet/runfleet/internal/peers"
+	"github.com/runfleet/runfleet/internal/stall"
 	"github.com/runfleet/runfleet/provider"
 )
 
@@ -556,32 +556,7 @@ func TestStaleFilesRemovedByQuietListing(t *testing.T) {
 // An engine that accepts connections and never answers must not hang the
 // pool: every request has a deadline, and the error says what timed out.
 func TestHangingEngineTimesOut(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	var conns []net.Conn
-	var mu sync.Mutex
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c) // held open, never answered
-			mu.Unlock()
-		}
-	}()
-	defer func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	cli, err := client.New(client.WithHost("tcp://"+l.Addr().String()), client.WithAPIVersion("1.41"))
+	cli, err := client.New(client.WithHost("tcp://"+stall.Listen(t)), client.WithAPIVersion("1.41"))
 	if err != nil {
 		t.Fatal(err)
 	}
