@@ -251,7 +251,7 @@ func (p Pool) Driver(manager, stateDir string) provider.PoolConfig {
 	if p.GPUsPerRunner == badGPUCount {
 		per = 0
 	}
-	return provider.PoolConfig{Manager: manager, Pool: p.Name, StateDir: stateDir, Workdir: p.Workdir, GPUsPerRunner: per, Section: p.Section}
+	return provider.PoolConfig{Manager: manager, Pool: p.Name, StateDir: stateDir, Workdir: p.Workdir, GPUsPerRunner: per, MaxLifetime: p.MaxLifetime.Duration, Section: p.Section}
 }
 
 func checkURL(s string) error {

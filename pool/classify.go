@@ -37,6 +37,9 @@ type Runner struct {
 	// IdleSince is when the runner was first seen idle; zero unless it
 	// is idle.
 	IdleSince time.Time
+	// Reason is the provider's word on why its machine is not running
+	// (a pod that cannot be scheduled, an image that cannot be pulled).
+	Reason string
 }
 
 // vanishedGrace is how long a registration whose machine vanished mid-job
@@ -235,7 +238,11 @@ func classifyLive(f facts, p policy) verdict {
 	case status == forge.StatusBusy:
 		return verdict{state: StateBusy}
 	case status == forge.StatusOffline && p.bootstrapTimeout > 0 && age > p.bootstrapTimeout:
-		return verdict{state: StateStopping, retire: fmt.Sprintf("not online after %s", p.bootstrapTimeout)}
+		why := fmt.Sprintf("not online after %s", p.bootstrapTimeout)
+		if f.inst.Reason != "" {
+			why += ": " + f.inst.Reason
+		}
+		return verdict{state: StateStopping, retire: why}
 	case p.draining:
 		return verdict{state: StateStopping, retire: "draining"}
 	case status == forge.StatusOffline:

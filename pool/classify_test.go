@@ -149,6 +149,16 @@ func TestClassify(t *testing.T) {
 	}
 }
 
+// A machine that never came up is retired with the provider's reason.
+func TestBootstrapTimeoutGivesTheReason(t *testing.T) {
+	inst := machine(created, 3*time.Minute)
+	inst.Reason = "Unschedulable: 0/3 nodes are available"
+	got := classify(facts{inst: inst, reg: registration(off)}, policy{now: classifyNow, bootstrapTimeout: 2 * time.Minute})
+	if want := "not online after 2m0s: Unschedulable: 0/3 nodes are available"; got.retire != want {
+		t.Fatalf("retire %q, want %q", got.retire, want)
+	}
+}
+
 // Classification is pure: the same facts give the same verdict, and the
 // facts are not changed.
 func TestClassifyIsPure(t *testing.T) {

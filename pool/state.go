@@ -222,7 +222,7 @@ func (p *Pool) classifyAll(snap snapshot, pol policy) (view []Runner, n tally) {
 			r.RunnerID = s.reg.ID
 		}
 		if s.inst != nil {
-			r.Created, r.Machine, r.GPUs = s.inst.Created, s.inst.ID, s.inst.GPUs
+			r.Created, r.Machine, r.GPUs, r.Reason = s.inst.Created, s.inst.ID, s.inst.GPUs, s.inst.Reason
 		}
 		if o, ok := p.inflight(name, snap.since); ok {
 			r.State = StateStopping

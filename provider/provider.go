@@ -64,6 +64,10 @@ type Instance struct {
 	ID string
 	// GPUs are the ids the machine was given (Spec.GPUs).
 	GPUs []string
+	// Reason says, in the backend's words, why a machine is not running
+	// ("Unschedulable: 0/3 nodes are available", "ImagePullBackOff",
+	// "Evicted"); empty when there is nothing to say. Status shows it.
+	Reason string
 }
 
 // Provider is a compute backend.

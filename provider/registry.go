@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/runfleet/runfleet/gpu"
 )
@@ -37,6 +38,10 @@ type PoolConfig struct {
 	// GPUsPerRunner is how many of the host's GPUs each runner gets for
 	// itself: -1 all, 0 none.
 	GPUsPerRunner int
+	// MaxLifetime is the pool's max_lifetime, for a provider that can
+	// enforce it on the machine itself as a last resort, also when the
+	// manager is gone (a pod's activeDeadlineSeconds).
+	MaxLifetime time.Duration
 	// Section is the pool's section named after the provider, as
 	// written, for the driver to decode; nil when the pool has none.
 	Section json.RawMessage

@@ -237,6 +237,7 @@ type PoolView struct {
 // RunnerRow is one runner.
 type RunnerRow struct {
 	Name, State, Age, GPUs, Job string
+	Reason                      string // why its machine is not running
 }
 
 // GPUView is the host's GPUs.

@@ -7,5 +7,6 @@ import (
 	_ "github.com/runfleet/runfleet/forge/gitea"
 	_ "github.com/runfleet/runfleet/forge/github"
 	_ "github.com/runfleet/runfleet/provider/docker"
+	_ "github.com/runfleet/runfleet/provider/kubernetes"
 	_ "github.com/runfleet/runfleet/provider/process"
 )

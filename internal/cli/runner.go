@@ -78,7 +78,7 @@ var cmlFlags = []cmlFlag{
 	{"log", []string{"CML_RUNNER_LOG"}, "log level: error, warn, info or debug (default: --log-level)", "string", ""},
 	{"docker", []string{"CML_RUNNER_DOCKER"}, "run each job's runner in a fresh container of this image instead of on this machine", "string", ""},
 	{"agent", []string{"CML_RUNNER_AGENT"}, "the forge's runner agent: GitHub's run.sh or gitea-runner (found in PATH; in the image with --docker)", "string", ""},
-	{"cloud", []string{"CML_RUNNER_CLOUD"}, "cloud to start the runner in: aws, azure, gcp or kubernetes (not in this build yet)", "string", ""},
+	{"cloud", []string{"CML_RUNNER_CLOUD"}, "cloud to start the runner in: kubernetes (aws, azure and gcp not in this build yet)", "string", ""},
 	{"cloud-region", []string{"CML_RUNNER_CLOUD_REGION"}, "cloud region", "string", ""},
 	{"cloud-type", []string{"CML_RUNNER_CLOUD_TYPE"}, "instance type", "string", ""},
 	{"cloud-permission-set", []string{"CML_RUNNER_CLOUD_PERMISSION_SET"}, "instance profile (AWS) or service account (GCP)", "string", ""},
@@ -454,8 +454,10 @@ func runnerProvider(s runnerSettings, getenv func(string) (string, bool)) (strin
 		return "", nil, fmt.Errorf("the options ask for more than one place to run: %s", strings.Join(chosen, ", "))
 	case len(chosen) == 1:
 		return chosen[0], section, nil
+	case s.Cloud["cloud"] != "":
+		return "", nil, fmt.Errorf("--cloud: %q is not in this build (kubernetes is); run without --cloud* to start the runner on this machine (or in a container with --docker)", s.Cloud["cloud"])
 	case len(s.Cloud) > 0:
-		return "", nil, fmt.Errorf("--%s: cloud runners are not in this build yet; run without --cloud* to start the runner on this machine (or in a container with --docker)", strings.Join(slices.Sorted(maps.Keys(s.Cloud)), ", --"))
+		return "", nil, fmt.Errorf("--%s: needs --cloud", strings.Join(slices.Sorted(maps.Keys(s.Cloud)), ", --"))
 	}
 	return config.DefaultProvider, nil, nil
 }

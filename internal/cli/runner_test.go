@@ -92,7 +92,7 @@ func TestRunnerBadInput(t *testing.T) {
 	}{
 		{[]string{"--idle-timeout", "soon"}, `--idle-timeout: "soon" is not seconds`},
 		{[]string{"--single=maybe"}, "invalid argument"},
-		{[]string{"--cloud", "aws", "--repo", "https://github.com/a/b", "--token", "tok-secret-123"}, "--cloud: cloud runners are not in this build yet"},
+		{[]string{"--cloud", "aws", "--repo", "https://github.com/a/b", "--token", "tok-secret-123"}, `--cloud: "aws" is not in this build`},
 		{[]string{"--repo", "https://gitlab.com/a/b", "--token", "tok-secret-123"}, "--driver: cannot tell the forge of https://gitlab.com/a/b; pass --driver (gitea or github)"},
 		{[]string{"--repo", "https://gitlab.com/a/b", "--token", "tok-secret-123", "--driver", "gitlab"}, "--driver: gitlab is not supported by this build yet (gitea, github)"},
 		{[]string{"--repo", "https://github.com/a/b", "--token", "tok-secret-123", "--docker-volumes", "/a:/a"}, "--docker-volumes: needs --docker"},

@@ -29,6 +29,9 @@ type RunnerStatus struct {
 	AgeSec   float64   `json:"age_seconds"`
 	GPUs     []string  `json:"gpus,omitempty"`
 	Job      *JobRef   `json:"job,omitempty"`
+	// Reason is why the runner's machine is not running, in the
+	// provider's words.
+	Reason string `json:"reason,omitempty"`
 }
 
 // JobRef names the job a runner is running.
@@ -124,7 +127,7 @@ func collect(ctx context.Context, fleet *daemon.Fleet) []PoolStatus {
 			jobsByForge[f] = jobs
 		}
 		for _, r := range runners {
-			rs := RunnerStatus{Pool: r.Pool, Name: r.Name, State: string(r.State), RunnerID: r.RunnerID, Machine: r.Machine, Created: r.Created, GPUs: r.GPUs}
+			rs := RunnerStatus{Pool: r.Pool, Name: r.Name, State: string(r.State), RunnerID: r.RunnerID, Machine: r.Machine, Created: r.Created, GPUs: r.GPUs, Reason: r.Reason}
 			if !r.Created.IsZero() {
 				rs.AgeSec = now.Sub(r.Created).Round(time.Second).Seconds()
 			}
@@ -172,6 +175,9 @@ func printTable(w io.Writer, pools []PoolStatus) {
 					g = "-"
 				}
 				fmt.Fprintf(tw, "%s\t", g)
+			}
+			if r.Reason != "" {
+				job += "  (" + r.Reason + ")"
 			}
 			fmt.Fprintln(tw, job)
 		}

@@ -87,7 +87,7 @@ func (f *Fleet) Page(ctx context.Context) server.Page {
 		}
 		pv.Backoff = p.Backoff().String()
 		for _, r := range p.Runners() {
-			row := server.RunnerRow{Name: r.Name, State: string(r.State), Age: "-", GPUs: strings.Join(r.GPUs, ", ")}
+			row := server.RunnerRow{Name: r.Name, State: string(r.State), Age: "-", GPUs: strings.Join(r.GPUs, ", "), Reason: r.Reason}
 			if !r.Created.IsZero() {
 				row.Age = now.Sub(r.Created).Round(time.Second).String()
 			}

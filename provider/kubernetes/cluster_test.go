@@ -1,0 +1,279 @@
+package kubernetes
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/runfleet/runfleet/internal/peers"
+	"github.com/runfleet/runfleet/provider"
+)
+
+// The cluster tests run against a real kube-apiserver, etcd and
+// kube-scheduler, with kwok playing the nodes (built on first use and
+// cached; see internal/peers).
+var (
+	kube     *peers.Kube
+	kubeErr  error
+	nsSerial atomic.Int64
+)
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		flag.Parse()
+		if testing.Short() {
+			return m.Run()
+		}
+		ctx := context.Background()
+		kube, kubeErr = peers.StartKube(ctx, peers.KubeOptions{Progress: os.Stderr})
+		if kube != nil {
+			defer kube.Stop()
+		}
+		if kubeErr == nil {
+			kubeErr = kube.StartKwok(ctx)
+		}
+		if kubeErr == nil {
+			kubeErr = kube.FakeNode(ctx, "kwok-1", nil, map[string]string{"pool": "cpu"})
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// needKube skips a test without the cluster, and fails it in CI.
+func needKube(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("cluster test: skipped with -short")
+	}
+	if kubeErr != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("cluster prerequisites missing in CI: %v", kubeErr)
+		}
+		t.Skipf("cluster prerequisites missing: %v", kubeErr)
+	}
+}
+
+// newProvider makes a provider of a fresh namespace.
+func newProvider(t *testing.T, manager string, s Section) (*Provider, string) {
+	t.Helper()
+	needKube(t)
+	ns := fmt.Sprintf("test-%d", nsSerial.Add(1))
+	if err := kube.Namespace(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return openProvider(t, ns, manager, s), ns
+}
+
+func openProvider(t *testing.T, ns, manager string, s Section) *Provider {
+	t.Helper()
+	if s.Image == "" {
+		s.Image = "runner:latest"
+	}
+	if s.Workdir == "" {
+		s.Workdir, s.GPUResource = DefaultWorkdir, DefaultGPUResource
+	}
+	cs, err := kubernetes.NewForConfig(kube.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Options{Client: cs, Namespace: ns, Manager: manager, Pool: "cpu", Section: s, MaxLifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func spec(name string) provider.Spec {
+	return provider.Spec{
+		Name: name, Manager: "m1", Pool: "cpu",
+		Command: "gitea-runner", Args: []string{"daemon", "--config", "runner.yaml"},
+		Env:   map[string]string{"PATH": "/bin", "RUNNER_TOKEN": "single-use-credential"},
+		Files: map[string][]byte{".runner": []byte(`{"token":"single-use-credential"}`), "runner.yaml": []byte("log: {}")},
+	}
+}
+
+// waitFor polls the provider's list until ok says yes.
+func waitFor(t *testing.T, p *Provider, what string, ok func([]provider.Instance) bool) []provider.Instance {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		list, err := p.List(context.Background(), "m1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok(list) {
+			return list
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 30s; listed %+v", what, list)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func byName(list []provider.Instance, name string) (provider.Instance, bool) {
+	for _, i := range list {
+		if i.Name == name {
+			return i, true
+		}
+	}
+	return provider.Instance{}, false
+}
+
+// A runner's pod runs (on a kwok node), is listed with its owner, is
+// reported by Watch, has its Secret owned by it, and goes with its Secret
+// on Delete; a second Create of the same runner returns the same pod.
+func TestPodLifecycle(t *testing.T) {
+	p, ns := newProvider(t, "m1", Section{})
+	ctx := context.Background()
+	var mu sync.Mutex
+	events := map[string]int{}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go p.Watch(wctx, func(name string) { mu.Lock(); events[name]++; mu.Unlock() })
+
+	inst, err := p.Create(ctx, spec("cpu-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := p.Create(ctx, spec("cpu-1"))
+	if err != nil || again.ID != inst.ID {
+		t.Fatalf("second Create: %v, id %s, want %s", err, again.ID, inst.ID)
+	}
+	list := waitFor(t, p, "pod running", func(l []provider.Instance) bool {
+		i, ok := byName(l, "cpu-1")
+		return ok && i.State == provider.StateRunning
+	})
+	if i, _ := byName(list, "cpu-1"); i.Manager != "m1" || i.Pool != "cpu" || i.ID != inst.ID || len(list) != 1 {
+		t.Fatalf("listed %+v", list)
+	}
+	mu.Lock()
+	if events["cpu-1"] == 0 {
+		t.Error("Watch reported no change of cpu-1")
+	}
+	mu.Unlock()
+
+	pods, err := kube.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelRunner + "=cpu-1"})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("pods of cpu-1: %v %d", err, len(pods.Items))
+	}
+	pod := pods.Items[0]
+	sec, err := kube.Client.CoreV1().Secrets(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sec.OwnerReferences) != 1 || sec.OwnerReferences[0].UID != pod.UID || sec.OwnerReferences[0].Kind != "Pod" {
+		t.Errorf("secret owners %+v, want the pod %s", sec.OwnerReferences, pod.UID)
+	}
+	assertNoCredential(t, &pod)
+
+	if err := p.Delete(ctx, "cpu-1"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, p, "pod gone from the list", func(l []provider.Instance) bool { return len(l) == 0 })
+	if _, err := kube.Client.CoreV1().Secrets(ns).Get(ctx, pod.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("secret after Delete: %v, want not found", err)
+	}
+	if err := p.Delete(ctx, "cpu-1"); err != nil {
+		t.Errorf("second Delete: %v", err)
+	}
+}
+
+// assertNoCredential fails when the pod's spec shows the credential.
+func assertNoCredential(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	b, err := pod.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "single-use-credential") {
+		t.Errorf("pod %s shows the runner's credential in its spec", pod.Name)
+	}
+}
+
+// A manager restarted lists the pods its last run made; another
+// manager's pods are not its own.
+func TestAdoptionByLabel(t *testing.T) {
+	p, ns := newProvider(t, "m1", Section{})
+	ctx := context.Background()
+	first, err := p.Create(ctx, spec("cpu-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	again := openProvider(t, ns, "m1", Section{})
+	list := waitFor(t, again, "adopted", func(l []provider.Instance) bool { return len(l) == 1 })
+	if list[0].ID != first.ID {
+		t.Fatalf("adopted %+v, want %s", list[0], first.ID)
+	}
+	other := openProvider(t, ns, "m2", Section{})
+	if l, err := other.List(ctx, "m2"); err != nil || len(l) != 0 {
+		t.Fatalf("manager m2 lists %+v, %v", l, err)
+	}
+	if l, err := other.List(ctx, "m1"); err != nil || len(l) != 1 {
+		t.Fatalf("manager m2 listing m1's pods: %+v, %v", l, err)
+	}
+}
+
+// A pod that no node can take stays Pending with the scheduler's reason.
+func TestUnschedulableReason(t *testing.T) {
+	p, _ := newProvider(t, "m1", Section{NodeSelector: map[string]string{"pool": "nowhere"}})
+	if _, err := p.Create(context.Background(), spec("cpu-1")); err != nil {
+		t.Fatal(err)
+	}
+	list := waitFor(t, p, "reason", func(l []provider.Instance) bool {
+		return len(l) == 1 && l[0].Reason != ""
+	})
+	if list[0].State != provider.StateCreated || !strings.Contains(list[0].Reason, "Unschedulable") {
+		t.Fatalf("pending pod listed %+v, want created and Unschedulable", list[0])
+	}
+	t.Logf("reason: %s", list[0].Reason)
+}
+
+// An evicted pod is reported as taken back, once, and listed as exited.
+func TestEvictionNotice(t *testing.T) {
+	p, ns := newProvider(t, "m1", Section{})
+	ctx := context.Background()
+	notices := make(chan provider.Notice, 4)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go p.WatchPreemption(wctx, func(n provider.Notice) { notices <- n })
+	inst, err := p.Create(ctx, spec("cpu-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, p, "running", func(l []provider.Instance) bool { return len(l) == 1 && l[0].State == provider.StateRunning })
+	pods, _ := kube.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	err = kube.Client.CoreV1().Pods(ns).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pods.Items[0].Name, Namespace: ns}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-notices:
+		if n.Name != "cpu-1" || n.ID != inst.ID || n.Reason == "" {
+			t.Fatalf("notice %+v", n)
+		}
+		t.Logf("notice: %+v", n)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no notice of the eviction")
+	}
+	select {
+	case n := <-notices:
+		t.Fatalf("a second notice: %+v", n)
+	case <-time.After(time.Second):
+	}
+}

@@ -1,0 +1,231 @@
+package kubernetes
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/runfleet/runfleet/provider"
+)
+
+func init() { provider.Register("kubernetes", driver{}) }
+
+// driver is the registry's entry for pods, configured by the pool's
+// `kubernetes:` section.
+type driver struct{}
+
+func (driver) Check(c provider.PoolConfig) error {
+	_, err := DecodeSection(c.Section, c.GPUsPerRunner)
+	return err
+}
+
+// Open connects to the cluster (no call is made until the informer
+// starts) and starts watching the pool's pods.
+func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
+	s, err := DecodeSection(c.Section, c.GPUsPerRunner)
+	if err != nil {
+		return nil, err
+	}
+	calls := new(atomic.Int64)
+	cfg, ns, err := Connect(s, calls)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: %w", err)
+	}
+	log := c.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return New(Options{
+		Client: cs, Namespace: ns, Manager: c.Manager, Pool: c.Pool, Section: s,
+		GPUs: max(c.GPUsPerRunner, 0), MaxLifetime: c.MaxLifetime, Calls: calls,
+		Logger: log.With("provider", "kubernetes", "pool", c.Pool, "namespace", ns),
+	})
+}
+
+// Client rates: the pool starts its runners in parallel, two calls each
+// (the pod, its Secret), and client-go's default of 5 a second would make
+// a burst of 500 take minutes. The apiserver's own priority and fairness
+// protects it.
+const (
+	DefaultQPS   = 100
+	DefaultBurst = 200
+)
+
+// Connect makes the client configuration from the section: in-cluster, a
+// kubeconfig's contents (CML's KUBERNETES_CONFIGURATION), a kubeconfig
+// file, or the default loading rules ($KUBECONFIG, ~/.kube/config, then
+// in-cluster). It returns the namespace to use too. calls, when set,
+// counts the requests sent.
+func Connect(s Section, calls *atomic.Int64) (*rest.Config, string, error) {
+	var cc clientcmd.ClientConfig
+	over := &clientcmd.ConfigOverrides{CurrentContext: s.Context}
+	switch {
+	case s.InCluster:
+		cfg, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, "", fmt.Errorf("kubernetes.in_cluster: %w", err)
+		}
+		return finish(cfg, s.Namespace, inClusterNamespace(), calls)
+	case s.kubeconfig != "":
+		raw, err := clientcmd.Load([]byte(s.kubeconfig.Reveal()))
+		if err != nil {
+			// The contents are credentials: never quote them.
+			return nil, "", errors.New("kubernetes.kubeconfig_data: not a kubeconfig")
+		}
+		cc = clientcmd.NewDefaultClientConfig(*raw, over)
+	default:
+		rules := clientcmd.NewDefaultClientConfigLoadingRules()
+		rules.ExplicitPath = s.Kubeconfig
+		cc = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, over)
+	}
+	cfg, err := cc.ClientConfig()
+	if err != nil {
+		field := "kubernetes.kubeconfig"
+		if s.KubeconfigData != "" {
+			field = "kubernetes.kubeconfig_data"
+		}
+		return nil, "", fmt.Errorf("%s: %w", field, err)
+	}
+	ns, _, err := cc.Namespace()
+	if err != nil {
+		ns = ""
+	}
+	return finish(cfg, s.Namespace, ns, calls)
+}
+
+func finish(cfg *rest.Config, want, fallback string, calls *atomic.Int64) (*rest.Config, string, error) {
+	cfg.QPS, cfg.Burst = DefaultQPS, DefaultBurst
+	cfg.UserAgent = "runfleet"
+	if calls != nil {
+		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return counter{rt, calls} })
+	}
+	ns := want
+	if ns == "" {
+		ns = fallback
+	}
+	if ns == "" {
+		ns = "default"
+	}
+	return cfg, ns, nil
+}
+
+func inClusterNamespace() string {
+	b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// CMLSection takes `--cloud=kubernetes` as CML does: the kubeconfig's
+// contents from KUBERNETES_CONFIGURATION (or the default loading rules
+// without it), `--cloud-kubernetes-node-selector key=value,...`,
+// `--cloud-type` (m, l, xl, with +k80 or +v100, or CPUs-memory in MB),
+// `--cloud-gpu`, and `--cloud-image` (the runner image).
+func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
+	if o.Cloud["cloud"] != "kubernetes" {
+		return nil, false, nil
+	}
+	s := Section{Image: o.Cloud["cloud-image"]}
+	if s.Image == "" {
+		return nil, true, errors.New("--cloud-image: is required with --cloud=kubernetes: the runner pods' image, holding the forge's agent (images/ has Dockerfiles)")
+	}
+	if o.Getenv != nil {
+		if v, ok := o.Getenv("KUBERNETES_CONFIGURATION"); ok && v != "" {
+			// A reference: the section is not the place for
+			// credentials, and it is expanded where it is read.
+			s.KubeconfigData = "${KUBERNETES_CONFIGURATION}"
+		}
+	}
+	if sel := o.Cloud["cloud-kubernetes-node-selector"]; sel != "" {
+		s.NodeSelector = map[string]string{}
+		for kv := range strings.SplitSeq(sel, ",") {
+			k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+			if !ok || k == "" {
+				return nil, true, fmt.Errorf("--cloud-kubernetes-node-selector: %q is not key=value", kv)
+			}
+			s.NodeSelector[k] = v
+		}
+	}
+	if err := cmlType(&s, o.Cloud["cloud-type"], o.Cloud["cloud-gpu"]); err != nil {
+		return nil, true, err
+	}
+	b, err := json.Marshal(s)
+	return b, true, err
+}
+
+// cmlTypes are CML's machine sizes on Kubernetes, as the iterative
+// provider defines them: CPUs, memory, and GPUs with their model.
+var cmlTypes = map[string]struct {
+	cpu, memory string
+	gpus        int64
+	model       string
+}{
+	"m":       {"8", "32Gi", 0, ""},
+	"l":       {"32", "128Gi", 0, ""},
+	"xl":      {"64", "256Gi", 0, ""},
+	"m+k80":   {"4", "64Gi", 1, "nvidia-tesla-k80"},
+	"l+k80":   {"32", "512Gi", 8, "nvidia-tesla-k80"},
+	"xl+k80":  {"64", "768Gi", 16, "nvidia-tesla-k80"},
+	"m+v100":  {"8", "64Gi", 1, "nvidia-tesla-v100"},
+	"l+v100":  {"32", "256Gi", 4, "nvidia-tesla-v100"},
+	"xl+v100": {"64", "512Gi", 8, "nvidia-tesla-v100"},
+}
+
+// cmlType sets the requests (as limits too) of a CML machine type; a GPU
+// model selects nodes by their accelerator label.
+func cmlType(s *Section, typ, gpu string) error {
+	if typ == "" && gpu == "" {
+		return nil
+	}
+	t, ok := cmlTypes[typ]
+	if key := typ + "+" + gpu; gpu != "" && cmlTypes[key].cpu != "" {
+		t, ok = cmlTypes[key], true
+	} else if ok && gpu != "" {
+		t.model, t.gpus = gpu, max(t.gpus, 1)
+	}
+	if !ok {
+		return fmt.Errorf("--cloud-type: %q is not a Kubernetes machine type (m, l, xl, with +k80 or +v100)", typ)
+	}
+	list := corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse(t.cpu),
+		corev1.ResourceMemory: resource.MustParse(t.memory),
+	}
+	if t.gpus > 0 {
+		list[DefaultGPUResource] = *resource.NewQuantity(t.gpus, resource.DecimalSI)
+		if s.NodeSelector == nil {
+			s.NodeSelector = map[string]string{}
+		}
+		if _, set := s.NodeSelector["accelerator"]; !set {
+			s.NodeSelector["accelerator"] = t.model
+		}
+	}
+	s.Resources = corev1.ResourceRequirements{Requests: list, Limits: list.DeepCopy()}
+	return nil
+}
+
+// counter counts the requests sent to the apiserver.
+type counter struct {
+	next  http.RoundTripper
+	calls *atomic.Int64
+}
+
+func (c counter) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.calls.Add(1)
+	return c.next.RoundTrip(r)
+}

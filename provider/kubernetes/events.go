@@ -1,0 +1,288 @@
+package kubernetes
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/runfleet/runfleet/provider"
+)
+
+// instance is the provider's record of a pod.
+func (p *Provider) instance(pod *corev1.Pod) provider.Instance {
+	return provider.Instance{
+		Name:    pod.Labels[LabelRunner],
+		Manager: pod.Labels[LabelManager],
+		Pool:    pod.Labels[LabelPool],
+		State:   stateOf(pod),
+		Created: pod.CreationTimestamp.Time,
+		ID:      string(pod.UID),
+		Reason:  reasonOf(pod),
+	}
+}
+
+// stateOf maps a pod's phase: a pod not yet running is one coming up, and
+// a pod that is being deleted (by someone else: this provider does not
+// list the ones it deleted) is one whose agent is ending.
+func stateOf(pod *corev1.Pod) provider.State {
+	switch {
+	case pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed:
+		return provider.StateExited
+	case pod.DeletionTimestamp != nil:
+		return provider.StateExited
+	case pod.Status.Phase == corev1.PodRunning:
+		return provider.StateRunning
+	}
+	return provider.StateCreated
+}
+
+// reasonOf says, in Kubernetes' words, why a pod is not running: not
+// scheduled, an image that cannot be pulled, evicted.
+func reasonOf(pod *corev1.Pod) string {
+	if pod.Status.Reason != "" {
+		return join(pod.Status.Reason, pod.Status.Message)
+	}
+	if pod.Status.Phase == corev1.PodRunning || pod.Status.Phase == corev1.PodSucceeded {
+		return ""
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason != "" {
+			return join(c.Reason, c.Message)
+		}
+	}
+	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
+		for _, cs := range list {
+			if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "PodInitializing" && w.Reason != "ContainerCreating" {
+				return join(w.Reason, w.Message)
+			}
+			if t := cs.State.Terminated; t != nil && t.ExitCode != 0 && pod.Status.Phase == corev1.PodFailed {
+				return join(cs.Name+" "+t.Reason, fmt.Sprintf("exit code %d", t.ExitCode))
+			}
+		}
+	}
+	return ""
+}
+
+func join(reason, msg string) string {
+	if msg == "" {
+		return reason
+	}
+	return reason + ": " + msg
+}
+
+// disruption says whether a pod is being taken back: evicted (by the
+// node or the eviction API), preempted by a pod of higher priority, or
+// deleted by someone other than this provider.
+func disruption(pod *corev1.Pod) (string, bool) {
+	if pod.Status.Phase == corev1.PodSucceeded {
+		return "", false
+	}
+	switch pod.Status.Reason {
+	case "Evicted", "Preempting", "Terminated", "NodeLost", "Shutdown":
+		return join(pod.Status.Reason, pod.Status.Message), true
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			return join(c.Reason, c.Message), true
+		}
+	}
+	if pod.DeletionTimestamp != nil {
+		return "pod deleted", true
+	}
+	return "", false
+}
+
+// changed is the informer's add and update handler.
+func (p *Provider) changed(old, obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	runner := pod.Labels[LabelRunner]
+	p.mu.Lock()
+	if c := p.creating[runner]; c != nil && c.UID == pod.UID {
+		delete(p.creating, runner)
+	}
+	o := p.outputs[pod.UID]
+	if o == nil {
+		o = &output{pod: pod.Name}
+		p.outputs[pod.UID] = o
+	}
+	o.started = agentStarted(pod)
+	o.ended = stateOf(pod) == provider.StateExited
+	var notice *provider.Notice
+	if why, ok := disruption(pod); ok && !p.deleted[pod.UID] && !p.noticed[pod.UID] {
+		p.noticed[pod.UID] = true
+		notice = &provider.Notice{Name: runner, ID: string(pod.UID), Reason: why}
+		if pod.DeletionTimestamp != nil {
+			notice.At = pod.DeletionTimestamp.Time
+		}
+	}
+	watchers, noticers := valuesOf(p.watchers), valuesOf(p.noticers)
+	p.mu.Unlock()
+	if notice != nil {
+		p.log.Warn("pod is being taken back", "runner", runner, "pod", pod.Name, "reason", notice.Reason)
+		for _, f := range noticers {
+			f(*notice)
+		}
+	}
+	if prev, ok := old.(*corev1.Pod); ok && !moved(prev, pod) {
+		return
+	}
+	for _, f := range watchers {
+		f(runner)
+	}
+}
+
+// moved reports a change the pool acts on: the phase, a deletion, a
+// reason, the agent's start.
+func moved(a, b *corev1.Pod) bool {
+	return a.Status.Phase != b.Status.Phase || (a.DeletionTimestamp == nil) != (b.DeletionTimestamp == nil) ||
+		reasonOf(a) != reasonOf(b) || agentStarted(a) != agentStarted(b)
+}
+
+func agentStarted(pod *corev1.Pod) bool {
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name == agentContainer && (cs.State.Running != nil || cs.State.Terminated != nil) {
+			return true
+		}
+	}
+	return false
+}
+
+// gone is the informer's delete handler.
+func (p *Provider) gone(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	runner := pod.Labels[LabelRunner]
+	p.mu.Lock()
+	delete(p.deleted, pod.UID)
+	delete(p.noticed, pod.UID)
+	if c := p.creating[runner]; c != nil && c.UID == pod.UID {
+		delete(p.creating, runner)
+	}
+	if o := p.outputs[pod.UID]; o != nil {
+		o.ended, o.goneAt = true, time.Now()
+	}
+	for uid, o := range p.outputs {
+		if !o.goneAt.IsZero() && time.Since(o.goneAt) > goneKeep {
+			delete(p.outputs, uid)
+		}
+	}
+	watchers := valuesOf(p.watchers)
+	p.mu.Unlock()
+	for _, f := range watchers {
+		f(runner)
+	}
+}
+
+func valuesOf[T any](m map[int]T) []T {
+	out := make([]T, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
+
+// Watch calls changed with a runner's name when its pod changes phase,
+// is deleted, or gets a reason, until ctx ends.
+func (p *Provider) Watch(ctx context.Context, changed func(name string)) {
+	p.mu.Lock()
+	id := p.nextID
+	p.nextID++
+	p.watchers[id] = changed
+	p.mu.Unlock()
+	<-ctx.Done()
+	p.mu.Lock()
+	delete(p.watchers, id)
+	p.mu.Unlock()
+}
+
+// WatchPreemption calls notice once for each pod being evicted, preempted
+// or deleted by someone else, until ctx ends.
+func (p *Provider) WatchPreemption(ctx context.Context, notice func(provider.Notice)) {
+	p.mu.Lock()
+	id := p.nextID
+	p.nextID++
+	p.noticers[id] = notice
+	p.mu.Unlock()
+	<-ctx.Done()
+	p.mu.Lock()
+	delete(p.noticers, id)
+	p.mu.Unlock()
+}
+
+// output is what is known of a pod's agent output.
+type output struct {
+	pod     string
+	started bool // the agent container ran: there is a log to read
+	ended   bool // the pod ended: one more read gets all there is
+	final   bool // read after the pod ended: nothing more will come
+	at      time.Time
+	data    []byte
+	goneAt  time.Time
+}
+
+// logTailLines bounds each read of a pod's log: by lines, since a byte
+// limit would keep the start of them rather than the end.
+const logTailLines = 400
+
+// Output reads the end of the agent container's log, through the
+// apiserver (pods/log). A running pod's is read at most once per
+// LogInterval; an ended pod's once more, then kept until the pod has
+// been gone for a while.
+func (p *Provider) Output(ctx context.Context, inst provider.Instance, max int64) (io.ReadCloser, error) {
+	uid := types.UID(inst.ID)
+	p.mu.Lock()
+	o := p.outputs[uid]
+	if o == nil || !o.started {
+		p.mu.Unlock()
+		return nil, provider.ErrNoOutput
+	}
+	name, fresh, final := o.pod, time.Since(o.at) < p.opt.LogInterval, o.final
+	ended, data, gone := o.ended, o.data, !o.goneAt.IsZero()
+	p.mu.Unlock()
+	if final || gone || (fresh && !ended) {
+		return tail(data, max)
+	}
+	cctx, cancel := p.call(ctx)
+	defer cancel()
+	lines := int64(logTailLines)
+	b, err := p.cs.CoreV1().Pods(p.opt.Namespace).GetLogs(name, &corev1.PodLogOptions{
+		Container: agentContainer, TailLines: &lines,
+	}).DoRaw(cctx)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case err == nil:
+		o.data, o.at, o.final = b, time.Now(), ended
+	case apierrors.IsNotFound(err):
+		o.final = true
+	default:
+		o.at = time.Now() // not again at once
+		p.log.Debug("read pod log", "pod", name, "err", err)
+	}
+	return tail(o.data, max)
+}
+
+func tail(b []byte, max int64) (io.ReadCloser, error) {
+	if len(b) == 0 {
+		return nil, provider.ErrNoOutput
+	}
+	if int64(len(b)) > max {
+		b = b[int64(len(b))-max:]
+	}
+	return io.NopCloser(bytes.NewReader(bytes.Clone(b))), nil
+}

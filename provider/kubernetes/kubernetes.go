@@ -1,0 +1,434 @@
+// Package kubernetes runs runners as Kubernetes pods, through client-go:
+// one pod per runner (restartPolicy Never), labelled with the manager id,
+// pool and runner name, its credential in a Secret of its own that the
+// pod owns, watched through an informer.
+package kubernetes
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	listersv1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/runfleet/runfleet/provider"
+)
+
+// Options configure New.
+type Options struct {
+	Client    kubernetes.Interface
+	Namespace string
+	Manager   string
+	Pool      string
+	Section   Section
+	// GPUs is the number of GPUs each runner asks for (gpus_per_runner).
+	GPUs int
+	// MaxLifetime becomes each pod's activeDeadlineSeconds.
+	MaxLifetime time.Duration
+	// CallTimeout bounds each API call; DefaultCallTimeout when 0.
+	CallTimeout time.Duration
+	// LogInterval is how long a running pod's output, once read, is
+	// reused; DefaultLogInterval when 0. A pod that ended is read once
+	// more, and its output kept until it is gone.
+	LogInterval time.Duration
+	Logger      *slog.Logger
+	// Calls, when set, counts the requests sent to the apiserver.
+	Calls *atomic.Int64
+
+	volumes []Volume
+}
+
+// Defaults of Options.
+const (
+	DefaultCallTimeout = 30 * time.Second
+	DefaultLogInterval = 10 * time.Second
+)
+
+// goneKeep is how long the output of a pod that is gone stays readable:
+// the pool reads a runner's last output after its machine went.
+const goneKeep = 2 * time.Minute
+
+// Provider runs one pool's runners as pods.
+type Provider struct {
+	opt     Options
+	cs      kubernetes.Interface
+	log     *slog.Logger
+	pods    listersv1.PodLister
+	synced  cache.InformerSynced
+	stop    context.CancelFunc
+	stopped chan struct{}
+
+	mu sync.Mutex
+	// creating holds pods created and not yet seen by the informer, by
+	// runner name, so that Create stays idempotent and List complete.
+	creating map[string]*corev1.Pod
+	// deleted holds the pods this provider deleted: they are going,
+	// and no longer listed.
+	deleted  map[types.UID]bool
+	outputs  map[types.UID]*output
+	noticed  map[types.UID]bool
+	watchers map[int]func(string)
+	noticers map[int]func(provider.Notice)
+	nextID   int
+	swept    time.Time
+}
+
+// New starts watching the pool's pods; it creates none.
+func New(opt Options) (*Provider, error) {
+	if opt.Client == nil || opt.Namespace == "" {
+		return nil, errors.New("kubernetes: a client and a namespace are required")
+	}
+	for field, v := range map[string]string{"id": opt.Manager, "pool": opt.Pool} {
+		if msgs := validation.IsValidLabelValue(v); len(msgs) > 0 || v == "" {
+			return nil, fmt.Errorf("kubernetes: the %s %q cannot label pods: %s", field, v, strings.Join(msgs, "; "))
+		}
+	}
+	for _, v := range opt.Section.Volumes {
+		vol, err := ParseVolume(v)
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes.volumes: %w", err)
+		}
+		opt.volumes = append(opt.volumes, vol)
+	}
+	if opt.CallTimeout <= 0 {
+		opt.CallTimeout = DefaultCallTimeout
+	}
+	if opt.LogInterval <= 0 {
+		opt.LogInterval = DefaultLogInterval
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	p := &Provider{
+		opt: opt, cs: opt.Client, log: opt.Logger,
+		creating: map[string]*corev1.Pod{}, deleted: map[types.UID]bool{},
+		outputs: map[types.UID]*output{}, noticed: map[types.UID]bool{},
+		watchers: map[int]func(string){}, noticers: map[int]func(provider.Notice){},
+		stopped: make(chan struct{}),
+	}
+	sel := labels.SelectorFromSet(labels.Set{LabelManager: opt.Manager, LabelPool: opt.Pool}).String()
+	factory := informers.NewSharedInformerFactoryWithOptions(opt.Client, 0,
+		informers.WithNamespace(opt.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
+	inf := factory.Core().V1().Pods()
+	informer := inf.Informer()
+	// The cache keeps what the provider reads, not the managed fields.
+	_ = informer.SetTransform(func(obj any) (any, error) {
+		if m, ok := obj.(metav1.Object); ok {
+			m.SetManagedFields(nil)
+		}
+		return obj, nil
+	})
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { p.changed(nil, obj) },
+		UpdateFunc: p.changed,
+		DeleteFunc: p.gone,
+	}); err != nil {
+		return nil, fmt.Errorf("kubernetes: watch pods: %w", err)
+	}
+	p.pods, p.synced = inf.Lister(), informer.HasSynced
+	ctx, cancel := context.WithCancel(context.Background())
+	p.stop = cancel
+	go func() {
+		defer close(p.stopped)
+		informer.RunWithContext(ctx)
+	}()
+	return p, nil
+}
+
+// Close stops watching; the pods keep running.
+func (p *Provider) Close() error {
+	p.stop()
+	<-p.stopped
+	return nil
+}
+
+// Traits: pods come with their image and may be evicted or preempted.
+func (p *Provider) Traits() provider.Traits { return provider.Traits{Preemptible: true} }
+
+// Calls is the number of requests sent to the apiserver, when Options
+// counted them.
+func (p *Provider) Calls() int64 {
+	if p.opt.Calls == nil {
+		return 0
+	}
+	return p.opt.Calls.Load()
+}
+
+// Namespace is where the pool's pods run.
+func (p *Provider) Namespace() string { return p.opt.Namespace }
+
+func (p *Provider) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, p.opt.CallTimeout)
+}
+
+// wait blocks until the informer has listed the pods once.
+func (p *Provider) wait(ctx context.Context) error {
+	if p.synced() {
+		return nil
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), p.synced) {
+		return fmt.Errorf("kubernetes: pods of pool %s not listed: %w", p.opt.Pool, context.Cause(ctx))
+	}
+	return nil
+}
+
+// podName is a new, unique name for a runner's pod and its Secret: a
+// slot's next pod may start while its last one is still terminating.
+func podName(manager, runner string) string {
+	base := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r - 'A' + 'a'
+		}
+		return '-'
+	}, manager+"-"+runner)
+	if len(base) > 57 {
+		base = base[:57]
+	}
+	const alphabet = "bcdfghjklmnpqrstvwxz2456789" // as the apiserver's generateName
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return strings.Trim(base, "-") + "-" + string(b)
+}
+
+// Create starts a runner's pod and its Secret. A runner with a live pod
+// gets that pod back.
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+	if err := p.wait(ctx); err != nil {
+		return provider.Instance{}, err
+	}
+	if pod := p.live(spec.Name); pod != nil {
+		return p.instance(pod), nil
+	}
+	var created *corev1.Pod
+	for attempt := 0; ; attempt++ {
+		name := podName(spec.Manager, spec.Name)
+		pod, err := p.podFor(name, spec)
+		if err != nil {
+			return provider.Instance{}, fmt.Errorf("pod for %s: %w", spec.Name, err)
+		}
+		pod.Namespace = p.opt.Namespace
+		cctx, cancel := p.call(ctx)
+		created, err = p.cs.CoreV1().Pods(p.opt.Namespace).Create(cctx, pod, metav1.CreateOptions{})
+		cancel()
+		if apierrors.IsAlreadyExists(err) && attempt == 0 {
+			continue // the random suffix was taken
+		}
+		if err != nil {
+			return provider.Instance{}, fmt.Errorf("create pod for %s in %s: %w", spec.Name, p.opt.Namespace, err)
+		}
+		break
+	}
+	p.mu.Lock()
+	p.creating[spec.Name] = created
+	p.mu.Unlock()
+	// The Secret comes second, owned by the pod so that it goes with
+	// it: the pod waits for it before it starts.
+	sec := runnerSecret(created.Name, spec)
+	ownedBy(sec, created)
+	cctx, cancel := p.call(ctx)
+	_, err := p.cs.CoreV1().Secrets(p.opt.Namespace).Create(cctx, sec, metav1.CreateOptions{})
+	cancel()
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		p.deletePod(context.WithoutCancel(ctx), created)
+		return provider.Instance{}, fmt.Errorf("create secret for %s in %s: %w", spec.Name, p.opt.Namespace, err)
+	}
+	return p.instance(created), nil
+}
+
+// live returns the runner's newest pod that is not going, nil if none.
+func (p *Provider) live(runner string) *corev1.Pod {
+	pods, _ := p.pods.Pods(p.opt.Namespace).List(labels.SelectorFromSet(labels.Set{LabelRunner: runner}))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var best *corev1.Pod
+	if c := p.creating[runner]; c != nil {
+		best = c
+	}
+	for _, pod := range pods {
+		if pod.Labels[LabelManager] != p.opt.Manager || p.deleted[pod.UID] {
+			continue
+		}
+		if best == nil || pod.CreationTimestamp.After(best.CreationTimestamp.Time) {
+			best = pod
+		}
+	}
+	if best != nil && p.deleted[best.UID] {
+		return nil
+	}
+	return best
+}
+
+// Delete deletes every pod of a runner and their Secrets.
+func (p *Provider) Delete(ctx context.Context, name string) error {
+	if err := p.wait(ctx); err != nil {
+		return err
+	}
+	pods, _ := p.pods.Pods(p.opt.Namespace).List(labels.SelectorFromSet(labels.Set{LabelRunner: name}))
+	p.mu.Lock()
+	if c := p.creating[name]; c != nil {
+		pods = append(pods, c)
+	}
+	var todo []*corev1.Pod
+	for _, pod := range pods {
+		if pod.Labels[LabelManager] == p.opt.Manager && !p.deleted[pod.UID] {
+			todo = append(todo, pod)
+		}
+	}
+	p.mu.Unlock()
+	var errs []error
+	for _, pod := range todo {
+		errs = append(errs, p.deletePod(ctx, pod))
+	}
+	return errors.Join(errs...)
+}
+
+// deletePod deletes a pod (that pod, not a later one of the same name)
+// and its Secret, which the garbage collector would also remove.
+func (p *Provider) deletePod(ctx context.Context, pod *corev1.Pod) error {
+	cctx, cancel := p.call(ctx)
+	defer cancel()
+	uid := pod.UID
+	// Marked first: the informer may report the deletion before the
+	// call returns, and it is no eviction.
+	p.mu.Lock()
+	p.deleted[uid] = true
+	p.mu.Unlock()
+	err := p.cs.CoreV1().Pods(p.opt.Namespace).Delete(cctx, pod.Name, metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{UID: &uid},
+	})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		p.mu.Lock()
+		delete(p.deleted, uid)
+		p.mu.Unlock()
+		return fmt.Errorf("delete pod %s: %w", pod.Name, err)
+	}
+	p.mu.Lock()
+	if c := p.creating[pod.Labels[LabelRunner]]; c != nil && c.UID == uid {
+		delete(p.creating, pod.Labels[LabelRunner])
+	}
+	p.mu.Unlock()
+	err = p.cs.CoreV1().Secrets(p.opt.Namespace).Delete(cctx, pod.Name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete secret %s: %w", pod.Name, err)
+	}
+	return nil
+}
+
+// List returns the runners' pods: each runner's newest pod that this
+// provider has not deleted. Another manager's pods are read from the
+// apiserver, this one's from the informer's cache.
+func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instance, error) {
+	if manager != p.opt.Manager {
+		return p.listOther(ctx, manager)
+	}
+	if err := p.wait(ctx); err != nil {
+		return nil, err
+	}
+	pods, err := p.pods.Pods(p.opt.Namespace).List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	p.sweepSecrets(ctx)
+	seen := map[string]bool{}
+	var out []provider.Instance
+	for _, pod := range pods {
+		runner := pod.Labels[LabelRunner]
+		if seen[runner] || runner == "" {
+			continue
+		}
+		if best := p.live(runner); best != nil {
+			out = append(out, p.instance(best))
+			seen[runner] = true
+			continue
+		}
+		p.mu.Lock()
+		going := p.deleted[pod.UID]
+		p.mu.Unlock()
+		if !going {
+			out = append(out, p.instance(pod))
+			seen[runner] = true
+		}
+	}
+	p.mu.Lock()
+	for runner, pod := range p.creating {
+		if !seen[runner] {
+			out = append(out, p.instance(pod))
+		}
+	}
+	p.mu.Unlock()
+	return out, nil
+}
+
+func (p *Provider) listOther(ctx context.Context, manager string) ([]provider.Instance, error) {
+	cctx, cancel := p.call(ctx)
+	defer cancel()
+	sel := labels.SelectorFromSet(labels.Set{LabelManager: manager, LabelPool: p.opt.Pool}).String()
+	list, err := p.cs.CoreV1().Pods(p.opt.Namespace).List(cctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return nil, fmt.Errorf("list pods of manager %s: %w", manager, err)
+	}
+	var out []provider.Instance
+	for i := range list.Items {
+		out = append(out, p.instance(&list.Items[i]))
+	}
+	return out, nil
+}
+
+// sweepSecrets deletes, once a minute, the pool's Secrets whose pod is
+// gone: the garbage collector does so where it runs, but a Secret whose
+// pod was never made (a manager killed between the two) has no owner.
+func (p *Provider) sweepSecrets(ctx context.Context) {
+	p.mu.Lock()
+	due := time.Since(p.swept) > time.Minute
+	if due {
+		p.swept = time.Now()
+	}
+	p.mu.Unlock()
+	if !due {
+		return
+	}
+	cctx, cancel := p.call(ctx)
+	defer cancel()
+	sel := labels.SelectorFromSet(labels.Set{LabelManager: p.opt.Manager, LabelPool: p.opt.Pool}).String()
+	list, err := p.cs.CoreV1().Secrets(p.opt.Namespace).List(cctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		p.log.Warn("list secrets", "err", err)
+		return
+	}
+	for _, s := range list.Items {
+		if _, err := p.pods.Pods(p.opt.Namespace).Get(s.Name); err == nil || time.Since(s.CreationTimestamp.Time) < time.Minute {
+			continue
+		}
+		p.mu.Lock()
+		c := p.creating[s.Labels[LabelRunner]]
+		p.mu.Unlock()
+		if c != nil && c.Name == s.Name {
+			continue
+		}
+		if err := p.cs.CoreV1().Secrets(p.opt.Namespace).Delete(cctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			p.log.Warn("delete secret without a pod", "secret", s.Name, "err", err)
+		}
+	}
+}

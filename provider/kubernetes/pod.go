@@ -1,0 +1,257 @@
+package kubernetes
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
+
+	"github.com/runfleet/runfleet/provider"
+)
+
+// Labels on every pod and Secret: List finds a manager's pods by them
+// after a restart, and `runfleet gc` what a crash left.
+const (
+	LabelManager = "runfleet.dev/manager"
+	LabelPool    = "runfleet.dev/pool"
+	LabelRunner  = "runfleet.dev/runner" // the runner's name, <pool>-<slot>
+	labelManaged = "app.kubernetes.io/managed-by"
+)
+
+// Names of the pod's parts.
+const (
+	agentContainer = "runner"
+	filesContainer = "files"
+	filesVolume    = "runfleet-files"
+	workVolume     = "work"
+	filesMount     = "/run/runfleet/files"
+)
+
+// podLabels are the labels of a runner's pod and Secret.
+func podLabels(spec provider.Spec) map[string]string {
+	return map[string]string{
+		LabelManager: spec.Manager,
+		LabelPool:    spec.Pool,
+		LabelRunner:  spec.Name,
+		labelManaged: "runfleet",
+	}
+}
+
+// secretKeys names the Secret's keys: the agent's environment as
+// env.<NAME>, its files as file.<n> in the order of their sorted paths.
+func envKey(name string) string { return "env." + name }
+func fileKey(i int) string      { return "file." + strconv.Itoa(i) }
+
+// runnerSecret holds everything of the spec that may be a credential: the
+// agent's files and its environment's values. The pod refers to it by
+// name and key, so no value shows in the pod's spec.
+func runnerSecret(name string, spec provider.Spec) *corev1.Secret {
+	data := map[string][]byte{}
+	for k, v := range spec.Env {
+		data[envKey(k)] = []byte(v)
+	}
+	for i, rel := range slices.Sorted(maps.Keys(spec.Files)) {
+		data[fileKey(i)] = spec.Files[rel]
+	}
+	immutable := true
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: podLabels(spec)},
+		Type:       corev1.SecretTypeOpaque,
+		Immutable:  &immutable,
+		Data:       data,
+	}
+}
+
+// ownedBy makes a Secret go with its pod: the garbage collector deletes
+// it when the pod is deleted.
+func ownedBy(s *corev1.Secret, pod *corev1.Pod) {
+	s.OwnerReferences = []metav1.OwnerReference{{
+		APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID,
+	}}
+}
+
+// podFor builds a runner's pod, named name, from the pool's section and
+// the spec; its Secret has the same name.
+func (p *Provider) podFor(name string, spec provider.Spec) (*corev1.Pod, error) {
+	s := p.opt.Section
+	files, err := filesScript(s.Workdir, spec.Files)
+	if err != nil {
+		return nil, err
+	}
+	agent := corev1.Container{
+		Name:            agentContainer,
+		Image:           s.Image,
+		ImagePullPolicy: s.ImagePullPolicy,
+		Command:         []string{spec.Command},
+		Args:            spec.Args,
+		WorkingDir:      s.Workdir,
+		Resources:       *s.Resources.DeepCopy(),
+		SecurityContext: s.ContainerSecurityContext,
+		VolumeMounts:    []corev1.VolumeMount{{Name: workVolume, MountPath: s.Workdir}},
+	}
+	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
+		agent.Env = append(agent.Env, corev1.EnvVar{Name: k, ValueFrom: &corev1.EnvVarSource{
+			SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: name}, Key: envKey(k)},
+		}})
+	}
+	if n := p.opt.GPUs; n > 0 {
+		if agent.Resources.Limits == nil {
+			agent.Resources.Limits = corev1.ResourceList{}
+		}
+		if _, set := agent.Resources.Limits[s.GPUResource]; !set {
+			agent.Resources.Limits[s.GPUResource] = *resource.NewQuantity(int64(n), resource.DecimalSI)
+		}
+	}
+	init := corev1.Container{
+		Name:            filesContainer,
+		Image:           s.Image,
+		ImagePullPolicy: s.ImagePullPolicy,
+		Command:         []string{"/bin/sh", "-c", files},
+		SecurityContext: s.ContainerSecurityContext,
+		// The pod's requests are the larger of its init containers'
+		// and the sum of the others': the same, less the GPUs, add
+		// nothing and satisfy a namespace that asks for limits.
+		Resources: withoutResource(s.Resources, s.GPUResource),
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: filesVolume, MountPath: filesMount, ReadOnly: true},
+			{Name: workVolume, MountPath: s.Workdir},
+		},
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: podLabels(spec)},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                corev1.RestartPolicyNever,
+			InitContainers:               []corev1.Container{init},
+			Containers:                   []corev1.Container{agent},
+			Volumes:                      p.volumes(name, spec),
+			NodeSelector:                 maps.Clone(s.NodeSelector),
+			Tolerations:                  slices.Clone(s.Tolerations),
+			Affinity:                     s.Affinity,
+			PriorityClassName:            s.PriorityClassName,
+			ServiceAccountName:           s.ServiceAccountName,
+			AutomountServiceAccountToken: &s.AutomountServiceAccountToken,
+			SecurityContext:              s.SecurityContext,
+			EnableServiceLinks:           new(false), // the namespace's services are no business of a job
+		},
+	}
+	if s.RuntimeClassName != "" {
+		pod.Spec.RuntimeClassName = &s.RuntimeClassName
+	}
+	for _, sec := range s.ImagePullSecrets {
+		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: sec})
+	}
+	if d := p.opt.MaxLifetime; d > 0 {
+		// The last resort, also when the manager is gone: the pool
+		// retires idle runners long before.
+		secs := int64((d + time.Second - 1) / time.Second)
+		pod.Spec.ActiveDeadlineSeconds = &secs
+	}
+	for i, v := range p.opt.volumes {
+		agent := &pod.Spec.Containers[0]
+		agent.VolumeMounts = append(agent.VolumeMounts, corev1.VolumeMount{Name: dataVolume(i), MountPath: v.Target, ReadOnly: v.ReadOnly})
+	}
+	return p.overlay(pod, spec)
+}
+
+func dataVolume(i int) string { return "data-" + strconv.Itoa(i) }
+
+// volumes are the pod's: its work directory, its files (from its
+// Secret, the agent may read them only), and the pool's datasets.
+func (p *Provider) volumes(name string, spec provider.Spec) []corev1.Volume {
+	s := p.opt.Section
+	work := &corev1.EmptyDirVolumeSource{}
+	if s.WorkdirSizeLimit != "" {
+		q := resource.MustParse(s.WorkdirSizeLimit) // checked by DecodeSection
+		work.SizeLimit = &q
+	}
+	mode := int32(0o400)
+	var items []corev1.KeyToPath
+	for i := range len(spec.Files) {
+		items = append(items, corev1.KeyToPath{Key: fileKey(i), Path: strconv.Itoa(i)})
+	}
+	vols := []corev1.Volume{
+		{Name: workVolume, VolumeSource: corev1.VolumeSource{EmptyDir: work}},
+		{Name: filesVolume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: name, Items: items, DefaultMode: &mode,
+		}}},
+	}
+	for i, v := range p.opt.volumes {
+		var src corev1.VolumeSource
+		switch v.Kind {
+		case "pvc":
+			src.PersistentVolumeClaim = &corev1.PersistentVolumeClaimVolumeSource{ClaimName: v.Source, ReadOnly: v.ReadOnly}
+		case "nfs":
+			src.NFS = &corev1.NFSVolumeSource{Server: v.Server, Path: v.Source, ReadOnly: v.ReadOnly}
+		default:
+			src.HostPath = &corev1.HostPathVolumeSource{Path: v.Source}
+		}
+		vols = append(vols, corev1.Volume{Name: dataVolume(i), VolumeSource: src})
+	}
+	return vols
+}
+
+// filesScript is the init container's script: it copies the runner's
+// files from the read-only Secret volume into the writable work
+// directory (agents rewrite their registration file), readable by the
+// agent's user only.
+func filesScript(workdir string, files map[string][]byte) (string, error) {
+	var b strings.Builder
+	b.WriteString("set -e; umask 077")
+	for i, rel := range slices.Sorted(maps.Keys(files)) {
+		clean := path.Clean(rel)
+		if rel == "" || path.IsAbs(rel) || clean == "." || clean == ".." || strings.HasPrefix(clean, "../") {
+			return "", fmt.Errorf("file %q is not inside the working directory", rel)
+		}
+		dst := path.Join(workdir, clean)
+		fmt.Fprintf(&b, "; mkdir -p %s; cp %s %s", quote(path.Dir(dst)), quote(path.Join(filesMount, strconv.Itoa(i))), quote(dst))
+	}
+	return b.String(), nil
+}
+
+// quote quotes a string for sh.
+func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+func withoutResource(r corev1.ResourceRequirements, name corev1.ResourceName) corev1.ResourceRequirements {
+	out := *r.DeepCopy()
+	delete(out.Limits, name)
+	delete(out.Requests, name)
+	return out
+}
+
+// overlay merges the pool's pod_template over the pod, then restores what
+// runfleet relies on: its name, labels, restart policy and the agent's
+// Secret, which a template must not take away.
+func (p *Provider) overlay(pod *corev1.Pod, spec provider.Spec) (*corev1.Pod, error) {
+	tmpl := p.opt.Section.PodTemplate
+	if len(tmpl) == 0 || string(tmpl) == "null" {
+		return pod, nil
+	}
+	orig, err := json.Marshal(pod)
+	if err != nil {
+		return nil, err
+	}
+	merged, err := strategicpatch.StrategicMergePatch(orig, tmpl, corev1.Pod{})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes.pod_template: %w", err)
+	}
+	var out corev1.Pod
+	if err := json.Unmarshal(merged, &out); err != nil {
+		return nil, fmt.Errorf("kubernetes.pod_template: %w", err)
+	}
+	out.Name, out.Namespace, out.GenerateName = pod.Name, "", ""
+	if out.Labels == nil {
+		out.Labels = map[string]string{}
+	}
+	maps.Copy(out.Labels, podLabels(spec))
+	out.Spec.RestartPolicy = corev1.RestartPolicyNever
+	return &out, nil
+}

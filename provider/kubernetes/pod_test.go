@@ -1,0 +1,210 @@
+package kubernetes
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/yaml"
+
+	"github.com/runfleet/runfleet/provider"
+)
+
+func decode(t *testing.T, yaml string, gpus int) Section {
+	t.Helper()
+	raw, err := jsonOf(yaml)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := DecodeSection(raw, gpus)
+	if err != nil {
+		t.Fatalf("DecodeSection: %v", err)
+	}
+	return s
+}
+
+func jsonOf(yaml string) (json.RawMessage, error) {
+	var v any
+	if err := yamlUnmarshal([]byte(yaml), &v); err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
+}
+
+// The pod carries what the section asks for, the runner's files and
+// environment only by reference to its Secret, and runfleet's labels and
+// restart policy whatever the template says.
+func TestPodFromSection(t *testing.T) {
+	s := decode(t, `
+image: runner:1
+resources: {requests: {cpu: "2", memory: 4Gi}, limits: {memory: 4Gi}}
+node_selector: {gpu: a100}
+tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+runtime_class_name: nvidia
+priority_class_name: ci
+service_account_name: runner
+security_context: {runAsUser: 1000, fsGroup: 1000}
+workdir_size_limit: 20Gi
+volumes: ["pvc:datasets:/data", "host:/models:/models:rw", "nfs:nas:/export/x:/x"]
+pod_template:
+  metadata: {labels: {team: ml, runfleet.dev/runner: stolen}, annotations: {a: b}}
+  spec: {restartPolicy: Always, hostname: fixed}
+`, 2)
+	p := &Provider{opt: Options{Section: s, GPUs: 2, MaxLifetime: 90 * time.Minute}}
+	for _, v := range s.Volumes {
+		vol, _ := ParseVolume(v)
+		p.opt.volumes = append(p.opt.volumes, vol)
+	}
+	sp := provider.Spec{
+		Name: "gpu-3", Manager: "lab", Pool: "gpu", Command: "gitea-runner", Args: []string{"daemon"},
+		Env:   map[string]string{"TOKEN": "secret-value", "PATH": "/bin"},
+		Files: map[string][]byte{".runner": []byte("secret-file"), "conf/runner.yaml": []byte("x")},
+	}
+	pod, err := p.podFor("lab-gpu-3-abcde", sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(pod)
+	if strings.Contains(string(b), "secret-value") || strings.Contains(string(b), "secret-file") {
+		t.Fatalf("the pod shows a credential: %s", b)
+	}
+	if pod.Labels[LabelRunner] != "gpu-3" || pod.Labels[LabelManager] != "lab" || pod.Labels[LabelPool] != "gpu" || pod.Labels["team"] != "ml" {
+		t.Errorf("labels %v", pod.Labels)
+	}
+	ps := pod.Spec
+	if ps.RestartPolicy != corev1.RestartPolicyNever || ps.Hostname != "fixed" {
+		t.Errorf("restart policy %s, hostname %q", ps.RestartPolicy, ps.Hostname)
+	}
+	if ps.AutomountServiceAccountToken == nil || *ps.AutomountServiceAccountToken {
+		t.Error("the service account token is mounted")
+	}
+	if ps.ActiveDeadlineSeconds == nil || *ps.ActiveDeadlineSeconds != 5400 {
+		t.Errorf("activeDeadlineSeconds %v", ps.ActiveDeadlineSeconds)
+	}
+	if ps.RuntimeClassName == nil || *ps.RuntimeClassName != "nvidia" || ps.PriorityClassName != "ci" || ps.ServiceAccountName != "runner" ||
+		ps.NodeSelector["gpu"] != "a100" || len(ps.Tolerations) != 1 || *ps.SecurityContext.RunAsUser != 1000 {
+		t.Errorf("pod spec %+v", ps)
+	}
+	c := ps.Containers[0]
+	if q := c.Resources.Limits["nvidia.com/gpu"]; q.Cmp(resource.MustParse("2")) != 0 {
+		t.Errorf("gpu limit %v", q.String())
+	}
+	if _, ok := ps.InitContainers[0].Resources.Limits["nvidia.com/gpu"]; ok {
+		t.Error("the files container asks for GPUs")
+	}
+	for _, e := range c.Env {
+		if e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef.Name != "lab-gpu-3-abcde" {
+			t.Errorf("env %s is not from the runner's secret: %+v", e.Name, e)
+		}
+	}
+	ro := map[string]bool{}
+	for _, m := range c.VolumeMounts {
+		ro[m.MountPath] = m.ReadOnly
+	}
+	if !ro["/data"] || ro["/models"] || !ro["/x"] || ro["/runner"] {
+		t.Errorf("mounts read-only: %v", ro)
+	}
+	script := ps.InitContainers[0].Command[2]
+	for _, want := range []string{"umask 077", "cp '/run/runfleet/files/0' '/runner/.runner'", "mkdir -p '/runner/conf'", "cp '/run/runfleet/files/1' '/runner/conf/runner.yaml'"} {
+		if !strings.Contains(script, want) {
+			t.Errorf("files script %q lacks %q", script, want)
+		}
+	}
+	sec := runnerSecret("lab-gpu-3-abcde", sp)
+	if string(sec.Data["env.TOKEN"]) != "secret-value" || string(sec.Data["file.0"]) != "secret-file" || sec.Labels[LabelRunner] != "gpu-3" {
+		t.Errorf("secret %+v", sec)
+	}
+}
+
+// A file outside the work directory is refused.
+func TestFilesOutsideWorkdir(t *testing.T) {
+	for _, bad := range []string{"../x", "/etc/passwd", ".", ""} {
+		if _, err := filesScript("/runner", map[string][]byte{bad: nil}); err == nil {
+			t.Errorf("file %q accepted", bad)
+		}
+	}
+}
+
+func TestSectionErrors(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{`{}`, "kubernetes.image: is required"},
+		{`{image: x, volumes: ["data:/data"]}`, "kubernetes.volumes[0]"},
+		{`{image: x, volumes: ["pvc:Bad_Name:/data"]}`, "is not a claim name"},
+		{`{image: x, volumes: ["host:rel:/data"]}`, "must be absolute"},
+		{`{image: x, image_pull_policy: sometimes}`, "kubernetes.image_pull_policy"},
+		{`{image: x, namespace: Not_OK}`, "kubernetes.namespace"},
+		{`{image: x, in_cluster: true, kubeconfig: /k}`, "kubernetes.in_cluster"},
+		{`{image: x, pod_template: {spec: {nodeSelectr: {a: b}}}}`, "kubernetes.pod_template"},
+		{`{image: x, workdir: rel}`, "kubernetes.workdir"},
+		{`{image: x, workdir_size_limit: lots}`, "kubernetes.workdir_size_limit"},
+		{`{image: x, tolerations: [{key: a, operatr: Exists}]}`, "kubernetes.tolerations"},
+		{`{image: x, colour: blue}`, "kubernetes.colour: unknown field"},
+	} {
+		raw, err := jsonOf(tc.yaml)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = DecodeSection(raw, 0)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want %q", tc.yaml, err, tc.want)
+		}
+	}
+	raw, _ := jsonOf(`{image: x}`)
+	if _, err := DecodeSection(raw, -1); err == nil || !strings.Contains(err.Error(), "gpus_per_runner") {
+		t.Errorf("gpus_per_runner all: %v", err)
+	}
+}
+
+func TestParseVolume(t *testing.T) {
+	for in, want := range map[string]Volume{
+		"/data:/data":             {Kind: "host", Source: "/data", Target: "/data", ReadOnly: true},
+		"/data:/data:rw":          {Kind: "host", Source: "/data", Target: "/data"},
+		"pvc:sets:/d:ro":          {Kind: "pvc", Source: "sets", Target: "/d", ReadOnly: true},
+		"nfs:10.0.0.2:/exp:/n:rw": {Kind: "nfs", Server: "10.0.0.2", Source: "/exp", Target: "/n"},
+	} {
+		got, err := ParseVolume(in)
+		if err != nil || got != want {
+			t.Errorf("%s: %+v %v, want %+v", in, got, err, want)
+		}
+	}
+}
+
+// CML's --cloud=kubernetes options make a section: the machine type's
+// resources and GPU, the node selector, and the kubeconfig by reference.
+func TestCMLSection(t *testing.T) {
+	raw, ok, err := driver{}.CMLSection(provider.CMLOptions{
+		Cloud: map[string]string{"cloud": "kubernetes", "cloud-type": "m+v100", "cloud-kubernetes-node-selector": "zone=a, disk=ssd", "cloud-image": "runner:cuda"},
+		Getenv: func(k string) (string, bool) {
+			if k == "KUBERNETES_CONFIGURATION" {
+				return "apiVersion: v1\nkind: Config\n", true
+			}
+			return "", false
+		},
+	})
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if strings.Contains(string(raw), "apiVersion") {
+		t.Fatalf("the section holds the kubeconfig itself: %s", raw)
+	}
+	var s Section
+	if err := json.Unmarshal(raw, &s); err != nil {
+		t.Fatal(err)
+	}
+	gpu := s.Resources.Limits[DefaultGPUResource]
+	if s.Image != "runner:cuda" || s.NodeSelector["zone"] != "a" || s.NodeSelector["disk"] != "ssd" || s.NodeSelector["accelerator"] != "nvidia-tesla-v100" ||
+		gpu.Value() != 1 || s.Resources.Requests.Cpu().Value() != 8 || s.KubeconfigData != "${KUBERNETES_CONFIGURATION}" {
+		t.Errorf("section %+v", s)
+	}
+	if _, _, err := (driver{}).CMLSection(provider.CMLOptions{Cloud: map[string]string{"cloud": "kubernetes", "cloud-type": "huge"}}); err == nil {
+		t.Error("an unknown machine type was taken")
+	}
+	if _, ok, _ := (driver{}).CMLSection(provider.CMLOptions{Cloud: map[string]string{"cloud": "aws"}}); ok {
+		t.Error("--cloud=aws taken for kubernetes")
+	}
+}
+
+func yamlUnmarshal(b []byte, v any) error { return yaml.Unmarshal(b, v) }
