@@ -92,7 +92,8 @@ type Watcher interface {
 	// Watch calls changed with the instance name whenever an instance's
 	// state changes, until ctx ends. An empty name means that changes may
 	// have been missed (the event source reconnected), so everything
-	// should be re-read.
+	// should be re-read. It returns at once; the calls come from the
+	// provider's own goroutines.
 	Watch(ctx context.Context, changed func(name string))
 }
 
@@ -148,7 +149,7 @@ var ErrNoOutput = errors.New("no output kept for this machine")
 // before their job ends (Traits.Preemptible).
 type Preempter interface {
 	// WatchPreemption calls notice for each machine that is about to be
-	// taken back, until ctx ends.
+	// taken back, until ctx ends. It returns at once.
 	WatchPreemption(ctx context.Context, notice func(Notice))
 }
 

@@ -69,6 +69,7 @@ func TestMain(m *testing.M) {
 			defer gitea.Stop()
 		}
 		defer stopGPUEngine()
+		defer stopKube()
 		return m.Run()
 	}()
 	os.Exit(code)
@@ -102,6 +103,7 @@ type fleet struct {
 	waitErr  chan error
 	startCnt int
 	docker   bool
+	kube     bool
 	gh       *ghsim.Server // a GitHub fleet's simulator
 	hooks    string        // the webhook listener's base URL, when there is one
 	// engine is the Docker engine of a Docker fleet when it is not the
@@ -118,6 +120,9 @@ type fleetOptions struct {
 	// Docker, when set, is the pool's docker section (indented by six
 	// spaces) and makes it a Docker pool.
 	Docker string
+	// Kube, when set, is the pool's kubernetes section (indented by six
+	// spaces; see kubeSection) and makes it a pool of pods.
+	Kube string
 	// Top is added at the top of the config, Forge to the forge.
 	Top, Forge string
 }
@@ -164,6 +169,12 @@ forges:
 		cfg = strings.Replace(cfg, "    repo: ", "    runner_url: "+dockerForgeURL()+"\n    repo: ", 1)
 		cfg += "    docker:\n" + opt.Docker
 	}
+	if opt.Kube != "" {
+		f.kube = true
+		cfg = strings.Replace(cfg, "      path: "+runnerBin+"\n", "", 1)
+		cfg = strings.Replace(cfg, "    repo: ", "    runner_url: "+dockerForgeURL()+"\n    repo: ", 1)
+		cfg += "    provider: kubernetes\n    kubernetes:\n" + opt.Kube
+	}
 	cfg += opt.Extra
 	f.config = filepath.Join(dir, "fleet.yaml")
 	if err := os.WriteFile(f.config, []byte(cfg), 0o600); err != nil {
@@ -197,6 +208,9 @@ func (f *fleet) cleanup() {
 	}
 	if f.docker {
 		f.removeContainers()
+	}
+	if f.kube {
+		f.removePods()
 	}
 }
 
@@ -279,6 +293,9 @@ func (f *fleet) stopLeavesNothing() {
 		if left, _ := os.ReadDir(filepath.Join(f.state, "docker")); len(left) != 0 {
 			f.t.Errorf("container files left after shutdown: %d", len(left))
 		}
+	}
+	if f.kube {
+		f.kubeLeavesNothing()
 	}
 }
 

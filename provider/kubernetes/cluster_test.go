@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"sync"
@@ -17,6 +18,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/moby/moby/client"
+
+	"github.com/runfleet/runfleet/internal/kubenode"
 	"github.com/runfleet/runfleet/internal/peers"
 	"github.com/runfleet/runfleet/provider"
 )
@@ -275,5 +279,140 @@ func TestEvictionNotice(t *testing.T) {
 	case n := <-notices:
 		t.Fatalf("a second notice: %+v", n)
 	case <-time.After(time.Second):
+	}
+}
+
+// A pod really runs, on a node agent that runs it in Docker: the init
+// container copies the runner's files from the Secret into the work
+// directory, the agent sees its environment from the Secret, the dataset
+// is read-only, and its output comes back through pods/log, also after
+// it ended.
+func TestPodRunsOnANode(t *testing.T) {
+	needKube(t)
+	ctx := context.Background()
+	cli, img := needDocker(t)
+	ns := fmt.Sprintf("test-%d", nsSerial.Add(1))
+	if err := kube.Namespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	cert, err := kube.ServingCert("node-docker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := kubenode.Start(ctx, kubenode.Options{Name: "node-docker", Client: kube.Client, Docker: cli, Dir: t.TempDir(), Cert: cert, Labels: map[string]string{"pool": "docker"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Stop()
+	data := t.TempDir()
+	os.WriteFile(data+"/hello.txt", []byte("dataset-content\n"), 0o644)
+	os.Chmod(data, 0o777)
+	p := openProvider(t, ns, "m1", Section{Image: img, NodeSelector: map[string]string{"pool": "docker"}, Volumes: []string{data + ":/data"}})
+	sp := spec("cpu-1")
+	sp.Command = "/bin/sh"
+	sp.Args = []string{"-c", `cat .runner; echo; echo "token=$RUNNER_TOKEN"; cat /data/hello.txt; if touch /data/x 2>/dev/null; then echo writable; else echo read-only; fi; ls -l .runner`}
+	inst, err := p.Create(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := waitFor(t, p, "pod ended", func(l []provider.Instance) bool { return len(l) == 1 && l[0].State == provider.StateExited })
+	if list[0].Reason != "" {
+		t.Errorf("ended with reason %q", list[0].Reason)
+	}
+	r, err := p.Output(ctx, inst, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(r)
+	out := string(b)
+	t.Logf("output:\n%s", out)
+	for _, want := range []string{`{"token":"single-use-credential"}`, "token=single-use-credential", "dataset-content", "read-only", "-rw-------"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if err := p.Delete(ctx, "cpu-1"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, p, "gone", func(l []provider.Instance) bool { return len(l) == 0 })
+	// The output outlives the pod, for the pool's last look.
+	if r, err := p.Output(ctx, inst, 1<<20); err != nil {
+		t.Errorf("output after the pod went: %v", err)
+	} else {
+		r.Close()
+	}
+	eventually(t, "pod object gone", func() bool {
+		l, _ := kube.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		n, _ := node.Containers(ctx)
+		return len(l.Items) == 0 && n == 0
+	})
+}
+
+func eventually(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 30s", what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+var (
+	dockerOnce sync.Once
+	dockerCli  *client.Client
+	dockerImg  string
+	dockerErr  error
+)
+
+// needDocker returns a client of the local engine and an image with a
+// shell and busybox, built FROM scratch on first use.
+func needDocker(t *testing.T) (*client.Client, string) {
+	t.Helper()
+	dockerOnce.Do(func() {
+		dockerCli, dockerErr = client.New(client.FromEnv)
+		if dockerErr != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if _, dockerErr = dockerCli.Ping(ctx, client.PingOptions{}); dockerErr == nil {
+			dockerImg, dockerErr = peers.RunnerImage(ctx, dockerCli, "")
+		}
+	})
+	if dockerErr != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("Docker is required in CI: %v", dockerErr)
+		}
+		t.Skipf("needs Docker: %v", dockerErr)
+	}
+	return dockerCli, dockerImg
+}
+
+// The driver connects through a kubeconfig, as `serve` does, and lists.
+func TestDriverOpensWithKubeconfig(t *testing.T) {
+	needKube(t)
+	ctx := context.Background()
+	ns := fmt.Sprintf("test-%d", nsSerial.Add(1))
+	if err := kube.Namespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	raw := fmt.Appendf(nil, `{"kubeconfig": %q, "namespace": %q, "image": "x"}`, kube.Kubeconfig, ns)
+	prov, err := driver{}.Open(provider.PoolConfig{Manager: "m1", Pool: "cpu", Section: raw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prov.(*Provider).Close()
+	lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if _, err := prov.List(lctx, "m1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := prov.Create(lctx, spec("cpu-1")); err != nil {
+		t.Fatal(err)
+	}
+	if n := prov.(*Provider).Calls(); n < 3 {
+		t.Errorf("%d calls counted", n)
 	}
 }

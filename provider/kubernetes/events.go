@@ -197,31 +197,35 @@ func valuesOf[T any](m map[int]T) []T {
 }
 
 // Watch calls changed with a runner's name when its pod changes phase,
-// is deleted, or gets a reason, until ctx ends.
+// is deleted, or gets a reason, until ctx ends. It returns at once.
 func (p *Provider) Watch(ctx context.Context, changed func(name string)) {
 	p.mu.Lock()
 	id := p.nextID
 	p.nextID++
 	p.watchers[id] = changed
 	p.mu.Unlock()
-	<-ctx.Done()
-	p.mu.Lock()
-	delete(p.watchers, id)
-	p.mu.Unlock()
+	go func() {
+		<-ctx.Done()
+		p.mu.Lock()
+		delete(p.watchers, id)
+		p.mu.Unlock()
+	}()
 }
 
 // WatchPreemption calls notice once for each pod being evicted, preempted
-// or deleted by someone else, until ctx ends.
+// or deleted by someone else, until ctx ends. It returns at once.
 func (p *Provider) WatchPreemption(ctx context.Context, notice func(provider.Notice)) {
 	p.mu.Lock()
 	id := p.nextID
 	p.nextID++
 	p.noticers[id] = notice
 	p.mu.Unlock()
-	<-ctx.Done()
-	p.mu.Lock()
-	delete(p.noticers, id)
-	p.mu.Unlock()
+	go func() {
+		<-ctx.Done()
+		p.mu.Lock()
+		delete(p.noticers, id)
+		p.mu.Unlock()
+	}()
 }
 
 // output is what is known of a pod's agent output.

@@ -201,8 +201,8 @@ func (p *Provider) volumes(name string, spec provider.Spec) []corev1.Volume {
 
 // filesScript is the init container's script: it copies the runner's
 // files from the read-only Secret volume into the writable work
-// directory (agents rewrite their registration file), readable by the
-// agent's user only.
+// directory (agents rewrite their registration file), readable and
+// writable by the agent's user only.
 func filesScript(workdir string, files map[string][]byte) (string, error) {
 	var b strings.Builder
 	b.WriteString("set -e; umask 077")
@@ -212,7 +212,7 @@ func filesScript(workdir string, files map[string][]byte) (string, error) {
 			return "", fmt.Errorf("file %q is not inside the working directory", rel)
 		}
 		dst := path.Join(workdir, clean)
-		fmt.Fprintf(&b, "; mkdir -p %s; cp %s %s", quote(path.Dir(dst)), quote(path.Join(filesMount, strconv.Itoa(i))), quote(dst))
+		fmt.Fprintf(&b, "; mkdir -p %s; cp %s %s; chmod 600 %[3]s", quote(path.Dir(dst)), quote(path.Join(filesMount, strconv.Itoa(i))), quote(dst))
 	}
 	return b.String(), nil
 }

@@ -1,0 +1,378 @@
+package kubenode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/moby/moby/api/pkg/stdcopy"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// run is one pod on the node.
+type run struct {
+	n         *Node
+	ns, name  string
+	uid       types.UID
+	pod       *corev1.Pod
+	dir       string
+	stopping  chan struct{}
+	stopOnce  sync.Once
+	done      chan struct{}
+	mu        sync.Mutex
+	running   string // the container running now
+	deadlined bool
+}
+
+func (n *Node) newRun(pod *corev1.Pod) *run {
+	return &run{
+		n: n, ns: pod.Namespace, name: pod.Name, uid: pod.UID, pod: pod.DeepCopy(),
+		dir:      filepath.Join(n.opt.Dir, string(pod.UID)),
+		stopping: make(chan struct{}), done: make(chan struct{}),
+	}
+}
+
+func (r *run) logFile(ctr string) string { return filepath.Join(r.dir, "logs", ctr+".log") }
+
+// stop ends the pod's containers: SIGTERM, then SIGKILL after its grace
+// period (at most 10 s here).
+func (r *run) stop() {
+	r.stopOnce.Do(func() {
+		close(r.stopping)
+		r.mu.Lock()
+		id := r.running
+		r.mu.Unlock()
+		if id == "" {
+			return
+		}
+		grace := 10
+		if g := r.pod.Spec.TerminationGracePeriodSeconds; g != nil && int(*g) < grace {
+			grace = int(*g)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(grace+10)*time.Second)
+		defer cancel()
+		_, _ = r.n.docker.ContainerStop(ctx, id, client.ContainerStopOptions{Timeout: &grace})
+	})
+}
+
+func (r *run) stopped() bool {
+	select {
+	case <-r.stopping:
+		return true
+	default:
+		return false
+	}
+}
+
+// run runs the pod: volumes, init containers in turn, then the
+// containers, reporting each phase.
+func (r *run) run(ctx context.Context) {
+	defer close(r.done)
+	secrets, err := r.secrets(ctx)
+	if err != nil {
+		r.end(ctx, corev1.PodFailed, "CreateContainerConfigError", err.Error(), nil)
+		return
+	}
+	vols, err := r.volumes(secrets)
+	if err != nil {
+		r.end(ctx, corev1.PodFailed, "CreateContainerConfigError", err.Error(), nil)
+		return
+	}
+	for _, c := range r.pod.Spec.InitContainers {
+		code, err := r.container(ctx, c, vols, secrets)
+		if r.stopped() {
+			return
+		}
+		if err != nil || code != 0 {
+			r.end(ctx, corev1.PodFailed, "Init:Error", fmt.Sprintf("init container %s: exit %d %v", c.Name, code, err), nil)
+			return
+		}
+	}
+	if r.stopped() {
+		return
+	}
+	r.setRunning(ctx)
+	if d := r.pod.Spec.ActiveDeadlineSeconds; d != nil {
+		t := time.AfterFunc(time.Duration(*d)*time.Second, func() {
+			r.mu.Lock()
+			r.deadlined = true
+			r.mu.Unlock()
+			r.stop()
+		})
+		defer t.Stop()
+	}
+	codes := map[string]int{}
+	phase := corev1.PodSucceeded
+	for _, c := range r.pod.Spec.Containers {
+		code, err := r.container(ctx, c, vols, secrets)
+		if err != nil {
+			code = 128
+		}
+		codes[c.Name] = code
+		if code != 0 {
+			phase = corev1.PodFailed
+		}
+	}
+	r.mu.Lock()
+	deadlined := r.deadlined
+	r.mu.Unlock()
+	switch {
+	case deadlined:
+		r.end(ctx, corev1.PodFailed, "DeadlineExceeded", "Pod was active on the node longer than the specified deadline", codes)
+	case r.stopped():
+		// Being deleted: its status no longer matters.
+	default:
+		r.end(ctx, phase, "", "", codes)
+	}
+}
+
+// secrets reads the Secrets the pod refers to, waiting for them as the
+// kubelet does (the pod may be made before its Secret).
+func (r *run) secrets(ctx context.Context) (map[string]*corev1.Secret, error) {
+	names := map[string]bool{}
+	for _, v := range r.pod.Spec.Volumes {
+		if v.Secret != nil {
+			names[v.Secret.SecretName] = true
+		}
+	}
+	for _, c := range append(append([]corev1.Container{}, r.pod.Spec.InitContainers...), r.pod.Spec.Containers...) {
+		for _, e := range c.Env {
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+				names[e.ValueFrom.SecretKeyRef.Name] = true
+			}
+		}
+	}
+	out := map[string]*corev1.Secret{}
+	deadline := time.Now().Add(2 * time.Minute)
+	for name := range names {
+		for {
+			s, err := r.n.cs.CoreV1().Secrets(r.ns).Get(ctx, name, metav1.GetOptions{})
+			if err == nil {
+				out[name] = s
+				break
+			}
+			if !apierrors.IsNotFound(err) || time.Now().After(deadline) || r.stopped() {
+				return nil, fmt.Errorf("secret %q: %w", name, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	return out, nil
+}
+
+// volumes makes the pod's volumes on the host: emptyDir and Secret
+// directories of its own, hostPath as it is.
+func (r *run) volumes(secrets map[string]*corev1.Secret) (map[string]string, error) {
+	out := map[string]string{}
+	for _, v := range r.pod.Spec.Volumes {
+		dir := filepath.Join(r.dir, "volumes", v.Name)
+		switch {
+		case v.EmptyDir != nil:
+			if err := os.MkdirAll(dir, 0o777); err != nil {
+				return nil, err
+			}
+			_ = os.Chmod(dir, 0o777)
+		case v.Secret != nil:
+			if err := writeSecret(dir, v.Secret, secrets[v.Secret.SecretName]); err != nil {
+				return nil, err
+			}
+		case v.HostPath != nil:
+			dir = v.HostPath.Path
+		default:
+			return nil, fmt.Errorf("volume %s: only emptyDir, secret and hostPath run on this node", v.Name)
+		}
+		out[v.Name] = dir
+	}
+	return out, nil
+}
+
+func writeSecret(dir string, v *corev1.SecretVolumeSource, s *corev1.Secret) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	mode := os.FileMode(0o644)
+	if v.DefaultMode != nil {
+		mode = os.FileMode(*v.DefaultMode)
+	}
+	items := v.Items
+	if len(items) == 0 {
+		for k := range s.Data {
+			items = append(items, corev1.KeyToPath{Key: k, Path: k})
+		}
+	}
+	for _, it := range items {
+		data, ok := s.Data[it.Key]
+		if !ok {
+			return fmt.Errorf("secret %s has no key %s", s.Name, it.Key)
+		}
+		m := mode
+		if it.Mode != nil {
+			m = os.FileMode(*it.Mode)
+		}
+		p := filepath.Join(dir, filepath.Clean("/"+it.Path))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, data, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// container runs one of the pod's containers to its end and returns its
+// exit code; its output goes to its log file.
+func (r *run) container(ctx context.Context, c corev1.Container, vols map[string]string, secrets map[string]*corev1.Secret) (int, error) {
+	env, err := envOf(c, secrets)
+	if err != nil {
+		return 0, err
+	}
+	var binds []string
+	for _, m := range c.VolumeMounts {
+		b := vols[m.Name] + ":" + m.MountPath
+		if m.ReadOnly {
+			b += ":ro"
+		}
+		binds = append(binds, b)
+	}
+	init := true
+	cfg := &container.Config{
+		Image: c.Image, Entrypoint: c.Command, Cmd: c.Args, Env: env, WorkingDir: c.WorkingDir,
+		Hostname: r.name,
+		Labels:   map[string]string{LabelNode: r.n.opt.Name, LabelPod: string(r.uid)},
+	}
+	if sc := c.SecurityContext; sc != nil && sc.RunAsUser != nil {
+		cfg.User = strconv.FormatInt(*sc.RunAsUser, 10)
+	} else if psc := r.pod.Spec.SecurityContext; psc != nil && psc.RunAsUser != nil {
+		cfg.User = strconv.FormatInt(*psc.RunAsUser, 10)
+	}
+	host := &container.HostConfig{Binds: binds, Init: &init, ExtraHosts: []string{"host.docker.internal:host-gateway"}}
+	name := fmt.Sprintf("kubenode-%s-%s-%s", r.name, c.Name, string(r.uid)[:8])
+	res, err := r.n.docker.ContainerCreate(ctx, client.ContainerCreateOptions{Name: name, Config: cfg, HostConfig: host})
+	if err != nil {
+		return 0, fmt.Errorf("create container %s: %w", c.Name, err)
+	}
+	defer func() {
+		_, _ = r.n.docker.ContainerRemove(context.WithoutCancel(ctx), res.ID, client.ContainerRemoveOptions{Force: true})
+	}()
+	wait := r.n.docker.ContainerWait(ctx, res.ID, client.ContainerWaitOptions{Condition: container.WaitConditionNextExit})
+	if _, err := r.n.docker.ContainerStart(ctx, res.ID, client.ContainerStartOptions{}); err != nil {
+		return 0, fmt.Errorf("start container %s: %w", c.Name, err)
+	}
+	r.mu.Lock()
+	r.running = res.ID
+	r.mu.Unlock()
+	if r.stopped() { // a stop that came before the container ran
+		grace := 0
+		_, _ = r.n.docker.ContainerStop(ctx, res.ID, client.ContainerStopOptions{Timeout: &grace})
+	}
+	copied := make(chan struct{})
+	go func() { defer close(copied); r.copyLogs(ctx, res.ID, c.Name) }()
+	defer func() { <-copied }()
+	select {
+	case w := <-wait.Result:
+		return int(w.StatusCode), nil
+	case err := <-wait.Error:
+		return 0, err
+	}
+}
+
+func (r *run) copyLogs(ctx context.Context, id, ctr string) {
+	if err := os.MkdirAll(filepath.Join(r.dir, "logs"), 0o755); err != nil {
+		return
+	}
+	f, err := os.OpenFile(r.logFile(ctr), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	rc, err := r.n.docker.ContainerLogs(ctx, id, client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true, Follow: true})
+	if err != nil {
+		return
+	}
+	defer rc.Close()
+	_, _ = stdcopy.StdCopy(f, f, rc)
+}
+
+// envOf is a container's environment with Secret references resolved.
+func envOf(c corev1.Container, secrets map[string]*corev1.Secret) ([]string, error) {
+	var env []string
+	for _, e := range c.Env {
+		v := e.Value
+		if ref := e.ValueFrom; ref != nil {
+			if ref.SecretKeyRef == nil {
+				return nil, fmt.Errorf("env %s: only secretKeyRef runs on this node", e.Name)
+			}
+			s := secrets[ref.SecretKeyRef.Name]
+			b, ok := s.Data[ref.SecretKeyRef.Key]
+			if !ok {
+				return nil, fmt.Errorf("env %s: secret %s has no key %s", e.Name, ref.SecretKeyRef.Name, ref.SecretKeyRef.Key)
+			}
+			v = string(b)
+		}
+		env = append(env, e.Name+"="+v)
+	}
+	return env, nil
+}
+
+// setRunning reports the pod running, its init containers done.
+func (r *run) setRunning(ctx context.Context) {
+	now := metav1.Now()
+	err := r.n.setStatus(ctx, r.ns, r.name, r.uid, func(s *corev1.PodStatus) {
+		s.Phase, s.HostIP, s.PodIP, s.StartTime = corev1.PodRunning, "127.0.0.1", "127.0.0.1", &now
+		s.InitContainerStatuses = nil
+		for _, c := range r.pod.Spec.InitContainers {
+			s.InitContainerStatuses = append(s.InitContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image, Ready: true,
+				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Completed", FinishedAt: now}}})
+		}
+		s.ContainerStatuses = nil
+		for _, c := range r.pod.Spec.Containers {
+			started := true
+			s.ContainerStatuses = append(s.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image, Ready: true, Started: &started,
+				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}})
+		}
+		s.Conditions = []corev1.PodCondition{
+			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		}
+	})
+	if err != nil && !errors.Is(err, context.Canceled) {
+		r.n.log.Warn("pod status", "pod", r.name, "err", err)
+	}
+}
+
+// end reports the pod ended.
+func (r *run) end(ctx context.Context, phase corev1.PodPhase, reason, msg string, codes map[string]int) {
+	now := metav1.Now()
+	err := r.n.setStatus(ctx, r.ns, r.name, r.uid, func(s *corev1.PodStatus) {
+		s.Phase, s.Reason, s.Message = phase, reason, msg
+		s.ContainerStatuses = nil
+		for _, c := range r.pod.Spec.Containers {
+			t := &corev1.ContainerStateTerminated{ExitCode: int32(codes[c.Name]), Reason: "Completed", FinishedAt: now}
+			if codes[c.Name] != 0 {
+				t.Reason = "Error"
+			}
+			s.ContainerStatuses = append(s.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image, State: corev1.ContainerState{Terminated: t}})
+		}
+		for i := range s.Conditions {
+			if s.Conditions[i].Type == corev1.PodReady || s.Conditions[i].Type == corev1.ContainersReady {
+				s.Conditions[i].Status = corev1.ConditionFalse
+			}
+		}
+	})
+	if err != nil && !apierrors.IsNotFound(err) && !errors.Is(err, context.Canceled) {
+		r.n.log.Warn("pod status", "pod", r.name, "err", err)
+	}
+}
