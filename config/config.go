@@ -43,6 +43,10 @@ type Config struct {
 	// /metrics need. It may be "${ENV_VAR}".
 	StatusToken secret.String `json:"status_token"`
 
+	// LeaderElection, when set, lets several managers with this id share
+	// the fleet: only the holder of a Kubernetes Lease acts.
+	LeaderElection *LeaderElection `json:"leader_election"`
+
 	Forges []Forge `json:"forges"`
 	Pools  []Pool  `json:"pools"`
 }
@@ -56,6 +60,39 @@ type GPUDetection struct {
 	// virtual machines (Host VGPU mode), which are skipped otherwise.
 	AllowHostVGPU bool `json:"allow_host_vgpu"`
 }
+
+// LeaderElection names the Lease the managers of one id take turns on,
+// and the cluster that holds it.
+type LeaderElection struct {
+	// Kubeconfig, Context and InCluster name the cluster as a pool's
+	// kubernetes section does; the default loading rules when empty.
+	Kubeconfig string `json:"kubeconfig"`
+	Context    string `json:"context"`
+	InCluster  bool   `json:"in_cluster"`
+	// Namespace holds the Lease: the context's or the pod's namespace
+	// when empty.
+	Namespace string `json:"namespace"`
+	// Lease is the Lease's name, runfleet-<id> by default.
+	Lease string `json:"lease"`
+	// Identity is this manager's name in the election, unique among the
+	// candidates ("${POD_NAME}"); the host name and process id when
+	// empty.
+	Identity string `json:"identity"`
+	// LeaseDuration is how long a leader's lease holds without renewal:
+	// a successor takes over this long after a leader dies.
+	// RenewDeadline is how long a leader tries to renew before it stands
+	// down, RetryPeriod the pace of tries.
+	LeaseDuration Duration `json:"lease_duration"`
+	RenewDeadline Duration `json:"renew_deadline"`
+	RetryPeriod   Duration `json:"retry_period"`
+}
+
+// Leader election defaults, as client-go's users have them.
+const (
+	DefaultLeaseDuration = 15 * time.Second
+	DefaultRenewDeadline = 10 * time.Second
+	DefaultRetryPeriod   = 2 * time.Second
+)
 
 // Forge is one forge connection: the fields every forge has, and the keys
 // its type adds (a Gitea forge's repo, a GitHub App's app_id), kept as

@@ -259,3 +259,33 @@ func TestGPUPool(t *testing.T) {
 		t.Fatalf("pool %+v", p)
 	}
 }
+
+// leader_election gets its defaults (the Lease named after the id), its
+// identity from the environment, and client-go's conditions on its
+// durations, each named.
+func TestLeaderElection(t *testing.T) {
+	t.Setenv("TEST_GITEA_TOKEN", "s3cret-token")
+	t.Setenv("POD_NAME", "runfleet-7d9f-abcde")
+	c, err := Parse([]byte("id: lab\nleader_election:\n  namespace: ci\n  identity: ${POD_NAME}\n" + good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	le := c.LeaderElection
+	if le.Lease != "runfleet-lab" || le.Identity != "runfleet-7d9f-abcde" || le.LeaseDuration.Duration != DefaultLeaseDuration ||
+		le.RenewDeadline.Duration != DefaultRenewDeadline || le.RetryPeriod.Duration != DefaultRetryPeriod {
+		t.Errorf("leader_election = %+v", le)
+	}
+	for _, tc := range []struct{ yaml, want string }{
+		{"  lease_duration: 5s\n  renew_deadline: 10s\n", "leader_election.renew_deadline: 10s must be shorter than lease_duration 5s"},
+		{"  renew_deadline: 2s\n  retry_period: 2s\n", "leader_election.retry_period"},
+		{"  lease_duration: soon\n", `leader_election.lease_duration`},
+		{"  lease: Not_A_Name\n", "leader_election.lease"},
+		{"  in_cluster: true\n  kubeconfig: /k\n", "leader_election.in_cluster"},
+		{"  colour: blue\n", "colour"},
+	} {
+		_, err := Parse([]byte("leader_election:\n" + tc.yaml + good))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want %q", tc.yaml, err, tc.want)
+		}
+	}
+}

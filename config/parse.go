@@ -18,6 +18,7 @@ import (
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/secret"
+	"time"
 )
 
 // Load reads, expands, defaults and validates the config file at path.
@@ -334,6 +335,12 @@ func (c *Config) resolve() error {
 			f.Token = secret.String(strings.TrimSpace(string(b)))
 		}
 	}
+	if le := c.LeaderElection; le != nil {
+		var err error
+		if le.Identity, err = Expand(le.Identity); err != nil {
+			errs = append(errs, fmt.Errorf("leader_election.identity: %w", err))
+		}
+	}
 	for i := range c.Pools {
 		for k, v := range c.Pools[i].Env {
 			x, err := Expand(v)
@@ -360,6 +367,16 @@ func (c *Config) setDefaults() {
 		c.DrainTimeout = D(DefaultDrainTimeout)
 	}
 	c.StatusListen = c.DefaultStatus(c.StatusListen)
+	if le := c.LeaderElection; le != nil {
+		if le.Lease == "" {
+			le.Lease = "runfleet-" + c.ID
+		}
+		for d, def := range map[*Duration]time.Duration{&le.LeaseDuration: DefaultLeaseDuration, &le.RenewDeadline: DefaultRenewDeadline, &le.RetryPeriod: DefaultRetryPeriod} {
+			if !d.Given() {
+				*d = D(def)
+			}
+		}
+	}
 	for i := range c.Forges {
 		f := &c.Forges[i]
 		if !f.PollInterval.Given() && !f.PollOff {

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"path/filepath"
 	"regexp"
@@ -84,6 +85,9 @@ func (c *Config) Validate() error {
 		ps.add("drain_timeout", "%v", err)
 	}
 	c.validateListeners(&ps)
+	if le := c.LeaderElection; le != nil {
+		le.validate(&ps)
+	}
 	if len(c.Forges) == 0 {
 		ps.add("forges", "at least one forge is required")
 	}
@@ -117,6 +121,38 @@ func (c *Config) Validate() error {
 	}
 	return sortErrors(errors.Join(ps...))
 }
+
+func (le *LeaderElection) validate(ps *problems) {
+	const f = "leader_election"
+	d := map[string]Duration{"lease_duration": le.LeaseDuration, "renew_deadline": le.RenewDeadline, "retry_period": le.RetryPeriod}
+	bad := false
+	for _, k := range slices.Sorted(maps.Keys(d)) {
+		if err := d[k].Check(); err != nil {
+			ps.add(f+"."+k, "%v", err)
+			bad = true
+		}
+	}
+	if le.InCluster && (le.Kubeconfig != "" || le.Context != "") {
+		ps.add(f+".in_cluster", "is set with kubeconfig or context; keep one")
+	}
+	if le.Lease != "" && !leaseRE.MatchString(le.Lease) {
+		ps.add(f+".lease", "%q is not a valid Lease name", le.Lease)
+	}
+	if bad {
+		return
+	}
+	// client-go's own conditions: a leader stands down before its lease
+	// can be taken, and tries to renew more than once before that.
+	switch {
+	case le.LeaseDuration.Duration <= le.RenewDeadline.Duration:
+		ps.add(f+".renew_deadline", "%s must be shorter than lease_duration %s", le.RenewDeadline, le.LeaseDuration)
+	case float64(le.RenewDeadline.Duration) <= 1.2*float64(le.RetryPeriod.Duration):
+		ps.add(f+".retry_period", "%s must be shorter than renew_deadline %s / 1.2", le.RetryPeriod, le.RenewDeadline)
+	}
+}
+
+// leaseRE is a DNS subdomain: what a Lease may be called.
+var leaseRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)
 
 // validateListeners keeps the status page and /metrics off the listener
 // the forges reach, unless a token guards them.

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,9 +14,12 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/internal/daemon"
+	"github.com/runfleet/runfleet/kubeclient"
+	"github.com/runfleet/runfleet/leader"
 )
 
 func serveCmd() *cobra.Command {
@@ -82,11 +86,21 @@ and exits 0.`,
 					}
 				}
 			}()
-			fleet.Run(ctx)
+			var runErr error
+			if le := cfg.LeaderElection; le != nil {
+				runErr = runElected(ctx, fleet, le, log)
+			} else {
+				fleet.Run(ctx)
+			}
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			for _, srv := range servers {
 				_ = srv.Shutdown(sctx)
+			}
+			if runErr != nil {
+				// A manager that lost its lease exits for a supervisor
+				// to restart it as a candidate.
+				return &ExitError{ExitFailure, runErr}
 			}
 			return nil
 		},
@@ -95,6 +109,36 @@ and exits 0.`,
 	cmd.Flags().StringVar(&listen, "listen", "", "address of the webhook listener; overrides the config's listen")
 	cmd.Flags().StringVar(&statusListen, "status-listen", "", "address of the status page, /metrics and /healthz (\"off\" for none); overrides the config's status_listen")
 	return cmd
+}
+
+// runElected runs the fleet while this manager holds the config's Lease,
+// and waits as a standby while another does.
+func runElected(ctx context.Context, fleet *daemon.Fleet, le *config.LeaderElection, log *slog.Logger) error {
+	rc, ns, err := kubeclient.Config(kubeclient.Options{
+		Kubeconfig: le.Kubeconfig, Context: le.Context, InCluster: le.InCluster, Namespace: le.Namespace, Field: "leader_election",
+	})
+	if err != nil {
+		fleet.Close()
+		return err
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		fleet.Close()
+		return fmt.Errorf("leader_election: %w", err)
+	}
+	led := false
+	err = leader.Run(ctx, leader.Options{
+		Client: cs, Namespace: ns, Lease: le.Lease, Identity: cmp.Or(le.Identity, leader.Identity()),
+		LeaseDuration: le.LeaseDuration.Duration, RenewDeadline: le.RenewDeadline.Duration, RetryPeriod: le.RetryPeriod.Duration,
+		Logger: log,
+	}, func(ctx context.Context, lost <-chan struct{}) {
+		led = true
+		fleet.RunLeader(ctx, lost)
+	})
+	if !led {
+		fleet.Close()
+	}
+	return err
 }
 
 // startServers starts the webhook listener and the status listener (one

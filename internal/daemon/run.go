@@ -28,7 +28,18 @@ type poolRun struct {
 // registrations, busy ones awaited for up to the config's drain timeout.
 // It returns the runners still left after that; busy runners are never
 // killed.
-func (f *Fleet) Run(ctx context.Context) []pool.Runner {
+func (f *Fleet) Run(ctx context.Context) []pool.Runner { return f.RunLeader(ctx, nil) }
+
+// standDownWait bounds how long a manager that lost its lease waits for
+// its pools' passes to end before it returns: its successor may act once
+// the lease expires, and the process exits after this anyway.
+const standDownWait = 2 * time.Second
+
+// RunLeader is Run for a manager that holds a lease: when lost is closed
+// (the lease was lost) it stops at once, also mid-drain, and drains
+// nothing: another manager now acts on the same fleet. The runners are
+// left as they are, for it to adopt.
+func (f *Fleet) RunLeader(ctx context.Context, lost <-chan struct{}) []pool.Runner {
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	f.mu.Lock()
 	f.runCtx = runCtx
@@ -54,7 +65,13 @@ func (f *Fleet) Run(ctx context.Context) []pool.Runner {
 		wg.Go(func() { f.poll(runCtx, fc.Name, fc.PollInterval.Duration) })
 	}
 	f.log.Info("runfleet started", "manager", cfg.ID, "pools", npools, "version", Version)
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case <-lost:
+		stop()
+		f.standDown(&wg)
+		return nil
+	}
 	stop()
 	f.mu.Lock()
 	for _, r := range f.runs {
@@ -64,7 +81,42 @@ func (f *Fleet) Run(ctx context.Context) []pool.Runner {
 	f.mu.Unlock()
 	wg.Wait()
 	defer f.Close()
-	return f.Drain(context.Background(), timeout)
+	dctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-lost:
+			f.log.Error("lease lost while draining: the drain stops, the next leader adopts what is left")
+			cancel()
+		case <-dctx.Done():
+		}
+	}()
+	return f.Drain(dctx, timeout)
+}
+
+// standDown waits a little for the pools and polls to stop after their
+// context was cancelled; their calls are cancelled with it.
+func (f *Fleet) standDown(wg *sync.WaitGroup) {
+	done := make(chan struct{})
+	go func() {
+		f.mu.Lock()
+		runs := make([]*poolRun, 0, len(f.runs))
+		for _, r := range f.runs {
+			runs = append(runs, r)
+		}
+		f.mu.Unlock()
+		for _, r := range runs {
+			<-r.done
+		}
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		f.Close()
+	case <-time.After(standDownWait):
+		f.log.Warn("stood down with passes still ending")
+	}
 }
 
 // startPool starts a pool's loop. Called with f.mu held.

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"os"
 	"strings"
 	"sync/atomic"
 
@@ -14,8 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/runfleet/runfleet/kubeclient"
 	"github.com/runfleet/runfleet/provider"
 )
 
@@ -66,70 +64,14 @@ const (
 	DefaultBurst = 200
 )
 
-// Connect makes the client configuration from the section: in-cluster, a
-// kubeconfig's contents (CML's KUBERNETES_CONFIGURATION), a kubeconfig
-// file, or the default loading rules ($KUBECONFIG, ~/.kube/config, then
-// in-cluster). It returns the namespace to use too. calls, when set,
+// Connect makes the client configuration from the section (see
+// kubeclient) and returns the namespace to use too. calls, when set,
 // counts the requests sent.
 func Connect(s Section, calls *atomic.Int64) (*rest.Config, string, error) {
-	var cc clientcmd.ClientConfig
-	over := &clientcmd.ConfigOverrides{CurrentContext: s.Context}
-	switch {
-	case s.InCluster:
-		cfg, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, "", fmt.Errorf("kubernetes.in_cluster: %w", err)
-		}
-		return finish(cfg, s.Namespace, inClusterNamespace(), calls)
-	case s.kubeconfig != "":
-		raw, err := clientcmd.Load([]byte(s.kubeconfig.Reveal()))
-		if err != nil {
-			// The contents are credentials: never quote them.
-			return nil, "", errors.New("kubernetes.kubeconfig_data: not a kubeconfig")
-		}
-		cc = clientcmd.NewDefaultClientConfig(*raw, over)
-	default:
-		rules := clientcmd.NewDefaultClientConfigLoadingRules()
-		rules.ExplicitPath = s.Kubeconfig
-		cc = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, over)
-	}
-	cfg, err := cc.ClientConfig()
-	if err != nil {
-		field := "kubernetes.kubeconfig"
-		if s.KubeconfigData != "" {
-			field = "kubernetes.kubeconfig_data"
-		}
-		return nil, "", fmt.Errorf("%s: %w", field, err)
-	}
-	ns, _, err := cc.Namespace()
-	if err != nil {
-		ns = ""
-	}
-	return finish(cfg, s.Namespace, ns, calls)
-}
-
-func finish(cfg *rest.Config, want, fallback string, calls *atomic.Int64) (*rest.Config, string, error) {
-	cfg.QPS, cfg.Burst = DefaultQPS, DefaultBurst
-	cfg.UserAgent = "runfleet"
-	if calls != nil {
-		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return counter{rt, calls} })
-	}
-	ns := want
-	if ns == "" {
-		ns = fallback
-	}
-	if ns == "" {
-		ns = "default"
-	}
-	return cfg, ns, nil
-}
-
-func inClusterNamespace() string {
-	b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
+	return kubeclient.Config(kubeclient.Options{
+		Kubeconfig: s.Kubeconfig, Data: s.kubeconfig, Context: s.Context, InCluster: s.InCluster,
+		Namespace: s.Namespace, Field: "kubernetes", QPS: DefaultQPS, Burst: DefaultBurst, Calls: calls,
+	})
 }
 
 // CMLSection takes `--cloud=kubernetes` as CML does: the kubeconfig's
@@ -217,15 +159,4 @@ func cmlType(s *Section, typ, gpu string) error {
 	}
 	s.Resources = corev1.ResourceRequirements{Requests: list, Limits: list.DeepCopy()}
 	return nil
-}
-
-// counter counts the requests sent to the apiserver.
-type counter struct {
-	next  http.RoundTripper
-	calls *atomic.Int64
-}
-
-func (c counter) RoundTrip(r *http.Request) (*http.Response, error) {
-	c.calls.Add(1)
-	return c.next.RoundTrip(r)
 }
