@@ -511,6 +511,7 @@ type statusDoc struct {
 			Name     string `json:"name"`
 			State    string `json:"state"`
 			RunnerID int64  `json:"runner_id"`
+			Reason   string `json:"reason"`
 			Job      *struct {
 				Name string `json:"name"`
 			} `json:"job"`

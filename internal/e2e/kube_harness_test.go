@@ -73,6 +73,14 @@ func needKube(t testing.TB) string {
 			Name: "e2e-node", Client: kubeCP.Client, Docker: dockerCli, Dir: filepath.Join(kubeCP.Dir, "node"),
 			Cert: cert, Labels: map[string]string{kubeNodeLabel: "docker"},
 		})
+		if kubeErr != nil {
+			return
+		}
+		// kwok plays nodes whose pods run without containers: for
+		// scheduling, pending and scale.
+		if kubeErr = kubeCP.StartKwok(ctx); kubeErr == nil {
+			kubeErr = kubeCP.FakeNode(ctx, "kwok-1", nil, map[string]string{kubeNodeLabel: "kwok"})
+		}
 	})
 	if kubeErr != nil {
 		if os.Getenv("CI") == "true" {

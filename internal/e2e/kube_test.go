@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,6 +13,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8s "k8s.io/client-go/kubernetes"
 
 	"github.com/runfleet/runfleet/forge"
@@ -185,4 +189,122 @@ func TestKubeCrashAdopts(t *testing.T) {
 		}
 	}
 	f.stopLeavesNothing()
+}
+
+// A pod that no node can take stays Pending: after bootstrap_timeout it
+// is replaced, and the scheduler's reason shows in `runfleet status`, on
+// the status page and in the log of the replacement.
+func TestKubePendingReplacedWithReason(t *testing.T) {
+	img := needKube(t)
+	top, _, page := listeners(t)
+	f := newFleet(t, "kpend", fleetOptions{Size: 1, Top: top, Kube: "      kubeconfig: " + kubeconfigPath + "\n" +
+		"      namespace: " + kubeNamespace + "\n      image: " + img + "\n      node_selector: {" + kubeNodeLabel + ": gpu-a100}\n"})
+	b, _ := os.ReadFile(f.config)
+	os.WriteFile(f.config, []byte(strings.Replace(string(b), "bootstrap_timeout: 1m", "bootstrap_timeout: 8s", 1)), 0o600)
+	f.start()
+	var first string
+	eventually(t, time.Minute, "a pending pod with the scheduler's reason in status", func() bool {
+		pods := f.pods()
+		if len(pods) != 1 {
+			return false
+		}
+		first = string(pods[0].UID)
+		for _, r := range f.status().Pools[0].Runners {
+			if strings.Contains(r.Reason, "Unschedulable") {
+				return true
+			}
+		}
+		return false
+	})
+	st := f.statusTable()
+	if !strings.Contains(st, "Unschedulable") {
+		t.Errorf("status table lacks the reason:\n%s", st)
+	}
+	html := httpGet(t, page+"/")
+	if !strings.Contains(html, "Unschedulable") {
+		t.Errorf("status page lacks the reason")
+	}
+	eventually(t, time.Minute, "the pending pod replaced", func() bool {
+		for _, p := range f.pods() {
+			if string(p.UID) != first && p.DeletionTimestamp == nil {
+				return true
+			}
+		}
+		return false
+	})
+	lines := logLines(f.logPath, "not online after 8s")
+	if len(lines) == 0 || !strings.Contains(lines[0], "Unschedulable") {
+		t.Errorf("no retirement with the reason in the log: %v", lines)
+	} else {
+		t.Logf("%s", lines[0])
+	}
+	t.Logf("status:\n%s", st)
+	f.stopLeavesNothing()
+}
+
+// A pod evicted while its runner runs a job is a lost machine: the pool
+// reports the job lost, a replacement starts, and nothing is left of the
+// evicted pod or its registration.
+func TestKubeEvictedPodIsLost(t *testing.T) {
+	img := needKube(t)
+	f := newFleet(t, "kevict", fleetOptions{Size: 1, Max: 2, Kube: kubeSection(img, "")})
+	f.start()
+	eventually(t, 2*time.Minute, "1 idle runner", func() bool { return f.idleOnline() == 1 })
+	f.push(matrix("kevict", 1, "sleep 60\necho done"))
+	f.waitInProgress(1)
+	var victimReg int64
+	for _, r := range f.status().Pools[0].Runners {
+		if r.State == "busy" {
+			victimReg = r.RunnerID
+		}
+	}
+	var victim corev1.Pod
+	for _, p := range f.pods() {
+		if p.Status.Phase == corev1.PodRunning {
+			victim = p
+		}
+	}
+	evicted := time.Now()
+	err := kubeCP.Client.CoreV1().Pods(kubeNamespace).EvictV1(context.Background(), &policyv1.Eviction{
+		ObjectMeta: metav1.ObjectMeta{Name: victim.Name, Namespace: kubeNamespace},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "the job reported lost", func() bool { return logHas(f.logPath, "taken back while it runs a job") })
+	t.Logf("job reported lost %s after the eviction: %s", time.Since(evicted).Round(100*time.Millisecond),
+		strings.Join(logLines(f.logPath, "taken back while it runs a job"), ""))
+	eventually(t, time.Minute, "a replacement idle, the evicted pod gone", func() bool {
+		for _, p := range f.pods() {
+			if p.UID == victim.UID {
+				return false
+			}
+		}
+		return f.idleOnline() == 1 && f.livePods() == 1
+	})
+	// Gitea re-runs nothing: it fails the job once its runner has been
+	// silent for its zombie timeout, and then lets the registration go.
+	eventually(t, 3*time.Minute, "the lost registration removed once Gitea let go of the job", func() bool {
+		for _, r := range f.runners() {
+			if r.ID == victimReg {
+				return false
+			}
+		}
+		return true
+	})
+	if n := len(logLines(f.logPath, "asking again later")); n > 8 {
+		t.Errorf("the removal of the lost registration was asked %d times", n)
+	}
+	f.stopLeavesNothing()
+}
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }

@@ -108,6 +108,13 @@ DISABLE_REGISTRATION = true
 
 [actions]
 ENABLED = true
+; A task whose runner vanished mid-job (a pod evicted, a machine lost)
+; fails after this without updates, not 10 minutes: the tests wait for
+; it. Longer than the outage test's freeze of Gitea itself.
+ZOMBIE_TASK_TIMEOUT = 90s
+
+[cron.stop_zombie_tasks]
+SCHEDULE = @every 15s
 
 [webhook]
 ALLOWED_HOST_LIST = loopback,private
