@@ -24,6 +24,12 @@ type ForgeStats struct {
 	RateRemaining int64
 }
 
+// ProviderCalls is what a pool's provider counts.
+type ProviderCalls struct {
+	Pool  string
+	Calls int64
+}
+
 // PoolBackoff is why a pool holds off starting runners.
 type PoolBackoff struct {
 	Pool string
@@ -42,6 +48,7 @@ type Source interface {
 	RunnerCounts() []RunnerCount
 	ForgeStats() []ForgeStats
 	PoolBackoffs() []PoolBackoff
+	ProviderCalls() []ProviderCalls
 }
 
 // Metrics are one manager's metrics, in their own registry.
@@ -96,6 +103,7 @@ func New(src Source) *Metrics {
 var (
 	runnersDesc = prometheus.NewDesc("runfleet_runners", "Runners by pool and state (starting, idle, busy, stopping, orphan).", []string{"pool", "state"}, nil)
 	callsDesc   = prometheus.NewDesc("runfleet_forge_api_calls_total", "HTTP requests sent to the forge's API.", []string{"forge"}, nil)
+	provDesc    = prometheus.NewDesc("runfleet_provider_api_calls_total", "HTTP requests sent to the provider's API (the Kubernetes apiserver), by pool.", []string{"pool"}, nil)
 	rateDesc    = prometheus.NewDesc("runfleet_forge_rate_limit_remaining", "The forge's last X-RateLimit-Remaining.", []string{"forge"}, nil)
 	failDesc    = prometheus.NewDesc("runfleet_pool_start_failures", "Runners of the pool in a row that failed to start or whose agent ended without taking a job; 0 once one takes a job.", []string{"pool"}, nil)
 	backoffDesc = prometheus.NewDesc("runfleet_pool_backoff_seconds", "How long until the pool may start its next runner, after runners that failed.", []string{"pool"}, nil)
@@ -108,6 +116,7 @@ type collector struct{ src Source }
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- runnersDesc
 	ch <- callsDesc
+	ch <- provDesc
 	ch <- rateDesc
 	ch <- failDesc
 	ch <- backoffDesc
@@ -126,6 +135,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(failDesc, prometheus.GaugeValue, float64(b.Failures), b.Pool)
 		ch <- prometheus.MustNewConstMetric(backoffDesc, prometheus.GaugeValue, b.Seconds, b.Pool)
 		ch <- prometheus.MustNewConstMetric(haltDesc, prometheus.GaugeValue, halted, b.Pool)
+	}
+	for _, p := range c.src.ProviderCalls() {
+		ch <- prometheus.MustNewConstMetric(provDesc, prometheus.CounterValue, float64(p.Calls), p.Pool)
 	}
 	for _, f := range c.src.ForgeStats() {
 		ch <- prometheus.MustNewConstMetric(callsDesc, prometheus.CounterValue, float64(f.Calls), f.Forge)

@@ -141,6 +141,13 @@ type OutputReader interface {
 	Output(ctx context.Context, inst Instance, max int64) (io.ReadCloser, error)
 }
 
+// CallCounter is implemented by providers that count the requests they
+// send to their backend's API (the apiserver, a cloud's endpoint), for the
+// metrics.
+type CallCounter interface {
+	Calls() int64
+}
+
 // ErrNoOutput is returned by Output when a machine's output is not kept
 // (or not yet written).
 var ErrNoOutput = errors.New("no output kept for this machine")

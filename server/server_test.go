@@ -27,9 +27,10 @@ const secret = "hook-secret-42"
 
 type nothing struct{}
 
-func (nothing) RunnerCounts() []metrics.RunnerCount { return nil }
-func (nothing) ForgeStats() []metrics.ForgeStats    { return nil }
-func (nothing) PoolBackoffs() []metrics.PoolBackoff { return nil }
+func (nothing) RunnerCounts() []metrics.RunnerCount    { return nil }
+func (nothing) ProviderCalls() []metrics.ProviderCalls { return nil }
+func (nothing) ForgeStats() []metrics.ForgeStats       { return nil }
+func (nothing) PoolBackoffs() []metrics.PoolBackoff    { return nil }
 
 func sign(body string) string {
 	m := hmac.New(sha256.New, []byte(secret))

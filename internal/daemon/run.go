@@ -15,6 +15,7 @@ import (
 	"github.com/runfleet/runfleet/gpu"
 	"github.com/runfleet/runfleet/metrics"
 	"github.com/runfleet/runfleet/pool"
+	"github.com/runfleet/runfleet/provider"
 )
 
 // poolRun is one pool's reconcile loop, stopped and restarted on reload.
@@ -269,6 +270,20 @@ func (f *Fleet) PoolBackoffs() []metrics.PoolBackoff {
 	for _, p := range f.pools() {
 		b := p.Backoff()
 		out = append(out, metrics.PoolBackoff{Pool: p.Name(), Failures: b.Failures, Seconds: max(b.Until.Sub(now).Seconds(), 0), Halted: b.Halted})
+	}
+	return out
+}
+
+// ProviderCalls reads what the pools' providers count, for the metrics.
+func (f *Fleet) ProviderCalls() []metrics.ProviderCalls {
+	var out []metrics.ProviderCalls
+	for _, p := range f.pools() {
+		f.mu.Lock()
+		prov := f.Providers[p.Name()]
+		f.mu.Unlock()
+		if c, ok := prov.(provider.CallCounter); ok {
+			out = append(out, metrics.ProviderCalls{Pool: p.Name(), Calls: c.Calls()})
+		}
 	}
 	return out
 }

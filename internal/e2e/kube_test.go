@@ -298,7 +298,7 @@ func TestKubeEvictedPodIsLost(t *testing.T) {
 	f.stopLeavesNothing()
 }
 
-func httpGet(t *testing.T, url string) string {
+func httpGet(t testing.TB, url string) string {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
