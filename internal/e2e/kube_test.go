@@ -1,11 +1,14 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -19,6 +22,7 @@ import (
 
 	"github.com/runfleet/runfleet/forge"
 	giteadrv "github.com/runfleet/runfleet/forge/gitea"
+	"github.com/runfleet/runfleet/internal/ghsim"
 	"github.com/runfleet/runfleet/provider"
 	kube "github.com/runfleet/runfleet/provider/kubernetes"
 )
@@ -307,4 +311,73 @@ func httpGet(t testing.TB, url string) string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
+}
+
+// `runfleet runner --cloud=kubernetes --single`, as CML's users call it:
+// the cluster from KUBERNETES_CONFIGURATION (a kubeconfig's contents),
+// the node from --cloud-kubernetes-node-selector. One job runs in a pod,
+// and nothing is left: no pod, no Secret, no registration; the token in
+// no pod.
+func TestRunnerCloudKubernetes(t *testing.T) {
+	img := needGitHubImage(t)
+	needKube(t)
+	kc, err := os.ReadFile(kubeconfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := ghsim.New(ghsim.Options{Token: ghToken, Repos: []string{"acme/kcml"}, LostAfter: 2 * time.Second, RunnerHost: "host.docker.internal"})
+	t.Cleanup(sim.Close)
+	cmd := exec.Command(fleetBin, "runner", "--driver", "github", "--repo", sim.URL+"/acme/kcml", "--agent", "/bin/github-runner",
+		"--single", "--labels", "cml", "--cloud", "kubernetes", "--cloud-image", img,
+		"--cloud-kubernetes-node-selector", kubeNodeLabel+"=docker")
+	cmd.Env = append(os.Environ(), "REPO_TOKEN="+ghToken, "KUBERNETES_CONFIGURATION="+string(kc), "XDG_STATE_HOME="+t.TempDir())
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("runfleet runner output:\n%s", tailString(out.String(), 6000))
+		}
+	})
+	managed := metav1.ListOptions{LabelSelector: "app.kubernetes.io/managed-by=runfleet"}
+	eventually(t, time.Minute, "the runner's pod", func() bool {
+		l, _ := kubeCP.Client.CoreV1().Pods(kubeNamespace).List(context.Background(), managed)
+		for _, p := range l.Items {
+			b, _ := json.Marshal(p)
+			if strings.Contains(string(b), ghToken) || strings.Contains(string(b), string(kc)) {
+				t.Errorf("pod %s shows the token or the kubeconfig", p.Name)
+			}
+		}
+		return len(l.Items) == 1
+	})
+	sim.Queue("acme/kcml", ghsim.JobSpec{Name: "train", Labels: []string{"self-hosted", "cml"}, Script: "echo trained-in-a-pod; hostname"})
+	took := waitExit(t, cmd, 2*time.Minute)
+	jobs := sim.Jobs()
+	if len(jobs) != 1 || jobs[0].Conclusion != "success" || !strings.Contains(jobs[0].Output, "trained-in-a-pod") {
+		t.Fatalf("jobs = %+v", jobs)
+	}
+	if strings.Contains(out.String(), ghToken) || strings.Contains(out.String(), "client-certificate-data") {
+		t.Error("the token or the kubeconfig reached the runner's log")
+	}
+	if r := sim.Runners(); len(r) != 0 {
+		t.Errorf("registrations left: %+v", r)
+	}
+	eventually(t, time.Minute, "no pod or Secret left", func() bool {
+		p, _ := kubeCP.Client.CoreV1().Pods(kubeNamespace).List(context.Background(), managed)
+		s, _ := kubeCP.Client.CoreV1().Secrets(kubeNamespace).List(context.Background(), managed)
+		return len(p.Items)+len(s.Items) == 0
+	})
+	t.Logf("--cloud=kubernetes --single: job %s in pod %q, exited %s after the job was queued, nothing left",
+		jobs[0].Conclusion, strings.TrimSpace(lastLine(jobs[0].Output)), took.Round(100*time.Millisecond))
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }
