@@ -381,3 +381,21 @@ func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
 }
+
+// A pod whose image cannot be pulled stays Pending, and the kubelet's
+// reason shows in `runfleet status`.
+func TestKubeImagePullReason(t *testing.T) {
+	needKube(t)
+	f := newFleet(t, "kpull", fleetOptions{Size: 1, Kube: kubeSection("runfleet-test/not-there:1", "")})
+	f.start()
+	eventually(t, time.Minute, "the image pull failure in status", func() bool {
+		for _, r := range f.status().Pools[0].Runners {
+			if strings.Contains(r.Reason, "ImagePullBackOff") || strings.Contains(r.Reason, "ErrImagePull") {
+				t.Logf("status: %s %s: %s", r.Name, r.State, r.Reason)
+				return true
+			}
+		}
+		return false
+	})
+	f.stopLeavesNothing()
+}

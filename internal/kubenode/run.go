@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/pkg/stdcopy"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
@@ -88,6 +89,9 @@ func (r *run) run(ctx context.Context) {
 		r.end(ctx, corev1.PodFailed, "CreateContainerConfigError", err.Error(), nil)
 		return
 	}
+	if !r.waitImages(ctx) {
+		return
+	}
 	for _, c := range r.pod.Spec.InitContainers {
 		code, err := r.container(ctx, c, vols, secrets)
 		if r.stopped() {
@@ -133,6 +137,43 @@ func (r *run) run(ctx context.Context) {
 		// Being deleted: its status no longer matters.
 	default:
 		r.end(ctx, phase, "", "", codes)
+	}
+}
+
+// waitImages holds the pod Pending while an image of its is not on the
+// engine, as a kubelet that cannot pull it does (no registry can be
+// reached here): ErrImagePull, then ImagePullBackOff. It reports whether
+// the images are there; false when the pod is stopped first.
+func (r *run) waitImages(ctx context.Context) bool {
+	reason := "ErrImagePull"
+	for {
+		missing := ""
+		for _, c := range append(append([]corev1.Container{}, r.pod.Spec.InitContainers...), r.pod.Spec.Containers...) {
+			if _, err := r.n.docker.ImageInspect(ctx, c.Image); cerrdefs.IsNotFound(err) {
+				missing = c.Image
+				break
+			}
+		}
+		if missing == "" {
+			return true
+		}
+		msg := fmt.Sprintf("Back-off pulling image %q", missing)
+		err := r.n.setStatus(ctx, r.ns, r.name, r.uid, func(s *corev1.PodStatus) {
+			s.Phase, s.ContainerStatuses = corev1.PodPending, nil
+			for _, c := range r.pod.Spec.Containers {
+				s.ContainerStatuses = append(s.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image,
+					State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: msg}}})
+			}
+		})
+		if err != nil && !errors.Is(err, context.Canceled) {
+			r.n.log.Warn("pod status", "pod", r.name, "err", err)
+		}
+		reason = "ImagePullBackOff"
+		select {
+		case <-r.stopping:
+			return false
+		case <-time.After(2 * time.Second):
+		}
 	}
 }
 

@@ -416,3 +416,36 @@ func TestDriverOpensWithKubeconfig(t *testing.T) {
 		t.Errorf("%d calls counted", n)
 	}
 }
+
+// A Secret of the pool whose pod is gone (a manager killed between the two
+// creates, or a cluster without a garbage collector) is swept; the Secret
+// of a pod that exists is kept.
+func TestOrphanSecretsSwept(t *testing.T) {
+	defer func(age time.Duration) { orphanSecretAge = age }(orphanSecretAge)
+	orphanSecretAge = 0
+	p, ns := newProvider(t, "m1", Section{})
+	ctx := context.Background()
+	if _, err := p.Create(ctx, spec("cpu-1")); err != nil {
+		t.Fatal(err)
+	}
+	orphan := runnerSecret("m1-cpu-2-zzzzz", spec("cpu-2"))
+	if _, err := kube.Client.CoreV1().Secrets(ns).Create(ctx, orphan, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, p, "the pod listed", func(l []provider.Instance) bool { return len(l) == 1 })
+	again := openProvider(t, ns, "m1", Section{}) // sweeps at its first List
+	if _, err := again.List(ctx, "m1"); err != nil {
+		t.Fatal(err)
+	}
+	list, err := kube.Client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range list.Items {
+		names = append(names, s.Name)
+	}
+	if len(names) != 1 || !strings.HasPrefix(names[0], "m1-cpu-1-") {
+		t.Errorf("secrets after the sweep: %v, want only the pod's", names)
+	}
+}

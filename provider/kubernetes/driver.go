@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -77,8 +79,12 @@ func Connect(s Section, calls *atomic.Int64) (*rest.Config, string, error) {
 // CMLSection takes `--cloud=kubernetes` as CML does: the kubeconfig's
 // contents from KUBERNETES_CONFIGURATION (or the default loading rules
 // without it), `--cloud-kubernetes-node-selector key=value,...`,
-// `--cloud-type` (m, l, xl, with +k80 or +v100, or CPUs-memory in MB),
-// `--cloud-gpu`, and `--cloud-image` (the runner image).
+// `--cloud-type` (m, l, xl, with +k80 or +v100, or <cpus>-<memory MB>
+// with +<gpu model>*<count>),
+// `--cloud-gpu`, `--cloud-hdd-size` (the work directory's limit), and
+// `--cloud-image` (the runner image). CML's other cloud options
+// (region, spot, AWS settings) mean nothing for pods and are ignored, as
+// CML does.
 func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 	if o.Cloud["cloud"] != "kubernetes" {
 		return nil, false, nil
@@ -107,6 +113,13 @@ func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 	if err := cmlType(&s, o.Cloud["cloud-type"], o.Cloud["cloud-gpu"]); err != nil {
 		return nil, true, err
 	}
+	if hdd := o.Cloud["cloud-hdd-size"]; hdd != "" {
+		// The runner's disk is its work directory.
+		if _, err := strconv.Atoi(hdd); err != nil {
+			return nil, true, fmt.Errorf("--cloud-hdd-size: %q is not a number of GB", hdd)
+		}
+		s.WorkdirSizeLimit = hdd + "G"
+	}
 	b, err := json.Marshal(s)
 	return b, true, err
 }
@@ -129,11 +142,17 @@ var cmlTypes = map[string]struct {
 	"xl+v100": {"64", "512Gi", 8, "nvidia-tesla-v100"},
 }
 
+// customType is the iterative provider's own size: "8-32000+nvidia-tesla-t4*1".
+var customType = regexp.MustCompile(`^(\d+)-(\d+)(?:\+([^*]+)\*([1-9]\d*))?$`)
+
 // cmlType sets the requests (as limits too) of a CML machine type; a GPU
 // model selects nodes by their accelerator label.
 func cmlType(s *Section, typ, gpu string) error {
 	if typ == "" && gpu == "" {
 		return nil
+	}
+	if typ == "" {
+		typ = "m" // CML's default size
 	}
 	t, ok := cmlTypes[typ]
 	if key := typ + "+" + gpu; gpu != "" && cmlTypes[key].cpu != "" {
@@ -141,8 +160,15 @@ func cmlType(s *Section, typ, gpu string) error {
 	} else if ok && gpu != "" {
 		t.model, t.gpus = gpu, max(t.gpus, 1)
 	}
+	if m := customType.FindStringSubmatch(typ); !ok && m != nil {
+		// CPUs-memory in MB, and GPUs as +<model>*<count>.
+		t.cpu, t.memory, t.model, ok = m[1], m[2]+"M", m[3], true
+		if m[4] != "" {
+			t.gpus, _ = strconv.ParseInt(m[4], 10, 64)
+		}
+	}
 	if !ok {
-		return fmt.Errorf("--cloud-type: %q is not a Kubernetes machine type (m, l, xl, with +k80 or +v100)", typ)
+		return fmt.Errorf("--cloud-type: %q is not a Kubernetes machine type (m, l, xl, with +k80 or +v100, or <cpus>-<memory MB>[+<gpu model>*<count>])", typ)
 	}
 	list := corev1.ResourceList{
 		corev1.ResourceCPU:    resource.MustParse(t.cpu),

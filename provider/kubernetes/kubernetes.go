@@ -59,6 +59,10 @@ const (
 	DefaultLogInterval = 10 * time.Second
 )
 
+// orphanSecretAge is how old a Secret without its pod must be before it
+// is swept: its pod may still be on its way into the cache.
+var orphanSecretAge = time.Minute
+
 // goneKeep is how long the output of a pod that is gone stays readable:
 // the pool reads a runner's last output after its machine went.
 const goneKeep = 2 * time.Minute
@@ -257,25 +261,30 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	return p.instance(created), nil
 }
 
-// live returns the runner's newest pod that is not going, nil if none.
+// live returns the runner's newest pod that is neither going nor ended:
+// the one a Create finds. nil if none.
 func (p *Provider) live(runner string) *corev1.Pod {
 	pods, _ := p.pods.Pods(p.opt.Namespace).List(labels.SelectorFromSet(labels.Set{LabelRunner: runner}))
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var best *corev1.Pod
+	return p.newest(pods, runner, false)
+}
+
+// newest picks, among a runner's pods and the one being created, the
+// newest of this manager that this provider has not deleted; one that
+// has ended only if withEnded. Called with p.mu held.
+func (p *Provider) newest(pods []*corev1.Pod, runner string, withEnded bool) *corev1.Pod {
 	if c := p.creating[runner]; c != nil {
-		best = c
+		pods = append(pods, c)
 	}
+	var best *corev1.Pod
 	for _, pod := range pods {
-		if pod.Labels[LabelManager] != p.opt.Manager || p.deleted[pod.UID] {
+		if pod.Labels[LabelManager] != p.opt.Manager || p.deleted[pod.UID] || (!withEnded && stateOf(pod) == provider.StateExited) {
 			continue
 		}
 		if best == nil || pod.CreationTimestamp.After(best.CreationTimestamp.Time) {
 			best = pod
 		}
-	}
-	if best != nil && p.deleted[best.UID] {
-		return nil
 	}
 	return best
 }
@@ -337,7 +346,7 @@ func (p *Provider) deletePod(ctx context.Context, pod *corev1.Pod) error {
 }
 
 // List returns the runners' pods: each runner's newest pod that this
-// provider has not deleted. Another manager's pods are read from the
+// provider has not deleted, ended or not. Another manager's pods are read from the
 // apiserver, this one's from the informer's cache.
 func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instance, error) {
 	if manager != p.opt.Manager {
@@ -351,33 +360,25 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 		return nil, err
 	}
 	p.sweepSecrets(ctx)
-	seen := map[string]bool{}
-	var out []provider.Instance
+	byRunner := map[string][]*corev1.Pod{}
 	for _, pod := range pods {
-		runner := pod.Labels[LabelRunner]
-		if seen[runner] || runner == "" {
-			continue
-		}
-		if best := p.live(runner); best != nil {
-			out = append(out, p.instance(best))
-			seen[runner] = true
-			continue
-		}
-		p.mu.Lock()
-		going := p.deleted[pod.UID]
-		p.mu.Unlock()
-		if !going {
-			out = append(out, p.instance(pod))
-			seen[runner] = true
+		if r := pod.Labels[LabelRunner]; r != "" {
+			byRunner[r] = append(byRunner[r], pod)
 		}
 	}
 	p.mu.Lock()
-	for runner, pod := range p.creating {
-		if !seen[runner] {
-			out = append(out, p.instance(pod))
+	defer p.mu.Unlock()
+	for runner := range p.creating {
+		if _, ok := byRunner[runner]; !ok {
+			byRunner[runner] = nil
 		}
 	}
-	p.mu.Unlock()
+	out := make([]provider.Instance, 0, len(byRunner))
+	for runner, group := range byRunner {
+		if best := p.newest(group, runner, true); best != nil {
+			out = append(out, p.instance(best))
+		}
+	}
 	return out, nil
 }
 
@@ -418,7 +419,7 @@ func (p *Provider) sweepSecrets(ctx context.Context) {
 		return
 	}
 	for _, s := range list.Items {
-		if _, err := p.pods.Pods(p.opt.Namespace).Get(s.Name); err == nil || time.Since(s.CreationTimestamp.Time) < time.Minute {
+		if _, err := p.pods.Pods(p.opt.Namespace).Get(s.Name); err == nil || time.Since(s.CreationTimestamp.Time) < orphanSecretAge {
 			continue
 		}
 		p.mu.Lock()

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/runfleet/runfleet/provider"
@@ -199,7 +200,17 @@ func TestCMLSection(t *testing.T) {
 		gpu.Value() != 1 || s.Resources.Requests.Cpu().Value() != 8 || s.KubeconfigData != "${KUBERNETES_CONFIGURATION}" {
 		t.Errorf("section %+v", s)
 	}
-	if _, _, err := (driver{}).CMLSection(provider.CMLOptions{Cloud: map[string]string{"cloud": "kubernetes", "cloud-type": "huge"}}); err == nil {
+	raw, _, err = driver{}.CMLSection(provider.CMLOptions{Cloud: map[string]string{"cloud": "kubernetes", "cloud-image": "x",
+		"cloud-type": "4-16000+nvidia-tesla-t4*2", "cloud-hdd-size": "50"}})
+	s = Section{}
+	if err != nil || json.Unmarshal(raw, &s) != nil {
+		t.Fatal(err)
+	}
+	gpu = s.Resources.Limits[DefaultGPUResource]
+	if mem := s.Resources.Requests[corev1.ResourceMemory]; gpu.Value() != 2 || mem.Value() != 16000e6 || s.NodeSelector["accelerator"] != "nvidia-tesla-t4" || s.WorkdirSizeLimit != "50G" {
+		t.Errorf("custom type: %+v", s)
+	}
+	if _, _, err := (driver{}).CMLSection(provider.CMLOptions{Cloud: map[string]string{"cloud": "kubernetes", "cloud-image": "x", "cloud-type": "huge"}}); err == nil {
 		t.Error("an unknown machine type was taken")
 	}
 	if _, ok, _ := (driver{}).CMLSection(provider.CMLOptions{Cloud: map[string]string{"cloud": "aws"}}); ok {
@@ -208,3 +219,51 @@ func TestCMLSection(t *testing.T) {
 }
 
 func yamlUnmarshal(b []byte, v any) error { return yaml.Unmarshal(b, v) }
+
+// A pod's state and reason, as the pool sees them, for the shapes a
+// kubelet and the scheduler give a pod.
+func TestStateAndReason(t *testing.T) {
+	now := metav1.Now()
+	waiting := func(reason, msg string) corev1.ContainerStatus {
+		return corev1.ContainerStatus{Name: agentContainer, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: msg}}}
+	}
+	for _, tc := range []struct {
+		name       string
+		pod        corev1.Pod
+		state      provider.State
+		reason     string
+		disruption bool
+	}{
+		{"unscheduled", corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{
+			{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "Unschedulable", Message: "0/3 nodes are available"}}}},
+			provider.StateCreated, "Unschedulable: 0/3 nodes are available", false},
+		{"image pull", corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{
+			waiting("ImagePullBackOff", `Back-off pulling image "runner:9"`)}}},
+			provider.StateCreated, `ImagePullBackOff: Back-off pulling image "runner:9"`, false},
+		{"init image pull", corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending, InitContainerStatuses: []corev1.ContainerStatus{
+			waiting("ErrImagePull", "not found")}}},
+			provider.StateCreated, "ErrImagePull: not found", false},
+		{"creating", corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{
+			waiting("ContainerCreating", "")}}}, provider.StateCreated, "", false},
+		{"running", corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning}}, provider.StateRunning, "", false},
+		{"succeeded", corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodSucceeded}}, provider.StateExited, "", false},
+		{"evicted by the node", corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "The node was low on resource: memory."}},
+			provider.StateExited, "Evicted: The node was low on resource: memory.", true},
+		{"deadline", corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodFailed, Reason: "DeadlineExceeded"}}, provider.StateExited, "DeadlineExceeded", false},
+		{"preempted", corev1.Pod{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &now}, Status: corev1.PodStatus{Phase: corev1.PodRunning,
+			Conditions: []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "PreemptionByScheduler", Message: "high"}}}},
+			provider.StateExited, "", true},
+		{"deleted by someone", corev1.Pod{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &now}, Status: corev1.PodStatus{Phase: corev1.PodRunning}},
+			provider.StateExited, "", true},
+	} {
+		if got := stateOf(&tc.pod); got != tc.state {
+			t.Errorf("%s: state %s, want %s", tc.name, got, tc.state)
+		}
+		if got := reasonOf(&tc.pod); got != tc.reason {
+			t.Errorf("%s: reason %q, want %q", tc.name, got, tc.reason)
+		}
+		if _, got := disruption(&tc.pod); got != tc.disruption {
+			t.Errorf("%s: disruption %v, want %v", tc.name, got, tc.disruption)
+		}
+	}
+}
