@@ -41,12 +41,7 @@ func needKube(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test: skipped with -short")
 	}
-	if kubeErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("cluster prerequisites missing in CI: %v", kubeErr)
-		}
-		t.Skipf("cluster prerequisites missing: %v", kubeErr)
-	}
+	peers.Need(t, "the Kubernetes control plane", kubeErr)
 }
 
 func options(id, lease string) Options {

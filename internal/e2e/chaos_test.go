@@ -186,7 +186,7 @@ func (f *fleet) waitAllJobs(n int, timeout time.Duration) []*sdk.ActionWorkflowJ
 }
 
 // checkJobs asserts that every job succeeded, each on a runner of its own.
-func checkJobs(t *testing.T, jobs []*sdk.ActionWorkflowJob) {
+func checkJobs(t testing.TB, jobs []*sdk.ActionWorkflowJob) {
 	t.Helper()
 	byRunner := map[int64][]string{}
 	failed := 0

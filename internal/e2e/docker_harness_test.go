@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"net/url"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -40,12 +39,7 @@ func needDocker(t testing.TB) string {
 		}
 		runnerImage, dockerErr = peers.RunnerImage(ctx, dockerCli, runnerBin)
 	})
-	if dockerErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("Docker is required in CI: %v", dockerErr)
-		}
-		t.Skipf("needs Docker: %v", dockerErr)
-	}
+	peers.Need(t, "Docker", dockerErr)
 	return runnerImage
 }
 

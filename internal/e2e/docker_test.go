@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	sdk "code.gitea.io/sdk/gitea"
 	"github.com/moby/moby/client"
 	"github.com/runfleet/runfleet/forge"
 
@@ -64,46 +65,56 @@ func TestDockerJobsEachInFreshContainer(t *testing.T) {
 		t.Errorf("mounts = %+v, want %s read-only at /data", hc.Mounts, data)
 	}
 
-	f.push(matrix("dock", 10, `echo "host=$(hostname)"
-test ! -e /tmp/left-by-earlier-job
-test ! -e "$HOME/left-by-earlier-job"
-touch /tmp/left-by-earlier-job "$HOME/left-by-earlier-job"
-cat /data/hello.txt
-if touch /data/written-by-job 2>/dev/null; then echo "dataset is writable"; exit 1; fi
-echo "dataset is read-only"`))
-	jobs := f.waitJobs(10, 4*time.Minute)
-	hosts := map[string]string{}
-	hostRE := regexp.MustCompile(`host=([0-9a-f]{12})`)
-	for _, j := range jobs {
-		if j.Conclusion != "success" {
-			t.Errorf("job %s: %s", j.Name, j.Conclusion)
-		}
-		logs, _, err := f.client().GetRepoActionJobLogs(gitea.User, f.repo, j.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := hostRE.FindStringSubmatch(string(logs))
-		if m == nil || !strings.Contains(string(logs), "dataset-content") || !strings.Contains(string(logs), "dataset is read-only") {
-			t.Errorf("job %s log lacks its hostname, the dataset or the read-only check:\n%s", j.Name, logs)
-			continue
-		}
-		if prev, dup := hosts[m[1]]; dup {
-			t.Errorf("jobs %s and %s ran in the same container %s", prev, j.Name, m[1])
-		}
-		hosts[m[1]] = j.Name
-	}
-	t.Logf("10 jobs ran in %d distinct containers", len(hosts))
-	if len(hosts) != 10 {
-		t.Errorf("10 jobs ran in %d containers, want 10", len(hosts))
-	}
-	if _, err := os.Stat(filepath.Join(data, "written-by-job")); err == nil {
-		t.Error("a job wrote to the dataset")
-	}
+	f.push(matrix("dock", 10, freshJob))
+	f.checkFresh(f.waitJobs(10, 4*time.Minute), regexp.MustCompile(`host=([0-9a-f]{12})`), data)
 
 	eventually(t, time.Minute, "2 idle registrations, 2 containers", func() bool {
 		return len(f.runners()) == 2 && f.idleOnline() == 2 && len(f.containers()) == 2
 	})
 	f.stopLeavesNothing()
+}
+
+// freshJob is a job that checks its machine is fresh: nothing an earlier
+// job wrote, and the dataset at /data readable but not writable. It
+// prints its hostname as host=<name>.
+const freshJob = `echo "host=$(hostname)"
+test ! -e /tmp/left-by-earlier-job
+test ! -e "$HOME/left-by-earlier-job"
+touch /tmp/left-by-earlier-job "$HOME/left-by-earlier-job"
+cat /data/hello.txt
+if touch /data/written-by-job 2>/dev/null; then echo "dataset is writable"; exit 1; fi
+echo "dataset is read-only"`
+
+// checkFresh checks that the freshJob jobs all succeeded, each on a
+// registration and a machine of its own (named in its log by host), and
+// that none wrote to the dataset directory data.
+func (f *fleet) checkFresh(jobs []*sdk.ActionWorkflowJob, host *regexp.Regexp, data string) {
+	t := f.t
+	t.Helper()
+	checkJobs(t, jobs)
+	hosts := map[string]string{}
+	for _, j := range jobs {
+		logs, _, err := f.client().GetRepoActionJobLogs(gitea.User, f.repo, j.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := host.FindStringSubmatch(string(logs))
+		if m == nil || !strings.Contains(string(logs), "dataset-content") || !strings.Contains(string(logs), "dataset is read-only") {
+			t.Errorf("job %s log lacks its host, the dataset or the read-only check:\n%s", j.Name, logs)
+			continue
+		}
+		if prev, dup := hosts[m[1]]; dup {
+			t.Errorf("jobs %s and %s ran on the same machine %s", prev, j.Name, m[1])
+		}
+		hosts[m[1]] = j.Name
+	}
+	t.Logf("%d jobs ran on %d distinct machines", len(jobs), len(hosts))
+	if len(hosts) != len(jobs) {
+		t.Errorf("%d jobs ran on %d machines, want one each", len(jobs), len(hosts))
+	}
+	if _, err := os.Stat(filepath.Join(data, "written-by-job")); err == nil {
+		t.Error("a job wrote to the dataset")
+	}
 }
 
 // Kill -9 the manager while two job containers run; a restarted manager

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/internal/ghsim"
+	"github.com/runfleet/runfleet/internal/peers"
 	"github.com/runfleet/runfleet/provider/docker"
 )
 
@@ -19,12 +20,7 @@ import (
 func TestDockerEngineRestart(t *testing.T) {
 	need(t)
 	eng, err := startEngine(engineOptions{Name: "rfrst", Net: 232, DaemonJSON: `{"live-restore": true}`})
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("a private Docker engine is required in CI: %v", err)
-		}
-		t.Skipf("needs a private Docker engine (root and dockerd): %v", err)
-	}
+	peers.Need(t, "a private Docker engine (root and dockerd)", err)
 	t.Cleanup(eng.stop)
 	f := newGitHubFleet(t, "engrestart", ghOptions{Size: 2, Max: 4, Docker: true, Engine: eng})
 	sim := f.gh

@@ -83,17 +83,7 @@ func TestKubeFailover(t *testing.T) {
 	eventually(t, time.Minute, "manager-b leads", func() bool { return logHas(b.logPath, "this manager leads") })
 	t.Logf("manager-b leads %s after the kill (lease_duration 6s)", time.Since(killed).Round(100*time.Millisecond))
 
-	jobs := a.waitJobs(20, 5*time.Minute)
-	ids := map[int64]string{}
-	for _, j := range jobs {
-		if j.Conclusion != "success" {
-			t.Errorf("job %s: %s", j.Name, j.Conclusion)
-		}
-		if prev, dup := ids[j.RunnerID]; dup {
-			t.Errorf("jobs %s and %s ran on the same registration %d", prev, j.Name, j.RunnerID)
-		}
-		ids[j.RunnerID] = j.Name
-	}
+	checkJobs(t, a.waitJobs(20, 5*time.Minute))
 	eventually(t, time.Minute, "2 idle pods under manager-b", func() bool {
 		return len(b.runners()) == 2 && b.idleOnline() == 2 && b.livePods() == 2
 	})

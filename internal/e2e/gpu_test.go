@@ -61,12 +61,7 @@ func needGPUEngine(t testing.TB) *gpuEngine {
 	gpuEngineOnce.Do(func() {
 		theGPUEngine, gpuEngineErr = startEngine(engineOptions{Name: "rfgpu", Net: 231, NvidiaHook: true})
 	})
-	if gpuEngineErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the GPU test engine is required in CI: %v", gpuEngineErr)
-		}
-		t.Skipf("needs a private Docker engine (root and dockerd): %v", gpuEngineErr)
-	}
+	peers.Need(t, "a private Docker engine (root and dockerd) for the GPU tests", gpuEngineErr)
 	return theGPUEngine
 }
 

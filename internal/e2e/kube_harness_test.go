@@ -82,12 +82,7 @@ func needKube(t testing.TB) string {
 			kubeErr = kubeCP.FakeNode(ctx, "kwok-1", nil, map[string]string{kubeNodeLabel: "kwok"})
 		}
 	})
-	if kubeErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the Kubernetes control plane is required in CI: %v", kubeErr)
-		}
-		t.Skipf("needs the Kubernetes control plane: %v", kubeErr)
-	}
+	peers.Need(t, "the Kubernetes control plane", kubeErr)
 	return img
 }
 

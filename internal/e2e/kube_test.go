@@ -1,14 +1,12 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -51,45 +49,8 @@ func TestKubePodsRunJobs(t *testing.T) {
 		t.Errorf("pod %s: restart policy %s, labels %v", p.Name, p.Spec.RestartPolicy, p.Labels)
 	}
 
-	f.push(matrix("kpods", 8, `echo "pod=$(hostname)"
-test ! -e /tmp/left-by-earlier-job
-test ! -e "$HOME/left-by-earlier-job"
-touch /tmp/left-by-earlier-job "$HOME/left-by-earlier-job"
-cat /data/hello.txt
-if touch /data/written-by-job 2>/dev/null; then echo "dataset is writable"; exit 1; fi
-echo "dataset is read-only"`))
-	jobs := f.waitJobs(8, 4*time.Minute)
-	regs, podsSeen := map[int64]string{}, map[string]string{}
-	podRE := regexp.MustCompile(`pod=(e2e-kpods-kpods-\d+-[a-z0-9]{5})`)
-	for _, j := range jobs {
-		if j.Conclusion != "success" {
-			t.Errorf("job %s: %s", j.Name, j.Conclusion)
-		}
-		if prev, dup := regs[j.RunnerID]; dup {
-			t.Errorf("jobs %s and %s ran on the same registration %d", prev, j.Name, j.RunnerID)
-		}
-		regs[j.RunnerID] = j.Name
-		logs, _, err := f.client().GetRepoActionJobLogs(gitea.User, f.repo, j.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := podRE.FindStringSubmatch(string(logs))
-		if m == nil || !strings.Contains(string(logs), "dataset-content") || !strings.Contains(string(logs), "dataset is read-only") {
-			t.Errorf("job %s log lacks its pod, the dataset or the read-only check:\n%s", j.Name, logs)
-			continue
-		}
-		if prev, dup := podsSeen[m[1]]; dup {
-			t.Errorf("jobs %s and %s ran in the same pod %s", prev, j.Name, m[1])
-		}
-		podsSeen[m[1]] = j.Name
-	}
-	t.Logf("8 jobs ran on %d registrations in %d distinct pods", len(regs), len(podsSeen))
-	if len(regs) != 8 || len(podsSeen) != 8 {
-		t.Errorf("8 jobs on %d registrations in %d pods, want 8 and 8", len(regs), len(podsSeen))
-	}
-	if _, err := os.Stat(filepath.Join(data, "written-by-job")); err == nil {
-		t.Error("a job wrote to the dataset")
-	}
+	f.push(matrix("kpods", 8, freshJob))
+	f.checkFresh(f.waitJobs(8, 4*time.Minute), regexp.MustCompile(`host=(e2e-kpods-kpods-\d+-[a-z0-9]{5})`), data)
 	eventually(t, time.Minute, "2 idle registrations, 2 pods", func() bool {
 		return len(f.runners()) == 2 && f.idleOnline() == 2 && f.livePods() == 2 && len(f.pods()) == 2
 	})
@@ -149,11 +110,7 @@ func TestKubeCrashAdopts(t *testing.T) {
 
 	f.start()
 	jobs := f.waitJobs(2, 2*time.Minute)
-	for _, j := range jobs {
-		if j.Conclusion != "success" {
-			t.Errorf("job %s: %s", j.Name, j.Conclusion)
-		}
-	}
+	checkJobs(t, jobs)
 	maxSeen := 0
 	eventually(t, time.Minute, "the pool back at 2 idle pods, no orphan, no duplicate", func() bool {
 		live := map[string]int{}
@@ -327,24 +284,10 @@ func TestRunnerCloudKubernetes(t *testing.T) {
 	}
 	sim := ghsim.New(ghsim.Options{Token: ghToken, Repos: []string{"acme/kcml"}, LostAfter: 2 * time.Second, RunnerHost: "host.docker.internal"})
 	t.Cleanup(sim.Close)
-	cmd := exec.Command(fleetBin, "runner", "--driver", "github", "--repo", sim.URL+"/acme/kcml", "--agent", "/bin/github-runner",
+	cmd, out := startRunner(t, []string{"KUBERNETES_CONFIGURATION=" + string(kc)},
+		"runner", "--driver", "github", "--repo", sim.URL+"/acme/kcml", "--agent", "/bin/github-runner",
 		"--single", "--labels", "cml", "--cloud", "kubernetes", "--cloud-image", img,
 		"--cloud-kubernetes-node-selector", kubeNodeLabel+"=docker")
-	cmd.Env = append(os.Environ(), "REPO_TOKEN="+ghToken, "KUBERNETES_CONFIGURATION="+string(kc), "XDG_STATE_HOME="+t.TempDir())
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-		if t.Failed() {
-			t.Logf("runfleet runner output:\n%s", tailString(out.String(), 6000))
-		}
-	})
 	managed := metav1.ListOptions{LabelSelector: "app.kubernetes.io/managed-by=runfleet"}
 	eventually(t, time.Minute, "the runner's pod", func() bool {
 		l, _ := kubeCP.Client.CoreV1().Pods(kubeNamespace).List(context.Background(), managed)

@@ -16,8 +16,15 @@ import (
 func runnerCmd(t *testing.T, sim *ghsim.Server, repo string, args ...string) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
 	args = append([]string{"runner", "--driver", "github", "--repo", sim.URL + "/" + repo, "--agent", needGitHubRunner(t)}, args...)
+	return startRunner(t, nil, args...)
+}
+
+// startRunner starts `runfleet runner` with the token in REPO_TOKEN and
+// env added, and shows its output if the test fails.
+func startRunner(t *testing.T, env []string, args ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
 	cmd := exec.Command(fleetBin, args...)
-	cmd.Env = append(os.Environ(), "REPO_TOKEN="+ghToken, "XDG_STATE_HOME="+t.TempDir())
+	cmd.Env = append(append(os.Environ(), "REPO_TOKEN="+ghToken, "XDG_STATE_HOME="+t.TempDir()), env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {

@@ -49,12 +49,7 @@ func engine(t *testing.T) (*client.Client, string) {
 		imageOnce.Do(func() { image, imageErr = peers.RunnerImage(context.Background(), cli, "") })
 		err = imageErr
 	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("Docker is required in CI: %v", err)
-		}
-		t.Skipf("needs Docker: %v", err)
-	}
+	peers.Need(t, "Docker", err)
 	t.Cleanup(func() { cli.Close() })
 	return cli, image
 }

@@ -62,12 +62,7 @@ func needKube(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test: skipped with -short")
 	}
-	if kubeErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("cluster prerequisites missing in CI: %v", kubeErr)
-		}
-		t.Skipf("cluster prerequisites missing: %v", kubeErr)
-	}
+	peers.Need(t, "the Kubernetes control plane", kubeErr)
 }
 
 // newProvider makes a provider of a fresh namespace.
@@ -381,12 +376,7 @@ func needDocker(t *testing.T) (*client.Client, string) {
 			dockerImg, dockerErr = peers.RunnerImage(ctx, dockerCli, "")
 		}
 	})
-	if dockerErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("Docker is required in CI: %v", dockerErr)
-		}
-		t.Skipf("needs Docker: %v", dockerErr)
-	}
+	peers.Need(t, "Docker", dockerErr)
 	return dockerCli, dockerImg
 }
 

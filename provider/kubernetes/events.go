@@ -199,31 +199,26 @@ func valuesOf[T any](m map[int]T) []T {
 // Watch calls changed with a runner's name when its pod changes phase,
 // is deleted, or gets a reason, until ctx ends. It returns at once.
 func (p *Provider) Watch(ctx context.Context, changed func(name string)) {
-	p.mu.Lock()
-	id := p.nextID
-	p.nextID++
-	p.watchers[id] = changed
-	p.mu.Unlock()
-	go func() {
-		<-ctx.Done()
-		p.mu.Lock()
-		delete(p.watchers, id)
-		p.mu.Unlock()
-	}()
+	subscribe(ctx, p, p.watchers, changed)
 }
 
 // WatchPreemption calls notice once for each pod being evicted, preempted
 // or deleted by someone else, until ctx ends. It returns at once.
 func (p *Provider) WatchPreemption(ctx context.Context, notice func(provider.Notice)) {
+	subscribe(ctx, p, p.noticers, notice)
+}
+
+// subscribe adds f to the provider's subscribers in m until ctx ends.
+func subscribe[T any](ctx context.Context, p *Provider, m map[int]T, f T) {
 	p.mu.Lock()
 	id := p.nextID
 	p.nextID++
-	p.noticers[id] = notice
+	m[id] = f
 	p.mu.Unlock()
 	go func() {
 		<-ctx.Done()
 		p.mu.Lock()
-		delete(p.noticers, id)
+		delete(m, id)
 		p.mu.Unlock()
 	}()
 }
