@@ -35,7 +35,7 @@ func plan() chaosPlan {
 	return chaosPlan{jobs: 64, kills: 8}
 }
 
-// TestChaosProcess and TestChaosDocker kill -9 the manager at random
+// TestChaosProcess, TestChaosDocker and TestChaosKube kill -9 the manager at random
 // moments while bursts of jobs run on the real Gitea, restarting it after
 // a random pause; now and then they stop it gracefully instead (SIGTERM,
 // which removes idle runners while jobs are being handed out). Every job
@@ -56,6 +56,17 @@ func TestChaosProcess(t *testing.T) {
 func TestChaosDocker(t *testing.T) {
 	img := needDocker(t)
 	f := newFleet(t, "chaosdock", chaosOptions("      image: "+img+"\n"))
+	runChaos(t, f)
+}
+
+// TestChaosKube is the same for a pool of pods: a manager killed between
+// creating a pod and its Secret, or while pods end and are deleted,
+// leaves nothing that the next one does not adopt or remove.
+func TestChaosKube(t *testing.T) {
+	img := needKube(t)
+	opt := chaosOptions("")
+	opt.Kube = kubeSection(img, "")
+	f := newFleet(t, "chaoskube", opt)
 	runChaos(t, f)
 }
 
