@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,14 +61,14 @@ type candidate struct {
 	lost    chan struct{}
 }
 
-func run(o Options, overlap *bool, others ...*candidate) *candidate {
+func run(o Options, overlap *atomic.Bool, others ...*candidate) *candidate {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &candidate{stop: cancel, err: make(chan error, 1), lost: make(chan struct{})}
 	go func() {
 		c.err <- Run(ctx, o, func(ctx context.Context, lost <-chan struct{}) {
 			for _, other := range others {
 				if other.isActing() {
-					*overlap = true
+					overlap.Store(true)
 				}
 			}
 			c.mu.Lock()
@@ -107,7 +108,7 @@ func waitActing(t *testing.T, c *candidate, within time.Duration) {
 // the first gives the lease up (not a lease duration later).
 func TestOneLeaderThenHandOver(t *testing.T) {
 	needKube(t)
-	overlap := false
+	var overlap atomic.Bool
 	a := run(options("a", "handover"), &overlap)
 	waitActing(t, a, 10*time.Second)
 	var b *candidate
@@ -123,7 +124,7 @@ func TestOneLeaderThenHandOver(t *testing.T) {
 	gaveUp := time.Now()
 	waitActing(t, b, 3*time.Second)
 	t.Logf("b acted %s after a gave the lease up", time.Since(gaveUp).Round(10*time.Millisecond))
-	if overlap {
+	if overlap.Load() {
 		t.Error("b acted while a still did")
 	}
 	b.stop()
@@ -136,7 +137,7 @@ func TestOneLeaderThenHandOver(t *testing.T) {
 // Run says so; a standby that is stopped just returns.
 func TestLostLeaseStopsActing(t *testing.T) {
 	needKube(t)
-	overlap := false
+	var overlap atomic.Bool
 	a := run(options("a", "lost"), &overlap)
 	waitActing(t, a, 10*time.Second)
 	standby := run(options("s", "lost"), &overlap, a)

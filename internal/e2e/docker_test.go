@@ -16,7 +16,6 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/runfleet/runfleet/forge"
 
-	giteadrv "github.com/runfleet/runfleet/forge/gitea"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/docker"
 )
@@ -162,8 +161,7 @@ func TestDockerCrashAdopts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	drv := giteadrv.New(giteadrv.Config{URL: gitea.URL, Token: gitea.Token,
-		Scope: giteadrv.Scope{Kind: "repo", Owner: gitea.User, Repo: f.repo}})
+	drv := f.driver()
 	stray, err := drv.Register(context.Background(), forge.RunnerRequest{Name: "dockcrash-7", Labels: []string{"dockcrash"}})
 	if err != nil {
 		t.Fatal(err)

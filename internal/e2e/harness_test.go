@@ -22,6 +22,7 @@ import (
 
 	"github.com/moby/moby/client"
 
+	giteadrv "github.com/runfleet/runfleet/forge/gitea"
 	"github.com/runfleet/runfleet/internal/ghsim"
 	"github.com/runfleet/runfleet/internal/peers"
 )
@@ -243,6 +244,13 @@ func (f *fleet) start() {
 	}
 	f.waitErr = make(chan error, 1)
 	go func() { f.waitErr <- f.cmd.Wait(); logf.Close() }()
+}
+
+// driver is the Gitea driver on the fleet's repository, acting as the
+// test itself: to plant registrations and to ask for removals.
+func (f *fleet) driver() *giteadrv.Driver {
+	return giteadrv.New(giteadrv.Config{URL: gitea.URL, Token: gitea.Token,
+		Scope: giteadrv.Scope{Kind: "repo", Owner: gitea.User, Repo: f.repo}})
 }
 
 // stop sends SIGTERM and waits for the drain to finish.

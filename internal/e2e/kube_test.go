@@ -19,7 +19,6 @@ import (
 	k8s "k8s.io/client-go/kubernetes"
 
 	"github.com/runfleet/runfleet/forge"
-	giteadrv "github.com/runfleet/runfleet/forge/gitea"
 	"github.com/runfleet/runfleet/internal/ghsim"
 	"github.com/runfleet/runfleet/provider"
 	kube "github.com/runfleet/runfleet/provider/kubernetes"
@@ -101,8 +100,7 @@ func TestKubeCrashAdopts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	drv := giteadrv.New(giteadrv.Config{URL: gitea.URL, Token: gitea.Token,
-		Scope: giteadrv.Scope{Kind: "repo", Owner: gitea.User, Repo: f.repo}})
+	drv := f.driver()
 	stray, err := drv.Register(context.Background(), forge.RunnerRequest{Name: "kcrash-7", Labels: []string{"kcrash"}})
 	if err != nil {
 		t.Fatal(err)

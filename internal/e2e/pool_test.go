@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/forge"
-	giteadrv "github.com/runfleet/runfleet/forge/gitea"
 )
 
 // A pool of 2 runs 8 matrix jobs, each on its own runner registration, and
@@ -79,8 +78,7 @@ echo done`))
 	}
 
 	// The driver refuses to remove a runner that has a job.
-	drv := giteadrv.New(giteadrv.Config{URL: gitea.URL, Token: gitea.Token,
-		Scope: giteadrv.Scope{Kind: "repo", Owner: gitea.User, Repo: f.repo}})
+	drv := f.driver()
 	// Both at once: each waits out the runner's fetch timeout.
 	var wg sync.WaitGroup
 	for _, r := range st.Pools[0].Runners {

@@ -72,6 +72,9 @@ type Node struct {
 
 	mu   sync.Mutex
 	pods map[types.UID]*run
+	// finishing holds the pods whose deletion is being finished: a
+	// terminating pod's every update would start another.
+	finishing map[types.UID]bool
 }
 
 // Start registers the node and begins running the pods bound to it.
@@ -79,7 +82,7 @@ func Start(ctx context.Context, opt Options) (*Node, error) {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
-	n := &Node{opt: opt, cs: opt.Client, docker: opt.Docker, log: opt.Logger.With("node", opt.Name), pods: map[types.UID]*run{}}
+	n := &Node{opt: opt, cs: opt.Client, docker: opt.Docker, log: opt.Logger.With("node", opt.Name), pods: map[types.UID]*run{}, finishing: map[types.UID]bool{}}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -189,8 +192,12 @@ func (n *Node) sync(ctx context.Context, obj any) {
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); r.run(ctx) }()
 	}
+	finish := pod.DeletionTimestamp != nil && !n.finishing[pod.UID]
+	if finish {
+		n.finishing[pod.UID] = true
+	}
 	n.mu.Unlock()
-	if pod.DeletionTimestamp == nil {
+	if !finish {
 		return
 	}
 	if r != nil {
@@ -213,16 +220,17 @@ func (n *Node) finish(ctx context.Context, pod *corev1.Pod) {
 	err := n.cs.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
 		GracePeriodSeconds: new(int64(0)), Preconditions: &metav1.Preconditions{UID: &uid},
 	})
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.finishing, uid) // after a failure, the pod's next update tries again
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) && ctx.Err() == nil {
 		n.log.Warn("finish deleting pod", "pod", pod.Name, "err", err)
 		return
 	}
-	n.mu.Lock()
 	if r := n.pods[uid]; r != nil {
 		_ = os.RemoveAll(r.dir)
 		delete(n.pods, uid)
 	}
-	n.mu.Unlock()
 }
 
 // setStatus changes a pod's status, on its latest version.

@@ -240,22 +240,11 @@ func (k *Kube) Namespace(ctx context.Context, name string) error {
 	return nil
 }
 
-// UserKubeconfig writes a kubeconfig for a user (and groups) with a client
-// certificate signed by the cluster's CA, and returns its path.
-func (k *Kube) UserKubeconfig(user string, groups ...string) (string, error) {
-	cert, key, err := k.issue(user, groups, nil)
-	if err != nil {
-		return "", err
-	}
-	path := filepath.Join(k.Dir, "kubeconfig-"+user)
-	return path, k.kubeconfig(path, user, cert, key)
-}
-
 func (k *Kube) writeKubeconfig() error {
 	cert, _ := os.ReadFile(filepath.Join(k.Dir, "admin.crt"))
 	key, _ := os.ReadFile(filepath.Join(k.Dir, "admin.key"))
 	k.Kubeconfig = filepath.Join(k.Dir, "admin.kubeconfig")
-	if err := k.kubeconfig(k.Kubeconfig, "admin", cert, key); err != nil {
+	if err := k.kubeconfig(k.Kubeconfig, "admin", &clientcmdapi.AuthInfo{ClientCertificateData: cert, ClientKeyData: key}, ""); err != nil {
 		return err
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", k.Kubeconfig)
@@ -268,12 +257,14 @@ func (k *Kube) writeKubeconfig() error {
 	return err
 }
 
-func (k *Kube) kubeconfig(path, user string, cert, key []byte) error {
+// kubeconfig writes a kubeconfig for the cluster, as user with auth, in
+// namespace ns ("" for the default).
+func (k *Kube) kubeconfig(path, user string, auth *clientcmdapi.AuthInfo, ns string) error {
 	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: k.ca.Raw})
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["local"] = &clientcmdapi.Cluster{Server: k.URL, CertificateAuthorityData: ca}
-	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificateData: cert, ClientKeyData: key}
-	cfg.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: user}
+	cfg.AuthInfos[user] = auth
+	cfg.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: user, Namespace: ns}
 	cfg.CurrentContext = "local"
 	return clientcmd.WriteToFile(*cfg, path)
 }
@@ -436,12 +427,6 @@ func (k *Kube) TokenKubeconfig(ctx context.Context, ns, sa string) (string, erro
 	if err != nil {
 		return "", fmt.Errorf("token for %s/%s: %w", ns, sa, err)
 	}
-	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: k.ca.Raw})
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["local"] = &clientcmdapi.Cluster{Server: k.URL, CertificateAuthorityData: ca}
-	cfg.AuthInfos[sa] = &clientcmdapi.AuthInfo{Token: tr.Status.Token}
-	cfg.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: sa, Namespace: ns}
-	cfg.CurrentContext = "local"
 	path := filepath.Join(k.Dir, "kubeconfig-"+ns+"-"+sa)
-	return path, clientcmd.WriteToFile(*cfg, path)
+	return path, k.kubeconfig(path, sa, &clientcmdapi.AuthInfo{Token: tr.Status.Token}, ns)
 }

@@ -38,7 +38,7 @@ func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 		return nil, err
 	}
 	calls := new(atomic.Int64)
-	cfg, ns, err := Connect(s, calls)
+	cfg, ns, err := connect(s, calls)
 	if err != nil {
 		return nil, err
 	}
@@ -66,10 +66,10 @@ const (
 	DefaultBurst = 200
 )
 
-// Connect makes the client configuration from the section (see
+// connect makes the client configuration from the section (see
 // kubeclient) and returns the namespace to use too. calls, when set,
 // counts the requests sent.
-func Connect(s Section, calls *atomic.Int64) (*rest.Config, string, error) {
+func connect(s Section, calls *atomic.Int64) (*rest.Config, string, error) {
 	return kubeclient.Config(kubeclient.Options{
 		Kubeconfig: s.Kubeconfig, Data: s.kubeconfig, Context: s.Context, InCluster: s.InCluster,
 		Namespace: s.Namespace, Field: "kubernetes", QPS: DefaultQPS, Burst: DefaultBurst, Calls: calls,

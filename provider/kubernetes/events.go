@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -107,9 +109,7 @@ func (p *Provider) changed(old, obj any) {
 	}
 	runner := pod.Labels[LabelRunner]
 	p.mu.Lock()
-	if c := p.creating[runner]; c != nil && c.UID == pod.UID {
-		delete(p.creating, runner)
-	}
+	p.forgetCreating(runner, pod.UID)
 	o := p.outputs[pod.UID]
 	if o == nil {
 		o = &output{pod: pod.Name}
@@ -125,7 +125,7 @@ func (p *Provider) changed(old, obj any) {
 			notice.At = pod.DeletionTimestamp.Time
 		}
 	}
-	watchers, noticers := valuesOf(p.watchers), valuesOf(p.noticers)
+	watchers, noticers := slices.Collect(maps.Values(p.watchers)), slices.Collect(maps.Values(p.noticers))
 	p.mu.Unlock()
 	if notice != nil {
 		p.log.Warn("pod is being taken back", "runner", runner, "pod", pod.Name, "reason", notice.Reason)
@@ -170,9 +170,7 @@ func (p *Provider) gone(obj any) {
 	p.mu.Lock()
 	delete(p.deleted, pod.UID)
 	delete(p.noticed, pod.UID)
-	if c := p.creating[runner]; c != nil && c.UID == pod.UID {
-		delete(p.creating, runner)
-	}
+	p.forgetCreating(runner, pod.UID)
 	if o := p.outputs[pod.UID]; o != nil {
 		o.ended, o.goneAt = true, time.Now()
 	}
@@ -181,19 +179,11 @@ func (p *Provider) gone(obj any) {
 			delete(p.outputs, uid)
 		}
 	}
-	watchers := valuesOf(p.watchers)
+	watchers := slices.Collect(maps.Values(p.watchers))
 	p.mu.Unlock()
 	for _, f := range watchers {
 		f(runner)
 	}
-}
-
-func valuesOf[T any](m map[int]T) []T {
-	out := make([]T, 0, len(m))
-	for _, v := range m {
-		out = append(out, v)
-	}
-	return out
 }
 
 // Watch calls changed with a runner's name when its pod changes phase,
@@ -283,5 +273,5 @@ func tail(b []byte, max int64) (io.ReadCloser, error) {
 	if int64(len(b)) > max {
 		b = b[int64(len(b))-max:]
 	}
-	return io.NopCloser(bytes.NewReader(bytes.Clone(b))), nil
+	return io.NopCloser(bytes.NewReader(b)), nil // o.data is replaced, never written to
 }

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -174,9 +175,6 @@ func (p *Provider) Calls() int64 {
 	return p.opt.Calls.Load()
 }
 
-// Namespace is where the pool's pods run.
-func (p *Provider) Namespace() string { return p.opt.Namespace }
-
 func (p *Provider) call(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, p.opt.CallTimeout)
 }
@@ -274,12 +272,9 @@ func (p *Provider) live(runner string) *corev1.Pod {
 // newest of this manager that this provider has not deleted; one that
 // has ended only if withEnded. Called with p.mu held.
 func (p *Provider) newest(pods []*corev1.Pod, runner string, withEnded bool) *corev1.Pod {
-	if c := p.creating[runner]; c != nil {
-		pods = append(pods, c)
-	}
 	var best *corev1.Pod
-	for _, pod := range pods {
-		if pod.Labels[LabelManager] != p.opt.Manager || p.deleted[pod.UID] || (!withEnded && stateOf(pod) == provider.StateExited) {
+	for _, pod := range p.candidates(pods, runner) {
+		if !withEnded && stateOf(pod) == provider.StateExited {
 			continue
 		}
 		if best == nil || pod.CreationTimestamp.After(best.CreationTimestamp.Time) {
@@ -289,6 +284,26 @@ func (p *Provider) newest(pods []*corev1.Pod, runner string, withEnded bool) *co
 	return best
 }
 
+// candidates are a runner's pods, with the one being created, that are
+// this manager's and that this provider has not deleted. Called with p.mu
+// held.
+func (p *Provider) candidates(pods []*corev1.Pod, runner string) []*corev1.Pod {
+	if c := p.creating[runner]; c != nil {
+		pods = append(pods, c)
+	}
+	return slices.DeleteFunc(pods, func(pod *corev1.Pod) bool {
+		return pod.Labels[LabelManager] != p.opt.Manager || p.deleted[pod.UID]
+	})
+}
+
+// forgetCreating drops the pod being created for a runner once the
+// informer has it, or it is deleted. Called with p.mu held.
+func (p *Provider) forgetCreating(runner string, uid types.UID) {
+	if c := p.creating[runner]; c != nil && c.UID == uid {
+		delete(p.creating, runner)
+	}
+}
+
 // Delete deletes every pod of a runner and their Secrets.
 func (p *Provider) Delete(ctx context.Context, name string) error {
 	if err := p.wait(ctx); err != nil {
@@ -296,15 +311,7 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 	}
 	pods, _ := p.pods.Pods(p.opt.Namespace).List(labels.SelectorFromSet(labels.Set{LabelRunner: name}))
 	p.mu.Lock()
-	if c := p.creating[name]; c != nil {
-		pods = append(pods, c)
-	}
-	var todo []*corev1.Pod
-	for _, pod := range pods {
-		if pod.Labels[LabelManager] == p.opt.Manager && !p.deleted[pod.UID] {
-			todo = append(todo, pod)
-		}
-	}
+	todo := p.candidates(pods, name)
 	p.mu.Unlock()
 	var errs []error
 	for _, pod := range todo {
@@ -334,9 +341,7 @@ func (p *Provider) deletePod(ctx context.Context, pod *corev1.Pod) error {
 		return fmt.Errorf("delete pod %s: %w", pod.Name, err)
 	}
 	p.mu.Lock()
-	if c := p.creating[pod.Labels[LabelRunner]]; c != nil && c.UID == uid {
-		delete(p.creating, pod.Labels[LabelRunner])
-	}
+	p.forgetCreating(pod.Labels[LabelRunner], uid)
 	p.mu.Unlock()
 	err = p.cs.CoreV1().Secrets(p.opt.Namespace).Delete(cctx, pod.Name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -346,8 +351,8 @@ func (p *Provider) deletePod(ctx context.Context, pod *corev1.Pod) error {
 }
 
 // List returns the runners' pods: each runner's newest pod that this
-// provider has not deleted, ended or not. Another manager's pods are read from the
-// apiserver, this one's from the informer's cache.
+// provider has not deleted, ended or not. Another manager's pods are read
+// from the apiserver, this one's from the informer's cache.
 func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instance, error) {
 	if manager != p.opt.Manager {
 		return p.listOther(ctx, manager)

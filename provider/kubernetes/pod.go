@@ -98,6 +98,9 @@ func (p *Provider) podFor(name string, spec provider.Spec) (*corev1.Pod, error) 
 		SecurityContext: s.ContainerSecurityContext,
 		VolumeMounts:    []corev1.VolumeMount{{Name: workVolume, MountPath: s.Workdir}},
 	}
+	for i, v := range p.opt.volumes {
+		agent.VolumeMounts = append(agent.VolumeMounts, corev1.VolumeMount{Name: dataVolume(i), MountPath: v.Target, ReadOnly: v.ReadOnly})
+	}
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		agent.Env = append(agent.Env, corev1.EnvVar{Name: k, ValueFrom: &corev1.EnvVarSource{
 			SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: name}, Key: envKey(k)},
@@ -154,10 +157,6 @@ func (p *Provider) podFor(name string, spec provider.Spec) (*corev1.Pod, error) 
 		// retires idle runners long before.
 		secs := int64((d + time.Second - 1) / time.Second)
 		pod.Spec.ActiveDeadlineSeconds = &secs
-	}
-	for i, v := range p.opt.volumes {
-		agent := &pod.Spec.Containers[0]
-		agent.VolumeMounts = append(agent.VolumeMounts, corev1.VolumeMount{Name: dataVolume(i), MountPath: v.Target, ReadOnly: v.ReadOnly})
 	}
 	return p.overlay(pod, spec)
 }
