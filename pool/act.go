@@ -53,6 +53,16 @@ func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit) {
 		inst, reg, err := p.createRunner(ctx, name, units)
 		p.mu.Lock()
 		p.finish(name, opCreate)
+		if err != nil && ctx.Err() != nil {
+			// Cut short by the pool's own stop (a drain, a shutdown):
+			// no sign that runners fail to start, so no backoff, which
+			// would be saved and hold the next manager off.
+			p.releaseGPUs(name)
+			p.created--
+			p.mu.Unlock()
+			p.log.Info("create runner abandoned: the pool is stopping", "runner", name, "err", err)
+			return
+		}
 		if err != nil {
 			p.releaseGPUs(name)
 			p.created--

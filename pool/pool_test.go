@@ -368,6 +368,23 @@ func TestStaleSnapshotDoesNotDuplicate(t *testing.T) {
 	}
 }
 
+// A create cut short because the pool stops (its context cancelled
+// mid-call, as at a drain) is no start failure: no backoff is recorded,
+// which would be saved and hold the next manager off.
+func TestCreateCutShortByStopDoesNotBackOff(t *testing.T) {
+	h := newHarness(t, Config{Size: 1})
+	ctx, cancel := context.WithCancel(context.Background())
+	h.forge.beforeRegister = cancel
+	h.prov.failNext = context.Canceled // the engine's call, cut short
+	if err := h.pool.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.pool.Wait()
+	if b := h.pool.Backoff(); b.Failures != 0 {
+		t.Fatalf("backoff %+v after a create cut short by the stop", b)
+	}
+}
+
 // TestRefusedRemovalBacksOff: a runner whose machine vanished mid-job and
 // which the forge still counts busy is asked for again after a backoff,
 // not on every pass, and is removed once the forge lets go of it.
