@@ -44,6 +44,10 @@ type Config struct {
 	// Local is set when the agent runs on this host rather than from a
 	// machine's image (provider.Traits.Local).
 	Local bool
+	// IdleTimeout is the pool's idle timeout, for agents that can exit
+	// by themselves when no job comes (gitlab-runner's --wait-timeout),
+	// so that a runner nobody removes does not wait for ever.
+	IdleTimeout time.Duration
 }
 
 // Maker is implemented by every forge connection: it makes the forge's

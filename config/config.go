@@ -164,6 +164,10 @@ type Pool struct {
 	// RetryLost re-runs a job whose runner's machine went away mid-job
 	// (GitHub: the run's failed jobs, once). Default true.
 	RetryLost *bool `json:"retry_lost,omitempty"`
+	// RerunOnTimeout re-runs a job that the forge cancelled for hitting
+	// its time limit (GitHub's timed_out), up to this many times: for
+	// training that resumes from its checkpoints. 0: never.
+	RerunOnTimeout int `json:"rerun_on_timeout,omitempty"`
 	// Single fills the pool's slots once: a one-shot runner
 	// (`runfleet runner --single`). Not settable from YAML.
 	Single bool `json:"-"`

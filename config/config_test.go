@@ -15,6 +15,7 @@ import (
 	// The built-in drivers, whose sections a config holds.
 	_ "github.com/runfleet/runfleet/forge/gitea"
 	_ "github.com/runfleet/runfleet/forge/github"
+	_ "github.com/runfleet/runfleet/forge/gitlab"
 	_ "github.com/runfleet/runfleet/provider/docker"
 	_ "github.com/runfleet/runfleet/provider/process"
 )
@@ -175,10 +176,10 @@ func TestAllKindsOfErrorsAtOnce(t *testing.T) {
 forges:
   - {name: a, type: gitea, url: "http://a", token: t, repo: nope, app_id: 3}
 pools:
-  - {name: p, labels: [l], size: 2, max: 1, docker: {image: x, memory: 12q}}
+  - {name: p, labels: [l], size: 2, max: 1, rerun_on_timeout: -1, docker: {image: x, memory: 12q}}
   - {name: q, labels: [l], kubernetes: {namespace: ci}}
 `))
-	for _, w := range []string{`forges[0].app_id: unknown field`, `forges[0].repo: "nope" is not owner/name`, `pools[0].docker.memory: "12q" is not a size`, "pools[0].max: 1 is less than size 2", `pools[1]: unknown field "kubernetes"`} {
+	for _, w := range []string{`pools[0].rerun_on_timeout: -1 is not a number of re-runs`, `forges[0].app_id: unknown field`, `forges[0].repo: "nope" is not owner/name`, `pools[0].docker.memory: "12q" is not a size`, "pools[0].max: 1 is less than size 2", `pools[1]: unknown field "kubernetes"`} {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("error does not report %s:\n%v", w, err)
 		}

@@ -256,6 +256,9 @@ func (p Pool) validate(ps *problems, field string) {
 	if p.Max > 10000 {
 		ps.add(field+".max", "%d is more than 10000", p.Max)
 	}
+	if p.RerunOnTimeout < 0 || p.RerunOnTimeout > 100 {
+		ps.add(field+".rerun_on_timeout", "%d is not a number of re-runs between 0 and 100", p.RerunOnTimeout)
+	}
 	for name, d := range map[string]Duration{"idle_timeout": p.IdleTimeout, "max_lifetime": p.MaxLifetime, "bootstrap_timeout": p.BootstrapTimeout, "agent.fetch_interval": p.Agent.FetchInterval} {
 		if err := d.Check(); err != nil {
 			ps.add(field+"."+name, "%v", err)
@@ -287,7 +290,7 @@ func (p Pool) Driver(manager, stateDir string) provider.PoolConfig {
 	if p.GPUsPerRunner == badGPUCount {
 		per = 0
 	}
-	return provider.PoolConfig{Manager: manager, Pool: p.Name, StateDir: stateDir, Workdir: p.Workdir, GPUsPerRunner: per, MaxLifetime: p.MaxLifetime.Duration, Section: p.Section}
+	return provider.PoolConfig{Manager: manager, Pool: p.Name, StateDir: stateDir, Workdir: p.Workdir, GPUsPerRunner: per, MaxLifetime: p.MaxLifetime.Duration, IdleTimeout: p.IdleTimeout.Duration, Section: p.Section}
 }
 
 func checkURL(s string) error {

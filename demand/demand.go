@@ -34,6 +34,7 @@ type Job struct {
 	Labels     []string
 	Status     forge.JobStatus
 	Conclusion string
+	Attempt    int // of the run, from 1; 0 unknown
 	Runner     string
 	RunnerID   int64 // the runner's registration at the forge, never reused
 	// When the forge says it was queued, started and completed; zero
@@ -46,7 +47,7 @@ type Job struct {
 func JobOf(forgeName string, j forge.Job) Job {
 	return Job{
 		Forge: forgeName, ID: j.ID, RunID: j.RunID, Name: j.Name, Labels: j.Labels,
-		Status: j.Status, Conclusion: j.Conclusion, Runner: j.RunnerName, RunnerID: j.RunnerID,
+		Status: j.Status, Conclusion: j.Conclusion, Attempt: j.Attempt, Runner: j.RunnerName, RunnerID: j.RunnerID,
 		Queued: j.CreatedAt, Started: j.StartedAt, Completed: j.EndedAt,
 	}
 }
@@ -192,6 +193,9 @@ func merge(dst *Job, src Job) {
 	}
 	if src.Conclusion != "" {
 		dst.Conclusion = src.Conclusion
+	}
+	if src.Attempt != 0 {
+		dst.Attempt = src.Attempt
 	}
 	if src.Runner != "" {
 		dst.Runner = src.Runner

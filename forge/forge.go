@@ -93,13 +93,17 @@ func (s JobStatus) String() string {
 // Job is a workflow job as the forge reports it. Times the forge leaves
 // unset are zero.
 type Job struct {
-	ID         int64
-	RunID      int64
-	Name       string
-	Labels     []string
-	Status     JobStatus
-	Conclusion string // the forge's word for how it ended: success, failure, ...
-	RunnerID   int64  // set once a runner has taken it; never reused
+	ID     int64
+	RunID  int64
+	Name   string
+	Labels []string
+	Status JobStatus
+	// Conclusion is the forge's word for how it ended: success, failure,
+	// ...; a driver reports a job its forge cancelled for hitting its
+	// time limit as ConclusionTimedOut.
+	Conclusion string
+	Attempt    int   // the run's attempt the job belongs to, from 1; 0 unknown
+	RunnerID   int64 // set once a runner has taken it; never reused
 	RunnerName string
 	CreatedAt  time.Time
 	StartedAt  time.Time
@@ -169,6 +173,15 @@ type Rerunner interface {
 	// must return at once; the re-run happens in the background, bound
 	// to ctx.
 	Lost(ctx context.Context, r Runner)
+}
+
+// ConclusionTimedOut is the conclusion of a job that hit its time limit.
+const ConclusionTimedOut = "timed_out"
+
+// JobRerunner is implemented by forges that can re-run one ended job (a
+// job that hit its time limit, for a pool with rerun_on_timeout).
+type JobRerunner interface {
+	RerunJob(ctx context.Context, j Job) error
 }
 
 // EndObserver is implemented by forges whose driver keeps a list of

@@ -66,10 +66,10 @@ func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit) {
 		if err != nil {
 			p.releaseGPUs(name)
 			p.created--
-			rejected := errors.Is(err, forge.ErrRejected)
+			rejected := errors.Is(err, forge.ErrRejected) || errors.Is(err, provider.ErrRejected)
 			var wait time.Duration
 			if rejected {
-				p.halt("the forge refused the runner's registration; fix the config and reload: " + err.Error())
+				p.halt(refusedBy(err) + "; fix the config and reload: " + err.Error())
 			} else {
 				wait = p.backOff("create runner failed: " + err.Error())
 			}
@@ -78,7 +78,7 @@ func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit) {
 				p.cfg.OnError("create")
 			}
 			if rejected {
-				p.log.Error("the forge refused the runner's registration; no runner starts until the config changes", "runner", name, "err", err)
+				p.log.Error(refusedBy(err)+"; no runner starts until the config changes", "runner", name, "err", err)
 			} else {
 				p.log.Error("create runner failed", "runner", name, "err", err, "retry_in", wait)
 			}
@@ -99,6 +99,14 @@ func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit) {
 		}
 		p.Trigger()
 	})
+}
+
+// refusedBy says who refused a runner for good.
+func refusedBy(err error) string {
+	if errors.Is(err, provider.ErrRejected) {
+		return "the provider refused the runner's machine"
+	}
+	return "the forge refused the runner's registration"
 }
 
 // createRunner registers the runner, then starts its machine. It is never

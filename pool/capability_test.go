@@ -164,6 +164,12 @@ func TestPreemptionNotices(t *testing.T) {
 	if !slices.Contains(h.forge.removed, "gpu-1") || !slices.Contains(h.prov.deleted, "gpu-1") {
 		t.Fatalf("idle runner on a machine being taken back was kept: removed %v deleted %v", h.forge.removed, h.prov.deleted)
 	}
+	// Reported too: a job it took since the last listing (which its
+	// agent, told of the notice, failed) is re-run by the forge.
+	if len(h.forge.lost) != 1 || h.forge.lost[0].ID != 1 {
+		t.Fatalf("lost %v, want the idle runner's registration 1 reported once", h.forge.lost)
+	}
+	h.forge.lost = nil
 	// Its replacement takes a job, and the pool starts another, which
 	// takes one too; then the first one's machine is noticed.
 	busyAll := func() {

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -73,6 +74,10 @@ type memory struct {
 	vanishedSince time.Time
 	// idleSince is when the runner was first seen idle.
 	idleSince time.Time
+	// regID is the registration last listed with the slot's running
+	// machine: a machine taken back after its runner's registration
+	// went (its agent stopped, its job failed) still names it.
+	regID int64
 }
 
 // policy is the pool's settings that classify applies.
@@ -166,6 +171,13 @@ func classifyGone(f facts, p policy) verdict {
 	return verdict{state: StateOrphan, retire: "registration without a machine"}
 }
 
+func regOf(f facts) int64 {
+	if f.reg == nil {
+		return 0
+	}
+	return f.reg.ID
+}
+
 // lostGrace is how long a registration the forge counts busy is left after
 // its machine vanished.
 func (p policy) lostGrace() time.Duration {
@@ -189,6 +201,11 @@ func classifyExited(f facts, p policy) verdict {
 		v.ended = v.regGone
 	case f.phase == agent.PhaseBusy:
 		v.lost, v.note = true, "agent died while running a job"
+	case f.preempted != nil && (f.reg != nil || f.regID != 0):
+		// Taken back: its agent stopped, and the job it may have run
+		// failed with it; the forge re-runs that job, if there was one.
+		v.lost, v.note = true, "machine taken back; its runner's job, if it ran one, is re-run"
+		v.memory.regID = cmp.Or(regOf(f), f.regID)
 	case p.phases && f.reg != nil && f.reg.Status != forge.StatusBusy:
 		// Still registered, so not retired by the pool (which removes
 		// the registration first) nor ended after a job.
@@ -202,6 +219,12 @@ func classifyUnregistered(f facts, p policy) verdict {
 	if f.phase == agent.PhaseBusy {
 		// The forge's list predates the job; never remove a busy runner.
 		return verdict{state: StateBusy}
+	}
+	if f.preempted != nil && f.regID != 0 {
+		// Its registration went with the job its agent failed as the
+		// machine was taken back: that job is re-run.
+		return verdict{state: StateStopping, retire: "machine is being taken back: " + f.preempted.Reason,
+			lost: true, note: "machine taken back; its runner's job, if it ran one, is re-run", memory: memory{regID: f.regID}}
 	}
 	since := f.missingSince
 	if since.IsZero() {
@@ -228,15 +251,19 @@ func classifyLive(f facts, p policy) verdict {
 			status = forge.StatusIdle
 		}
 	}
+	mem := memory{regID: f.reg.ID}
 	switch {
 	case f.preempted != nil && status == forge.StatusBusy:
 		// Its job goes with the machine: the forge re-runs it, and a
 		// replacement need not wait for the machine to go.
-		return verdict{state: StateStopping, lost: true, note: "machine is being taken back while it runs a job"}
+		return verdict{state: StateStopping, lost: true, note: "machine is being taken back while it runs a job", memory: mem}
 	case f.preempted != nil:
-		return verdict{state: StateStopping, retire: "machine is being taken back: " + f.preempted.Reason}
+		// Idle as far as the last listing knows; its job, if it took
+		// one since (its agent may already have stopped it and failed
+		// it), is re-run all the same: the forge finds none otherwise.
+		return verdict{state: StateStopping, retire: "machine is being taken back: " + f.preempted.Reason, lost: true, memory: mem}
 	case status == forge.StatusBusy:
-		return verdict{state: StateBusy}
+		return verdict{state: StateBusy, memory: mem}
 	case status == forge.StatusOffline && p.bootstrapTimeout > 0 && age > p.bootstrapTimeout:
 		why := fmt.Sprintf("not online after %s", p.bootstrapTimeout)
 		if f.inst.Reason != "" {
@@ -246,7 +273,7 @@ func classifyLive(f facts, p policy) verdict {
 	case p.draining:
 		return verdict{state: StateStopping, retire: "draining"}
 	case status == forge.StatusOffline:
-		return verdict{state: StateStarting}
+		return verdict{state: StateStarting, memory: mem}
 	case p.maxLifetime > 0 && age > p.maxLifetime:
 		return verdict{state: StateStopping, retire: fmt.Sprintf("idle past max lifetime %s", p.maxLifetime)}
 	}
@@ -254,5 +281,5 @@ func classifyLive(f facts, p policy) verdict {
 	if since.IsZero() {
 		since = p.now
 	}
-	return verdict{state: StateIdle, memory: memory{idleSince: since}}
+	return verdict{state: StateIdle, memory: memory{idleSince: since, regID: f.reg.ID}}
 }

@@ -58,6 +58,8 @@ type classifyCase struct {
 	mem     memory
 	pol     func(*policy)
 	preempt bool
+	// checkReg: the case checks the registration id noted in memory
+	checkReg bool
 	// hadMachine: the pool saw a machine for the runner
 	hadMachine bool
 	want       verdict
@@ -83,8 +85,10 @@ var classifyCases = []classifyCase{
 	{name: "starting while draining", machine: running, age: time.Second, reg: off, pol: func(p *policy) { p.draining = true }, want: verdict{state: StateStopping, retire: "draining"}},
 	{name: "busy while draining", machine: running, age: time.Minute, reg: busy, pol: func(p *policy) { p.draining = true }, want: verdict{state: StateBusy}},
 	{name: "no bootstrap timeout", machine: running, age: 100 * time.Hour, reg: off, pol: func(p *policy) { p.bootstrapTimeout = 0 }, want: verdict{state: StateStarting}},
-	{name: "idle machine being taken back", machine: running, age: time.Minute, reg: idle, preempt: true, want: verdict{state: StateStopping, retire: "machine is being taken back: spot interruption"}},
-	{name: "busy machine being taken back", machine: running, age: time.Minute, reg: busy, preempt: true, want: verdict{state: StateStopping, lost: true}, wantNote: true},
+	{name: "idle machine being taken back", machine: running, age: time.Minute, reg: idle, preempt: true, checkReg: true, want: verdict{state: StateStopping, retire: "machine is being taken back: spot interruption", lost: true, memory: memory{regID: 7}}},
+	{name: "busy machine being taken back", machine: running, age: time.Minute, reg: busy, preempt: true, checkReg: true, want: verdict{state: StateStopping, lost: true, memory: memory{regID: 7}}, wantNote: true},
+	{name: "taken back after its registration went", machine: running, age: time.Minute, reg: noRg, mem: memory{regID: 7}, preempt: true, checkReg: true, want: verdict{state: StateStopping, retire: "machine is being taken back: spot interruption", lost: true, memory: memory{regID: 7}}, wantNote: true},
+	{name: "taken back, ended, registration gone", machine: exited, age: time.Minute, reg: noRg, mem: memory{regID: 7}, preempt: true, checkReg: true, want: verdict{state: StateStopping, retire: "agent exited", lost: true, memory: memory{regID: 7}}, wantNote: true},
 	// A running machine without a registration.
 	{name: "unregistered, first seen", machine: running, age: time.Minute, reg: noRg, want: verdict{state: StateOrphan, memory: memory{missingSince: classifyNow}}},
 	{name: "unregistered within grace", machine: running, age: time.Minute, reg: noRg, mem: memory{missingSince: classifyNow.Add(-10 * time.Second)}, want: verdict{state: StateOrphan, memory: memory{missingSince: classifyNow.Add(-10 * time.Second)}}},
@@ -142,6 +146,9 @@ func TestClassify(t *testing.T) {
 				t.Errorf("note %q, want one: %v", got.note, tc.wantNote)
 			}
 			got.note = ""
+			if !tc.checkReg {
+				got.memory.regID = 0 // the cases that check it say so
+			}
 			if got != tc.want {
 				t.Errorf("classify:\n got %+v\nwant %+v", got, tc.want)
 			}

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -101,8 +102,8 @@ func (p *Pool) apply(ctx context.Context, s *slot, debug bool) {
 		}
 		p.Trigger()
 	}
-	if v.lost && p.reportLost(ctx, s) {
-		p.log.Warn(v.note, "runner", s.name, "registration", regID(s.reg), "machine", p.machineOf(s))
+	if v.lost && p.reportLost(ctx, s, cmp.Or(regID(s.reg), v.memory.regID)) && v.note != "" {
+		p.log.Warn(v.note, "runner", s.name, "registration", cmp.Or(regID(s.reg), v.memory.regID), "machine", p.machineOf(s))
 	}
 	if v.retire != "" && s.inst == nil && s.reg != nil && p.now().Before(p.refused[s.reg.ID].until) {
 		// The forge refused this removal lately: it holds the job that
@@ -140,8 +141,8 @@ func (p *Pool) machineOf(s *slot) string {
 // reportLost tells the forge, once per machine, that a runner died
 // mid-job, so that its job is re-run. It reports whether the loss is news.
 // Called with p.mu held.
-func (p *Pool) reportLost(ctx context.Context, s *slot) bool {
-	key := fmt.Sprint("registration ", regID(s.reg)) // its machine never seen
+func (p *Pool) reportLost(ctx context.Context, s *slot, id int64) bool {
+	key := fmt.Sprint("registration ", id) // its machine never seen
 	if m := p.machineOf(s); m != "" {
 		key = "machine " + m
 	}
@@ -150,7 +151,7 @@ func (p *Pool) reportLost(ctx context.Context, s *slot) bool {
 	}
 	p.lost[s.name] = key
 	if r, ok := p.forge.(forge.Rerunner); ok && p.cfg.RetryLost {
-		r.Lost(context.WithoutCancel(ctx), forge.Runner{ID: regID(s.reg), Name: s.name})
+		r.Lost(context.WithoutCancel(ctx), forge.Runner{ID: id, Name: s.name})
 	}
 	return true
 }

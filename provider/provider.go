@@ -37,6 +37,12 @@ type Spec struct {
 	// them with the machine, so that a restarted manager knows which
 	// GPUs are taken. Only providers whose Traits say HostGPUs get any.
 	GPUs []string
+	// BusyMarker is what the agent prints when it takes a job
+	// (agent.Reporter's busy marker), for a machine that decides alone
+	// whether it is idle: a cloud instance powers itself off when no
+	// job came within the idle timeout, also when the manager is gone.
+	// Empty when the agent does not say.
+	BusyMarker string
 }
 
 // State is a machine's lifecycle state.
@@ -147,6 +153,12 @@ type OutputReader interface {
 type CallCounter interface {
 	Calls() int64
 }
+
+// ErrRejected is wrapped by a Create error that no retry can fix: the
+// backend refused the machine as asked (an image that does not exist, no
+// permission, a malformed request). The pool stops starting runners and
+// shows the reason until its config changes, instead of retrying.
+var ErrRejected = errors.New("the provider refused the request")
 
 // ErrNoOutput is returned by Output when a machine's output is not kept
 // (or not yet written).

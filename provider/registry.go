@@ -42,6 +42,9 @@ type PoolConfig struct {
 	// enforce it on the machine itself as a last resort, also when the
 	// manager is gone (a pod's activeDeadlineSeconds).
 	MaxLifetime time.Duration
+	// IdleTimeout is the pool's idle_timeout, for a machine that powers
+	// itself off when no job came within it (a cloud instance).
+	IdleTimeout time.Duration
 	// Section is the pool's section named after the provider, as
 	// written, for the driver to decode; nil when the pool has none.
 	Section json.RawMessage

@@ -105,6 +105,8 @@ func (g Agent) Spec(r agent.Runner, cred forge.Credential) (provider.Spec, error
 		Args:    []string{"daemon", "--config", ConfigFile},
 		Env:     env,
 		Files:   files,
+		// The line that says it took a task.
+		BusyMarker: string(phaseMarkers[agent.PhaseBusy]),
 	}, nil
 }
 

@@ -73,6 +73,8 @@ type Driver struct {
 	mu       sync.Mutex
 	regToken string // cached: Gitea returns the same token until it is reset
 	calls    atomic.Int64
+	losing   forge.Following // runners whose lost job is being re-run
+	reruns   map[int64]bool  // runs re-run already
 }
 
 // Stats reports the calls sent; Gitea sends no rate-limit figures.
@@ -312,11 +314,28 @@ func (d *Driver) Jobs(ctx context.Context, status forge.JobStatus) ([]forge.Job,
 	if !ok {
 		return nil, fmt.Errorf("list jobs in %s: no Gitea status for %s", d.where(), status)
 	}
-	c, err := d.api(ctx)
+	raw, err := d.rawJobs(ctx, word)
 	if err != nil {
 		return nil, err
 	}
 	var out []forge.Job
+	for _, j := range raw {
+		// A job that moved on since the filter, or one without an
+		// id, is not one of these.
+		if fj := job(j, ""); fj.ID != 0 && fj.Status == status {
+			out = append(out, fj)
+		}
+	}
+	return out, nil
+}
+
+// rawJobs lists the scope's jobs with a status word, all pages.
+func (d *Driver) rawJobs(ctx context.Context, word string) ([]*sdk.ActionWorkflowJob, error) {
+	c, err := d.api(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []*sdk.ActionWorkflowJob
 	s := d.cfg.Scope
 	for page := 1; page <= maxJobPages; page++ {
 		opt := sdk.ListRepoActionJobsOptions{ListOptions: sdk.ListOptions{Page: page, PageSize: 50}, Status: word}
@@ -336,10 +355,8 @@ func (d *Driver) Jobs(ctx context.Context, status forge.JobStatus) ([]forge.Job,
 			return nil, apiError("list "+word+" jobs in "+d.where(), resp, err)
 		}
 		for _, j := range r.Jobs {
-			// A job that moved on since the filter, or one without an
-			// id, is not one of these.
-			if fj := job(j, ""); fj.ID != 0 && fj.Status == status {
-				out = append(out, fj)
+			if j != nil {
+				out = append(out, j)
 			}
 		}
 		if len(r.Jobs) < 50 {

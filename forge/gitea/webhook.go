@@ -55,7 +55,7 @@ func job(j *sdk.ActionWorkflowJob, action string) forge.Job {
 	}
 	return forge.Job{
 		ID: j.ID, RunID: j.RunID, Name: j.Name, Labels: j.Labels, Status: st, Conclusion: j.Conclusion,
-		RunnerID: j.RunnerID, RunnerName: j.RunnerName,
+		RunnerID: j.RunnerID, RunnerName: j.RunnerName, Attempt: int(j.RunAttempt),
 		CreatedAt: cleanTime(j.CreatedAt), StartedAt: cleanTime(j.StartedAt), EndedAt: cleanTime(j.CompletedAt),
 	}
 }

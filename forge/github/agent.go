@@ -64,7 +64,8 @@ func (g Agent) Spec(r agent.Runner, cred forge.Credential) (provider.Spec, error
 		}
 	}
 	maps.Copy(env, cred.Env)
-	spec := provider.Spec{Name: r.Name, Manager: r.Manager, Pool: r.Pool, Env: env, Files: maps.Clone(cred.Files)}
+	spec := provider.Spec{Name: r.Name, Manager: r.Manager, Pool: r.Pool, Env: env, Files: maps.Clone(cred.Files),
+		BusyMarker: string(phaseMarkers[agent.PhaseBusy])}
 	switch {
 	case cred.Env[EnvJITConfig] != "":
 		spec.Command = g.Path

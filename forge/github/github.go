@@ -128,7 +128,7 @@ type Driver struct {
 	cachedAt time.Time
 	noJIT    bool
 	reruns   map[int64]bool    // runs whose failed jobs were re-run
-	losing   map[string]bool   // lost runners being followed, by id (or name)
+	losing   forge.Following   // lost runners being followed
 	seen     map[int64]runSeen // runs listed by polls, by id
 }
 
@@ -159,7 +159,7 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.CallTimeout == 0 {
 		cfg.CallTimeout = 30 * time.Second
 	}
-	d := &Driver{cfg: cfg, scope: scope, log: cfg.Logger, reruns: map[int64]bool{}, losing: map[string]bool{}, seen: map[int64]runSeen{}}
+	d := &Driver{cfg: cfg, scope: scope, log: cfg.Logger, reruns: map[int64]bool{}, seen: map[int64]runSeen{}}
 	d.remaining.Store(-1)
 	// Every request that leaves the driver is counted, the installation
 	// token requests of a GitHub App included.
@@ -724,9 +724,24 @@ func (d *Driver) pollOrder(queued, inProgress []*gh.WorkflowRun) []*gh.WorkflowR
 func job(j *gh.WorkflowJob) forge.Job {
 	return forge.Job{
 		ID: j.GetID(), RunID: j.GetRunID(), Name: j.GetName(), Labels: j.Labels, Status: statuses[j.GetStatus()],
-		Conclusion: j.GetConclusion(), RunnerID: j.GetRunnerID(), RunnerName: j.GetRunnerName(),
+		Conclusion: j.GetConclusion(), RunnerID: j.GetRunnerID(), RunnerName: j.GetRunnerName(), Attempt: int(j.GetRunAttempt()),
 		CreatedAt: j.GetCreatedAt().Time, StartedAt: j.GetStartedAt().Time, EndedAt: j.GetCompletedAt().Time,
 	}
+}
+
+// RerunJob re-runs one ended job ("Re-run a job from a workflow run"), a
+// new attempt of its run.
+func (d *Driver) RerunJob(ctx context.Context, j forge.Job) error {
+	if d.scope.Repo == "" {
+		return fmt.Errorf("re-run job %d: re-running needs a repository scope", j.ID)
+	}
+	err := d.call(ctx, "rerun job", func(ctx context.Context) (*gh.Response, error) {
+		return d.api.Actions.RerunJobByID(ctx, d.scope.Owner, d.scope.Repo, j.ID)
+	})
+	if err != nil {
+		return d.apiError(fmt.Sprintf("re-run job %d", j.ID), err)
+	}
+	return nil
 }
 
 // runs lists the repository's runs with the status, newest first; only
@@ -806,27 +821,11 @@ func (d *Driver) Lost(ctx context.Context, r forge.Runner) {
 		d.log.Warn("github: a runner was lost mid-job; re-running needs a repository scope, so its job is left failed", "runner", r.Name)
 		return
 	}
-	key := fmt.Sprintf("id %d", r.ID)
-	if r.ID == 0 {
-		key = "name " + r.Name
-	}
-	d.mu.Lock()
-	if d.losing[key] {
-		d.mu.Unlock()
-		return
-	}
-	d.losing[key] = true
-	d.mu.Unlock()
-	go func() {
-		defer func() {
-			d.mu.Lock()
-			delete(d.losing, key)
-			d.mu.Unlock()
-		}()
+	d.losing.Go(r, func() {
 		if err := d.rerunLost(ctx, r); err != nil && ctx.Err() == nil {
 			d.log.Error("github: could not re-run the job of a lost runner", "runner", r.Name, "id", r.ID, "err", err)
 		}
-	}()
+	})
 }
 
 // lostJobRun finds the run of the job the runner held: among the runs in

@@ -6,6 +6,8 @@ package cli
 import (
 	_ "github.com/runfleet/runfleet/forge/gitea"
 	_ "github.com/runfleet/runfleet/forge/github"
+	_ "github.com/runfleet/runfleet/forge/gitlab"
+	_ "github.com/runfleet/runfleet/provider/aws"
 	_ "github.com/runfleet/runfleet/provider/docker"
 	_ "github.com/runfleet/runfleet/provider/kubernetes"
 	_ "github.com/runfleet/runfleet/provider/process"

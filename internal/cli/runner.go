@@ -72,13 +72,13 @@ var cmlFlags = []cmlFlag{
 	{"reuse-idle", []string{"CML_RUNNER_REUSE_IDLE"}, "start nothing if an idle online runner has the same name or overlapping labels", "bool", ""},
 	{"no-retry", []string{"CML_RUNNER_NO_RETRY", "RUNNER_NO_RETRY"}, "do not re-run a job whose runner's machine went away mid-job", "bool", ""},
 	{"docker-volumes", []string{"CML_RUNNER_DOCKER_VOLUMES"}, "volumes for the runner's container, src:dst[:ro|rw] (read-only unless :rw), with --docker", "list", ""},
-	{"driver", []string{"CML_RUNNER_DRIVER", "RUNNER_DRIVER"}, "forge of the repository: github or gitea (inferred from --repo or the CI environment when absent)", "string", ""},
+	{"driver", []string{"CML_RUNNER_DRIVER", "RUNNER_DRIVER"}, "forge of the repository: github, gitea or gitlab (inferred from --repo or the CI environment when absent)", "string", ""},
 	{"repo", []string{"CML_RUNNER_REPO", "RUNNER_REPO"}, "repository (or organisation) URL to register the runner with (default: GITHUB_REPOSITORY, CI_PROJECT_URL, or the git remote)", "string", ""},
 	{"token", []string{"CML_RUNNER_TOKEN", "REPO_TOKEN", "repo_token", "GITHUB_TOKEN", "GITLAB_TOKEN"}, "personal access token (prefer the REPO_TOKEN variable: a flag shows in process listings)", "string", ""},
 	{"log", []string{"CML_RUNNER_LOG"}, "log level: error, warn, info or debug (default: --log-level)", "string", ""},
 	{"docker", []string{"CML_RUNNER_DOCKER"}, "run each job's runner in a fresh container of this image instead of on this machine", "string", ""},
-	{"agent", []string{"CML_RUNNER_AGENT"}, "the forge's runner agent: GitHub's run.sh or gitea-runner (found in PATH; in the image with --docker)", "string", ""},
-	{"cloud", []string{"CML_RUNNER_CLOUD"}, "cloud to start the runner in: kubernetes (aws, azure and gcp not in this build yet)", "string", ""},
+	{"agent", []string{"CML_RUNNER_AGENT"}, "the forge's runner agent: GitHub's run.sh, gitea-runner or gitlab-runner (found in PATH; in the image with --docker)", "string", ""},
+	{"cloud", []string{"CML_RUNNER_CLOUD"}, "cloud to start the runner in: aws or kubernetes (azure and gcp not in this build yet)", "string", ""},
 	{"cloud-region", []string{"CML_RUNNER_CLOUD_REGION"}, "cloud region", "string", ""},
 	{"cloud-type", []string{"CML_RUNNER_CLOUD_TYPE"}, "instance type", "string", ""},
 	{"cloud-permission-set", []string{"CML_RUNNER_CLOUD_PERMISSION_SET"}, "instance profile (AWS) or service account (GCP)", "string", ""},
@@ -282,7 +282,8 @@ func runnerCmd() *cobra.Command {
 		Short: "Start a runner on this machine, as `cml runner launch` does",
 		Long: `runner is a drop-in for ` + "`cml runner launch`" + `: the same options and
 environment variables (CML_RUNNER_*, and the older RUNNER_*). Each job runs
-in a fresh runner registered just for it (a GitHub JIT runner), on this
+in a fresh runner registered just for it (a GitHub JIT runner, a GitLab
+runner deleted after its job), on this
 machine or, with --docker, in a fresh container; the next one is ready as
 soon as a job starts. The runner exits after --idle-timeout without a job
 (never while a job runs), or after one job with --single, and leaves no
@@ -412,7 +413,7 @@ func runnerForge(s runnerSettings) (config.Forge, error) {
 		known[i] = d.typ
 	}
 	if s.Driver == "" {
-		return config.Forge{}, fmt.Errorf("--driver: cannot tell the forge of %s; pass --driver (%s)", s.Repo, strings.Join(known, " or "))
+		return config.Forge{}, fmt.Errorf("--driver: cannot tell the forge of %s; pass --driver (%s or %s)", s.Repo, strings.Join(known[:len(known)-1], ", "), known[len(known)-1])
 	}
 	i := slices.Index(known, s.Driver)
 	if i < 0 {
@@ -455,7 +456,7 @@ func runnerProvider(s runnerSettings, getenv func(string) (string, bool)) (strin
 	case len(chosen) == 1:
 		return chosen[0], section, nil
 	case s.Cloud["cloud"] != "":
-		return "", nil, fmt.Errorf("--cloud: %q is not in this build (kubernetes is); run without --cloud* to start the runner on this machine (or in a container with --docker)", s.Cloud["cloud"])
+		return "", nil, fmt.Errorf("--cloud: %q is not in this build (aws and kubernetes are); run without --cloud* to start the runner on this machine (or in a container with --docker)", s.Cloud["cloud"])
 	case len(s.Cloud) > 0:
 		return "", nil, fmt.Errorf("--%s: needs --cloud", strings.Join(slices.Sorted(maps.Keys(s.Cloud)), ", --"))
 	}

@@ -92,9 +92,13 @@ func TestRunnerBadInput(t *testing.T) {
 	}{
 		{[]string{"--idle-timeout", "soon"}, `--idle-timeout: "soon" is not seconds`},
 		{[]string{"--single=maybe"}, "invalid argument"},
-		{[]string{"--cloud", "aws", "--repo", "https://github.com/a/b", "--token", "tok-secret-123"}, `--cloud: "aws" is not in this build`},
-		{[]string{"--repo", "https://gitlab.com/a/b", "--token", "tok-secret-123"}, "--driver: cannot tell the forge of https://gitlab.com/a/b; pass --driver (gitea or github)"},
-		{[]string{"--repo", "https://gitlab.com/a/b", "--token", "tok-secret-123", "--driver", "gitlab"}, "--driver: gitlab is not supported by this build yet (gitea, github)"},
+		{[]string{"--cloud", "azure", "--repo", "https://github.com/a/b", "--token", "tok-secret-123"}, `--cloud: "azure" is not in this build`},
+		{[]string{"--cloud", "aws", "--repo", "https://github.com/a/b", "--token", "tok-secret-123"}, `--cloud-image: is required with --cloud=aws`},
+		{[]string{"--cloud", "aws", "--cloud-image", "ami-0123456789abcdef0", "--cloud-type", "m+h100", "--repo", "https://github.com/a/b", "--token", "tok-secret-123"}, `--cloud-type: "m+h100" is not one of CML's sizes`},
+		{[]string{"--repo", "https://example.com/a/b", "--token", "tok-secret-123"}, "--driver: cannot tell the forge of https://example.com/a/b; pass --driver (gitea, github or gitlab)"},
+		{[]string{"--repo", "https://example.com/a/b", "--token", "tok-secret-123", "--driver", "bitbucket"}, "--driver: bitbucket is not supported by this build yet (gitea, github, gitlab)"},
+		// GitLab told by its host; its agent is looked for in PATH.
+		{[]string{"--repo", "https://gitlab.com/a/b", "--token", "tok-secret-123", "--agent", "no-such-gitlab-runner"}, `agent.path: "no-such-gitlab-runner"`},
 		{[]string{"--repo", "https://github.com/a/b", "--token", "tok-secret-123", "--docker-volumes", "/a:/a"}, "--docker-volumes: needs --docker"},
 		{[]string{"--repo", "https://github.com/a/b", "--token", "tok-secret-123", "--name", "Bad_Name"}, `--name: "Bad_Name" is not a valid name`},
 	} {

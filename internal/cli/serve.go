@@ -45,6 +45,15 @@ runners and their registrations, waits for busy runners (up to drain_timeout)
 and exits 0.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Signals are caught before anything slow (a cluster's client,
+			// a forge's first answer): a SIGTERM during start-up is a
+			// drain, not a death that leaves what was made behind.
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			slog.Debug("starting; SIGTERM drains from here on", "config", path)
 			cfg, err := loadConfig(path)
 			if err != nil {
 				return err
@@ -71,11 +80,6 @@ and exits 0.`,
 				fleet.Close()
 				return &ExitError{ExitUsage, err}
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
-			defer stop()
-			hup := make(chan os.Signal, 1)
-			signal.Notify(hup, syscall.SIGHUP)
-			defer signal.Stop(hup)
 			go func() {
 				for {
 					select {

@@ -141,7 +141,7 @@ func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 		return nil, fmt.Errorf("gpus_per_runner: provider %s cannot give runners this host's GPUs", pc.Provider)
 	}
 	conn := f.conns[pc.Forge]
-	ag, err := conn.(agent.Maker).Agent(agent.Config{Path: pc.Agent.Path, FetchInterval: pc.Agent.FetchInterval.Duration, Local: traits.Local})
+	ag, err := conn.(agent.Maker).Agent(agent.Config{Path: pc.Agent.Path, FetchInterval: pc.Agent.FetchInterval.Duration, Local: traits.Local, IdleTimeout: pc.IdleTimeout.Duration})
 	if err != nil {
 		return nil, err
 	}

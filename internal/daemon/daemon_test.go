@@ -12,6 +12,7 @@ import (
 	// The drivers the configs here name.
 	_ "github.com/runfleet/runfleet/forge/gitea"
 	_ "github.com/runfleet/runfleet/forge/github"
+	_ "github.com/runfleet/runfleet/forge/gitlab"
 	_ "github.com/runfleet/runfleet/provider/docker"
 	_ "github.com/runfleet/runfleet/provider/process"
 )

@@ -209,6 +209,9 @@ func (f *Fleet) jobChanged(e demand.Event) {
 			conclusion = "unknown"
 		}
 		f.Metrics.JobsCompleted.WithLabelValues(e.Pool, conclusion).Inc()
+		if conclusion == forge.ConclusionTimedOut {
+			f.rerunTimedOut(e)
+		}
 	}
 	for _, p := range f.pools() {
 		if p.Name() == e.Pool {
@@ -300,4 +303,44 @@ func (f *Fleet) ForgeStats() []metrics.ForgeStats {
 		out = append(out, st)
 	}
 	return out
+}
+
+// rerunTimedOut re-runs a job that hit its forge's time limit, when its
+// pool says so (rerun_on_timeout), up to that many times: a job whose
+// attempt is past it, or one of a pool without it, stays as it ended.
+// The re-run is in the background; the tracker sees its job as a new one.
+func (f *Fleet) rerunTimedOut(e demand.Event) {
+	j := e.Job
+	f.mu.Lock()
+	most := 0
+	for _, pc := range f.Config.Pools {
+		if pc.Name == e.Pool {
+			most = pc.RerunOnTimeout
+		}
+	}
+	conn := f.conns[j.Forge]
+	f.mu.Unlock()
+	log := f.log.With("pool", e.Pool, "job", j.ID, "name", j.Name, "attempt", j.Attempt)
+	r, ok := conn.(forge.JobRerunner)
+	switch {
+	case most == 0:
+		log.Info("job hit its time limit; rerun_on_timeout is not set, so it stays as it ended")
+		return
+	case !ok:
+		log.Warn("job hit its time limit; this forge cannot re-run one job")
+		return
+	case j.Attempt == 0 || j.Attempt > most:
+		// An unknown attempt is never re-run: no loop without a bound.
+		log.Warn("job hit its time limit again; rerun_on_timeout's re-runs are used up", "rerun_on_timeout", most)
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := r.RerunJob(ctx, forge.Job{ID: j.ID, RunID: j.RunID, Name: j.Name, Attempt: j.Attempt}); err != nil {
+			log.Error("could not re-run a job that hit its time limit", "err", err)
+			return
+		}
+		log.Info("job hit its time limit; re-run", "rerun", j.Attempt, "of", most)
+	}()
 }

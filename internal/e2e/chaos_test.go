@@ -70,6 +70,21 @@ func TestChaosKube(t *testing.T) {
 	runChaos(t, f)
 }
 
+// TestChaosAWS is the same for a pool of EC2 instances on the stand-in,
+// without the recycling by max_lifetime, which an instance enforces on
+// itself as its deadline (a job past it is killed): a manager killed
+// between RunInstances and the first describe that lists the instance,
+// or while instances end, leaves nothing the next one does not adopt by
+// its tags or terminate.
+func TestChaosAWS(t *testing.T) {
+	sim := needEC2(t)
+	opt := chaosOptions("")
+	opt.Extra = "    idle_timeout: 3s\n"
+	opt.EC2, opt.AWS = sim, "      instance_types: [t3.medium]\n      spot: true\n      poll_interval: 1s\n"
+	f := newFleet(t, "chaosaws", opt)
+	runChaos(t, f)
+}
+
 // chaosOptions is a pool that scales, 2 warm runners and up to 6, and
 // recycles its idle runners every few seconds (max_lifetime), so that
 // removals race with jobs being assigned, as they do under real load when
@@ -92,10 +107,18 @@ func runChaos(t *testing.T, f *fleet) {
 	t.Logf("chaos seed %d (rerun with -chaos.seed=%d)", seed, seed)
 	rng := rand.New(rand.NewPCG(seed, seed>>1|1))
 	p := plan()
+	cf := f.chaosForge()
 
-	watch := watchRegistrations(t, f)
+	watch := watchNames(t, func(w *registrationWatch) {
+		if names, err := cf.names(); err == nil { // errors skipped: the sample is only a witness
+			w.note("registration", names)
+		}
+		if f.docker {
+			w.note("running container", runningContainers(f))
+		}
+	})
 	f.start()
-	eventually(t, 2*time.Minute, "4 warm runners", func() bool { return f.idleOnline() == 4 })
+	eventually(t, 2*time.Minute, "4 warm runners", func() bool { return cf.ready() == 4 })
 
 	pushed, kills, drains, burst := 0, 0, 0, 0
 	start := time.Now()
@@ -104,7 +127,7 @@ func runChaos(t *testing.T, f *fleet) {
 		if pushed < p.jobs && rng.IntN(3) > 0 {
 			burst++
 			n := min(4+rng.IntN(9), p.jobs-pushed)
-			f.push(matrix(f.repo, n, fmt.Sprintf("echo burst %d job ${{ matrix.n }}\nsleep %d", burst, 1+rng.IntN(3))))
+			cf.push(n, burst, 1+rng.IntN(3))
 			pushed += n
 		}
 		// Mostly a crash; now and then a graceful stop (a deploy), which
@@ -126,19 +149,72 @@ func runChaos(t *testing.T, f *fleet) {
 	}
 	t.Logf("%d jobs in %d bursts, %d kills and %d drains in %s", pushed, burst, kills, drains, time.Since(start).Round(time.Second))
 
-	jobs := f.waitAllJobs(pushed, 4*time.Minute)
+	jobs := cf.wait(pushed, 4*time.Minute)
 	t.Logf("all %d jobs completed %s after the first push", len(jobs), time.Since(start).Round(time.Second))
-	checkJobs(t, jobs)
+	checkEnded(t, jobs)
 	// The pool keeps recycling idle runners (max_lifetime 4 s, and each
 	// removal waits out the runner's fetch timeout), so some may be on
 	// their way out, disabled: the 4 that count are those ready for a job.
-	eventually(t, 2*time.Minute, "the pool back at 4 ready runners", func() bool { return f.ready() == 4 })
+	eventually(t, 2*time.Minute, "the pool back at 4 ready runners", func() bool { return cf.ready() == 4 })
 	watch.stop()
 	if d := watch.duplicates(); len(d) > 0 {
 		t.Errorf("names registered twice at once: %v", d)
 	}
 	f.stopLeavesNothing()
 	t.Logf("what the managers did: %s", f.removals())
+}
+
+// chaosForge is what a chaos run needs of the forge under test.
+type chaosForge struct {
+	// push queues n jobs of burst b, each sleeping for sleep seconds.
+	push func(n, b, sleep int)
+	// wait waits for the n jobs pushed to end and returns them.
+	wait func(n int, timeout time.Duration) []endedJob
+	// ready counts the runners ready for a job.
+	ready func() int
+	// names lists the runner names registered now.
+	names func() ([]string, error)
+}
+
+// endedJob is a job as the chaos and crash tests check it.
+type endedJob struct {
+	ID, Run, RunnerID        int64
+	Name, Runner, Conclusion string
+}
+
+// chaosForge is the fleet's forge: its GitLab simulator, or the real
+// Gitea.
+func (f *fleet) chaosForge() chaosForge {
+	if f.gl != nil {
+		return f.gitLabChaos()
+	}
+	c := f.client()
+	return chaosForge{
+		push: func(n, b, sleep int) {
+			f.push(matrix(f.repo, n, fmt.Sprintf("echo burst %d job ${{ matrix.n }}\nsleep %d", b, sleep)))
+		},
+		wait:  func(n int, timeout time.Duration) []endedJob { return giteaEnded(f.waitAllJobs(n, timeout)) },
+		ready: f.ready,
+		names: func() ([]string, error) {
+			r, _, err := c.ListRepoActionRunners(gitea.User, f.repo, sdk.ListActionRunnersOptions{ListOptions: sdk.ListOptions{PageSize: 100}})
+			if err != nil {
+				return nil, err
+			}
+			var names []string
+			for _, x := range r.Runners {
+				names = append(names, x.Name)
+			}
+			return names, nil
+		},
+	}
+}
+
+func giteaEnded(jobs []*sdk.ActionWorkflowJob) []endedJob {
+	out := make([]endedJob, len(jobs))
+	for i, j := range jobs {
+		out[i] = endedJob{ID: j.ID, Run: j.RunID, RunnerID: j.RunnerID, Name: j.Name, Runner: j.RunnerName, Conclusion: j.Conclusion}
+	}
+	return out
 }
 
 // removals counts, over every manager's log, the runners removed by reason
@@ -199,12 +275,18 @@ func (f *fleet) waitAllJobs(n int, timeout time.Duration) []*sdk.ActionWorkflowJ
 // checkJobs asserts that every job succeeded, each on a runner of its own.
 func checkJobs(t testing.TB, jobs []*sdk.ActionWorkflowJob) {
 	t.Helper()
+	checkEnded(t, giteaEnded(jobs))
+}
+
+// checkEnded asserts that every job succeeded, each on a runner of its own.
+func checkEnded(t testing.TB, jobs []endedJob) {
+	t.Helper()
 	byRunner := map[int64][]string{}
 	failed := 0
 	for _, j := range jobs {
 		if j.Conclusion != "success" {
 			failed++
-			t.Errorf("job %d %s (run %d) on %s: %s", j.ID, j.Name, j.RunID, j.RunnerName, j.Conclusion)
+			t.Errorf("job %d %s (run %d) on %s: %s", j.ID, j.Name, j.Run, j.Runner, j.Conclusion)
 		}
 		byRunner[j.RunnerID] = append(byRunner[j.RunnerID], j.Name)
 	}
@@ -224,24 +306,6 @@ type registrationWatch struct {
 	dups  map[string]bool
 	quit  chan struct{}
 	ended chan struct{}
-}
-
-func watchRegistrations(t *testing.T, f *fleet) *registrationWatch {
-	c := f.client()
-	return watchNames(t, func(w *registrationWatch) {
-		// Errors are skipped: the sample is only a witness.
-		r, _, err := c.ListRepoActionRunners(gitea.User, f.repo, sdk.ListActionRunnersOptions{ListOptions: sdk.ListOptions{PageSize: 100}})
-		if err == nil {
-			var names []string
-			for _, x := range r.Runners {
-				names = append(names, x.Name)
-			}
-			w.note("registration", names)
-		}
-		if f.docker {
-			w.note("running container", runningContainers(f))
-		}
-	})
 }
 
 // watchContainers samples a Docker fleet's running containers until

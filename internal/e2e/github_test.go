@@ -21,53 +21,70 @@ import (
 // must reach no runner.
 const ghToken = "ghp_e2eSimulatedTokenThatMustNotLeak0042"
 
-var (
-	ghRunnerOnce sync.Once
-	ghRunnerBin  string
-	ghImage      string
-	ghRunnerErr  error
-)
-
 // needGitHubRunner builds the stand-in for GitHub's runner (static, so
 // that it also runs in a FROM scratch image).
 func needGitHubRunner(t testing.TB) string {
-	t.Helper()
-	need(t)
-	ghRunnerOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "runfleet-ghsim-")
-		if err != nil {
-			ghRunnerErr = err
-			return
-		}
-		ghRunnerBin = filepath.Join(dir, "run.sh")
-		cmd := exec.Command("go", "build", "-o", ghRunnerBin, "github.com/runfleet/runfleet/internal/ghsim/runner")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			ghRunnerErr = fmt.Errorf("build the stand-in runner: %v\n%s", err, out)
-		}
-	})
-	if ghRunnerErr != nil {
-		t.Fatal(ghRunnerErr)
-	}
-	return ghRunnerBin
+	return ghStandIn.bin(t)
 }
 
 // needGitHubImage builds an image with the stand-in runner at
 // /bin/github-runner.
 func needGitHubImage(t testing.TB) string {
+	return ghStandIn.image(t)
+}
+
+var ghStandIn = &standIn{pkg: "github.com/runfleet/runfleet/internal/ghsim/runner", file: "run.sh", name: "github-runner"}
+
+// standIn is a stand-in agent built once per test binary, and its image.
+type standIn struct {
+	pkg  string // the command's package
+	file string // its file name in the build directory
+	name string // its name in /bin of the image, and the image's
+	once sync.Once
+	path string
+	err  error
+	img  string
+}
+
+// bin builds the stand-in (static, so that it also runs in a FROM
+// scratch image).
+func (s *standIn) bin(t testing.TB) string {
 	t.Helper()
-	bin := needGitHubRunner(t)
+	need(t)
+	s.once.Do(func() {
+		dir, err := os.MkdirTemp("", "runfleet-standin-")
+		if err != nil {
+			s.err = err
+			return
+		}
+		s.path = filepath.Join(dir, s.file)
+		cmd := exec.Command("go", "build", "-o", s.path, s.pkg)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			s.err = fmt.Errorf("build the stand-in %s: %v\n%s", s.name, err, out)
+		}
+	})
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	return s.path
+}
+
+// image builds an image with the stand-in at /bin/<name>.
+func (s *standIn) image(t testing.TB) string {
+	t.Helper()
+	bin := s.bin(t)
 	needDocker(t)
-	if ghImage == "" {
+	if s.img == "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		img, err := peers.AgentImage(ctx, dockerCli, "runfleet-test/github-runner", "github-runner", bin)
+		img, err := peers.AgentImage(ctx, dockerCli, "runfleet-test/"+s.name, s.name, bin)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ghImage = img
+		s.img = img
 	}
-	return ghImage
+	return s.img
 }
 
 type ghOptions struct {
@@ -248,8 +265,9 @@ func TestGitHubPool(t *testing.T) {
 	}
 }
 
-// checkNoSecretOnDisk looks for the token in everything the manager and
-// its runners wrote: logs, records, working directories, container files.
+// checkNoSecretOnDisk looks for the access tokens in everything the
+// manager and its runners wrote: logs, records, working directories,
+// container files.
 func (f *fleet) checkNoSecretOnDisk() {
 	f.t.Helper()
 	_ = filepath.Walk(f.dir, func(path string, info os.FileInfo, err error) error {
@@ -259,6 +277,9 @@ func (f *fleet) checkNoSecretOnDisk() {
 		b, _ := os.ReadFile(path)
 		if bytes.Contains(b, []byte(ghToken)) {
 			f.t.Errorf("the GitHub token is in %s", path)
+		}
+		if bytes.Contains(b, []byte(glToken)) {
+			f.t.Errorf("the GitLab token is in %s", path)
 		}
 		return nil
 	})
@@ -385,5 +406,73 @@ func TestGitHubScaleFromZeroWebhooks(t *testing.T) {
 		t.Errorf("accepted %v, duplicates %v: every job has 3 states, each delivered twice", accepted, dups)
 	}
 	eventually(t, 45*time.Second, "no registration after idle_timeout", func() bool { return len(sim.Runners()) == 0 })
+	f.stopLeavesNothing()
+}
+
+// TestGitHubRerunOnTimeout: with rerun_on_timeout: 1, a job cancelled for
+// hitting its timeout (timed_out) is re-run once and resumes from its
+// checkpoint; one that times out again is left; a failed job is never
+// re-run, nor a timed-out one in a pool without the setting.
+func TestGitHubRerunOnTimeout(t *testing.T) {
+	top, hooks, _ := listeners(t)
+	name := "ghtimeout"
+	f := newGitHubFleet(t, name, ghOptions{
+		Size: 2, Max: 4,
+		Sim:   ghsim.Options{WebhookURL: hooks + "/webhook/gh", WebhookSecret: hookSecret},
+		Top:   top,
+		Forge: "    webhook_secret: " + hookSecret + "\n",
+		Pool:  "    rerun_on_timeout: 1\n",
+	})
+	sim := f.gh
+	f.start()
+	eventually(t, time.Minute, "2 idle runners", func() bool { return idleGitHub(sim) == 2 })
+	ckpt := filepath.Join(f.dir, "checkpoint")
+	resumes := sim.Queue("acme/"+name, ghsim.JobSpec{Name: "train", Labels: []string{name}, Timeout: 3 * time.Second,
+		Script: fmt.Sprintf("if [ -e %[1]s ]; then echo resumed from the checkpoint; exit 0; fi; touch %[1]s; sleep 600", ckpt)})
+	endless := sim.Queue("acme/"+name, ghsim.JobSpec{Name: "endless", Labels: []string{name}, Timeout: 3 * time.Second, Script: "sleep 600"})
+	failing := sim.Queue("acme/"+name, ghsim.JobSpec{Name: "broken", Labels: []string{name}, Script: "exit 1"})
+	attempts := func(run int64) []ghsim.Job {
+		var out []ghsim.Job
+		for _, j := range sim.Jobs() {
+			if j.RunID == run {
+				out = append(out, j)
+			}
+		}
+		return out
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		tr, en := attempts(resumes.ID), attempts(endless.ID)
+		if len(tr) == 2 && tr[1].Status == "completed" && tr[0].Status == "completed" && len(en) == 2 && en[1].Status == "completed" {
+			break
+		}
+		if time.Now().After(deadline) {
+			for _, j := range sim.Jobs() {
+				t.Logf("job %d run %d %s attempt %d: %s %s on %q", j.ID, j.RunID, j.Name, j.Attempt, j.Status, j.Conclusion, j.RunnerName)
+			}
+			t.Fatal("timed out waiting for train re-run and done, endless timed out twice")
+		}
+	}
+	time.Sleep(5 * time.Second) // a wrong third attempt would show by now
+	for _, run := range []int64{resumes.ID, endless.ID, failing.ID} {
+		for _, j := range attempts(run) {
+			t.Logf("%s attempt %d: %s", j.Name, j.Attempt, j.Conclusion)
+		}
+	}
+	tr, en, br := attempts(resumes.ID), attempts(endless.ID), attempts(failing.ID)
+	if tr[0].Conclusion != "timed_out" || tr[1].Conclusion != "success" || !strings.Contains(tr[1].Output, "resumed from the checkpoint") {
+		t.Errorf("train: %s then %s (%q)", tr[0].Conclusion, tr[1].Conclusion, tr[1].Output)
+	}
+	if len(en) != 2 || en[1].Conclusion != "timed_out" {
+		t.Errorf("endless: %d attempts, want 2, both timed out", len(en))
+	}
+	if len(br) != 1 || br[0].Conclusion != "failure" {
+		t.Errorf("broken: %d attempts (%s), want 1 failure", len(br), br[0].Conclusion)
+	}
+	if r := sim.JobReruns(); len(r) != 2 {
+		t.Errorf("job re-runs %v, want 2 (train's and endless's first attempts)", r)
+	}
+	if r := sim.Reruns(); len(r) != 0 {
+		t.Errorf("runs re-run as lost: %v, want none", r)
+	}
 	f.stopLeavesNothing()
 }

@@ -23,7 +23,9 @@ import (
 	"github.com/moby/moby/client"
 
 	giteadrv "github.com/runfleet/runfleet/forge/gitea"
+	"github.com/runfleet/runfleet/internal/ec2sim"
 	"github.com/runfleet/runfleet/internal/ghsim"
+	"github.com/runfleet/runfleet/internal/glsim"
 	"github.com/runfleet/runfleet/internal/peers"
 )
 
@@ -101,12 +103,14 @@ type fleet struct {
 	docker   bool
 	kube     bool
 	gh       *ghsim.Server // a GitHub fleet's simulator
+	gl       *glsim.Server // a GitLab fleet's simulator
 	hooks    string        // the webhook listener's base URL, when there is one
 	// engine is the Docker engine of a Docker fleet when it is not the
 	// default one (the GPU engine), and env what the manager needs to
 	// reach it.
 	engine *client.Client
 	env    []string
+	ec2    *ec2sim.Server // an EC2 fleet's stand-in
 }
 
 type fleetOptions struct {
@@ -119,6 +123,10 @@ type fleetOptions struct {
 	// Kube, when set, is the pool's kubernetes section (indented by six
 	// spaces; see kubeSection) and makes it a pool of pods.
 	Kube string
+	// EC2, when set, makes it a pool of EC2 instances on that stand-in,
+	// with AWS (indented by six spaces) added to its aws section.
+	EC2 *ec2sim.Server
+	AWS string
 	// Top is added at the top of the config, Forge to the forge.
 	Top, Forge string
 }
@@ -170,6 +178,13 @@ forges:
 		cfg = strings.Replace(cfg, "      path: "+runnerBin+"\n", "", 1)
 		cfg = strings.Replace(cfg, "    repo: ", "    runner_url: "+dockerForgeURL()+"\n    repo: ", 1)
 		cfg += "    provider: kubernetes\n    kubernetes:\n" + opt.Kube
+	}
+	if opt.EC2 != nil {
+		f.ec2 = opt.EC2
+		cfg = strings.Replace(cfg, "      path: "+runnerBin+"\n", "", 1)
+		cfg = strings.Replace(cfg, "    repo: ", "    runner_url: "+dockerForgeURL()+"\n    repo: ", 1)
+		cfg += awsSection(opt.EC2, opt.AWS)
+		f.env = append(f.env, awsEnv()...)
 	}
 	cfg += opt.Extra
 	f.config = filepath.Join(dir, "fleet.yaml")
@@ -253,9 +268,17 @@ func (f *fleet) driver() *giteadrv.Driver {
 		Scope: giteadrv.Scope{Kind: "repo", Owner: gitea.User, Repo: f.repo}})
 }
 
-// stop sends SIGTERM and waits for the drain to finish.
+// stop sends SIGTERM and waits for the drain to finish. A manager that
+// was just started gets it once it catches signals: a process killed by
+// a SIGTERM before its runtime let it catch one has made nothing to
+// drain, and is no test of a drain.
 func (f *fleet) stop(timeout time.Duration) error {
 	f.t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if b, _ := os.ReadFile(f.logPath); bytes.Contains(b, []byte("SIGTERM drains from here on")) {
+			break
+		}
+	}
 	_ = f.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-f.waitErr:
@@ -275,6 +298,10 @@ func (f *fleet) stopLeavesNothing() {
 	if f.gh != nil {
 		if r := f.gh.Runners(); len(r) != 0 {
 			f.t.Errorf("%d registrations left at GitHub after shutdown: %+v", len(r), r)
+		}
+	} else if f.gl != nil {
+		if r := f.gl.Runners(); len(r) != 0 {
+			f.t.Errorf("%d runners left at GitLab after shutdown: %+v", len(r), r)
 		}
 	} else if r := f.runners(); len(r) != 0 {
 		f.t.Errorf("%d registrations left after shutdown", len(r))
@@ -299,6 +326,9 @@ func (f *fleet) stopLeavesNothing() {
 	}
 	if f.kube {
 		f.kubeLeavesNothing()
+	}
+	if f.ec2 != nil {
+		f.ec2LeavesNothing()
 	}
 }
 
@@ -526,7 +556,7 @@ type statusDoc struct {
 func (f *fleet) status() statusDoc {
 	f.t.Helper()
 	cmd := exec.Command(fleetBin, "status", "-c", f.config, "-o", "json")
-	cmd.Env = append(os.Environ(), "E2E_GITEA_TOKEN="+gitea.Token)
+	cmd.Env = append(append(os.Environ(), "E2E_GITEA_TOKEN="+gitea.Token), f.env...)
 	out, err := cmd.Output()
 	if err != nil {
 		f.t.Fatalf("status: %v\n%s", err, out)
@@ -541,7 +571,7 @@ func (f *fleet) status() statusDoc {
 func (f *fleet) statusTable() string {
 	f.t.Helper()
 	cmd := exec.Command(fleetBin, "status", "-c", f.config)
-	cmd.Env = append(os.Environ(), "E2E_GITEA_TOKEN="+gitea.Token)
+	cmd.Env = append(append(os.Environ(), "E2E_GITEA_TOKEN="+gitea.Token), f.env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		f.t.Fatalf("status: %v\n%s", err, out)

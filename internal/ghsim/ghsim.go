@@ -111,6 +111,9 @@ type JobSpec struct {
 	// then the job is pending, and it is queued (with its webhook) when
 	// they have.
 	Needs []string
+	// Timeout is the job's timeout-minutes: a job running longer is
+	// cancelled and concludes timed_out, its runner told to stop.
+	Timeout time.Duration
 }
 
 // Job is a workflow job.
@@ -122,6 +125,7 @@ type Job struct {
 	Labels      []string
 	Script      string
 	Needs       []string
+	Timeout     time.Duration
 	Status      string // pending (on needs), queued, in_progress, completed
 	Conclusion  string // success, failure
 	RunnerID    int64
@@ -164,6 +168,7 @@ type Server struct {
 	limited   int            // requests answered 403 rate limited
 	dups      int            // JIT requests refused for a name in use
 	reruns    []int64
+	jobReruns []int64
 	delivered int // webhook deliveries answered 2xx
 	scale     scaleState
 	stop      chan struct{}
@@ -211,6 +216,7 @@ func New(opt Options) *Server {
 	api("GET /repos/{owner}/{repo}/actions/runs/{id}/jobs", s.listRunJobs)
 	api("GET /repos/{owner}/{repo}/actions/jobs/{id}", s.getJob)
 	api("POST /repos/{owner}/{repo}/actions/runs/{id}/rerun-failed-jobs", s.rerunFailed)
+	api("POST /repos/{owner}/{repo}/actions/jobs/{id}/rerun", s.rerunJob)
 	mux.HandleFunc("POST /api/v3/app/installations/{id}/access_tokens", s.accessToken)
 	s.scaleSetRoutes(mux)
 	mux.HandleFunc("POST /_runner/connect", s.runnerConnect)
@@ -354,7 +360,7 @@ func (s *Server) Queue(repo string, jobs ...JobSpec) *Run {
 	defer s.mu.Unlock()
 	run := &Run{ID: s.id(), Repo: repo, Attempt: 1}
 	for _, j := range jobs {
-		job := &Job{ID: s.id(), RunID: run.ID, Attempt: 1, Repo: repo, Name: j.Name, Labels: j.Labels, Script: j.Script, Needs: j.Needs, Status: "queued", CreatedAt: time.Now()}
+		job := &Job{ID: s.id(), RunID: run.ID, Attempt: 1, Repo: repo, Name: j.Name, Labels: j.Labels, Script: j.Script, Needs: j.Needs, Timeout: j.Timeout, Status: "queued", CreatedAt: time.Now()}
 		if len(j.Needs) > 0 {
 			job.Status = "pending"
 		} else {
@@ -899,13 +905,46 @@ func (s *Server) rerunFailed(w http.ResponseWriter, r *http.Request, scope strin
 		if j.Conclusion == "success" {
 			continue
 		}
-		nj := &Job{ID: s.id(), RunID: run.ID, Attempt: run.Attempt, Repo: run.Repo, Name: j.Name, Labels: j.Labels, Script: j.Script, Needs: j.Needs, Status: "pending", CreatedAt: time.Now()}
+		nj := &Job{ID: s.id(), RunID: run.ID, Attempt: run.Attempt, Repo: run.Repo, Name: j.Name, Labels: j.Labels, Script: j.Script, Needs: j.Needs, Timeout: j.Timeout, Status: "pending", CreatedAt: time.Now()}
 		s.jobs[nj.ID] = nj
 		run.Jobs = append(run.Jobs, nj.ID)
 	}
 	s.release(run)
 	s.reruns = append(s.reruns, run.ID)
 	writeJSON(w, http.StatusCreated, map[string]any{})
+}
+
+// rerunJob re-runs one job of an ended run, as a new attempt of the run
+// ("Re-run a job from a workflow run"; its dependants are not re-run
+// here).
+func (s *Server) rerunJob(w http.ResponseWriter, r *http.Request, scope string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, _ := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	j, ok := s.jobs[id]
+	if !ok || j.Repo != scope {
+		fail(w, http.StatusNotFound, "Not Found", "/actions/workflow-runs#re-run-a-job-from-a-workflow-run")
+		return
+	}
+	run := s.runs[j.RunID]
+	if st := s.runState(run); st.Status != "completed" {
+		fail(w, http.StatusForbidden, "This workflow is already running", "/actions/workflow-runs#re-run-a-job-from-a-workflow-run")
+		return
+	}
+	run.Attempt++
+	nj := &Job{ID: s.id(), RunID: run.ID, Attempt: run.Attempt, Repo: run.Repo, Name: j.Name, Labels: j.Labels, Script: j.Script, Timeout: j.Timeout, Status: "pending", CreatedAt: time.Now()}
+	s.jobs[nj.ID] = nj
+	run.Jobs = append(run.Jobs, nj.ID)
+	s.release(run)
+	s.jobReruns = append(s.jobReruns, j.ID)
+	writeJSON(w, http.StatusCreated, map[string]any{})
+}
+
+// JobReruns returns the jobs re-run one by one, in order.
+func (s *Server) JobReruns() []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.jobReruns)
 }
 
 // accessToken issues an installation token for a JWT signed with the
@@ -1022,10 +1061,20 @@ func (s *Server) runnerAcquire(w http.ResponseWriter, r *http.Request) {
 func (s *Server) runnerHeartbeat(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if x := s.runnerFor(w, r); x != nil {
-		x.lastSeen = time.Now()
-		w.WriteHeader(http.StatusNoContent)
+	x := s.runnerFor(w, r)
+	if x == nil {
+		return
 	}
+	x.lastSeen = time.Now()
+	// A job past its timeout-minutes is cancelled: it concludes
+	// timed_out, and its runner is told to stop it.
+	if j, ok := s.jobs[x.JobID]; ok && j.Timeout > 0 && time.Since(j.StartedAt) > j.Timeout {
+		j.Output = "The job running on runner " + x.Name + " has exceeded the maximum execution time"
+		s.finish(x, j, "timed_out")
+		http.Error(w, "job cancelled: timed out", http.StatusConflict)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *Server) runnerComplete(w http.ResponseWriter, r *http.Request) {

@@ -97,6 +97,9 @@ func ModuleDir(ctx context.Context, modVersion string) (string, error) {
 // cached returns dir/name under the cache, running build to make it when
 // absent. A file lock keeps parallel test packages from building twice.
 func cached(ctx context.Context, w io.Writer, dir, name string, build func(ctx context.Context, out string) error) (string, error) {
+	if w == nil {
+		w = io.Discard
+	}
 	d := filepath.Join(CacheDir(), dir)
 	bin := filepath.Join(d, name)
 	if _, err := os.Stat(bin); err == nil {

@@ -10,8 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -49,21 +51,39 @@ func RunnerImage(ctx context.Context, cli *client.Client, runner string) (string
 // AgentImage is RunnerImage for any static agent binary, installed as
 // /bin/<name>.
 func AgentImage(ctx context.Context, cli *client.Client, repo, name, bin string) (string, error) {
-	inputs := map[string]string{"bin/bash": BashStatic, "bin/busybox": BusyboxStatic}
-	bins := []string{"bin/bash", "bin/busybox"}
+	var extra []ImageFile
 	if name != "" {
-		inputs["bin/"+name] = bin
-		bins = append(bins, "bin/"+name)
+		extra = append(extra, ImageFile{Path: "bin/" + name, From: bin, Mode: 0o755})
 	}
-	data := map[string][]byte{}
+	return BuildImage(ctx, cli, repo, extra...)
+}
+
+// ImageFile is a file of a test image: read from From, or Data.
+type ImageFile struct {
+	Path string // in the image, relative
+	From string
+	Data []byte
+	Mode int64
+}
+
+// BuildImage builds a FROM scratch image of bash, busybox (with its
+// applets, less the ones extra replaces) and extra, tagged by a hash of
+// its inputs.
+func BuildImage(ctx context.Context, cli *client.Client, repo string, extra ...ImageFile) (string, error) {
+	files := append([]ImageFile{{Path: "bin/bash", From: BashStatic, Mode: 0o755}, {Path: "bin/busybox", From: BusyboxStatic, Mode: 0o755}}, extra...)
 	h := sha256.New()
-	for _, dst := range bins {
-		b, err := os.ReadFile(inputs[dst])
-		if err != nil {
-			return "", fmt.Errorf("runner image: %w (install Debian's bash-static and busybox-static)", err)
+	taken := map[string]bool{}
+	for i, f := range files {
+		if f.From != "" {
+			b, err := os.ReadFile(f.From)
+			if err != nil {
+				return "", fmt.Errorf("runner image: %w (install Debian's bash-static and busybox-static)", err)
+			}
+			files[i].Data = b
 		}
-		data[dst] = b
-		h.Write(b)
+		h.Write([]byte(f.Path))
+		h.Write(files[i].Data)
+		taken[f.Path] = true
 	}
 	applets, err := exec.CommandContext(ctx, BusyboxStatic, "--list").Output()
 	if err != nil {
@@ -100,14 +120,14 @@ func AgentImage(ctx context.Context, cli *client.Client, repo, name, bin string)
 	}{{"rootfs/", 0o755}, {"rootfs/bin/", 0o755}, {"rootfs/etc/", 0o755}, {"rootfs/root/", 0o700}, {"rootfs/tmp/", 0o1777}, {"rootfs/usr/", 0o755}, {"rootfs/runner/", 0o755}} {
 		errs = append(errs, add(&tar.Header{Typeflag: tar.TypeDir, Name: d.name, Mode: d.mode}, nil))
 	}
-	for _, dst := range bins {
-		errs = append(errs, add(&tar.Header{Typeflag: tar.TypeReg, Name: "rootfs/" + dst, Mode: 0o755}, data[dst]))
+	for _, f := range files {
+		errs = append(errs, add(&tar.Header{Typeflag: tar.TypeReg, Name: "rootfs/" + f.Path, Mode: f.Mode}, f.Data))
 	}
 	for _, l := range []struct{ name, target string }{{"usr/bin", "../bin"}, {"usr/sbin", "../bin"}, {"sbin", "bin"}} {
 		errs = append(errs, add(&tar.Header{Typeflag: tar.TypeSymlink, Name: "rootfs/" + l.name, Linkname: l.target}, nil))
 	}
 	for _, a := range strings.Fields(string(applets)) {
-		if a == "bash" || a == "busybox" {
+		if a == "bash" || a == "busybox" || taken["bin/"+a] {
 			continue
 		}
 		errs = append(errs, add(&tar.Header{Typeflag: tar.TypeSymlink, Name: "rootfs/bin/" + a, Linkname: "busybox"}, nil))
@@ -152,4 +172,36 @@ COPY rootfs/ /
 ENV PATH=/usr/local/bin:/usr/bin:/bin HOME=/root LANG=C.UTF-8
 WORKDIR /runner
 CMD ["/bin/bash"]
+`
+
+// InstanceImageRepo is the repository of the EC2 stand-in's "AMI" image.
+const InstanceImageRepo = "runfleet-test/ec2-instance"
+
+// InstanceImage builds the image an ec2sim instance boots: bash, busybox,
+// a static runfleet, the forge agents (static binaries, by name in /bin),
+// a stand-in for cloud-init that runs the user data (/sbin/ec2-init), and
+// a poweroff that ends the machine.
+func InstanceImage(ctx context.Context, cli *client.Client, runfleet string, agents map[string]string) (string, error) {
+	files := []ImageFile{
+		{Path: "bin/runfleet", From: runfleet, Mode: 0o755},
+		{Path: "bin/ec2-init", Data: []byte(ec2Init), Mode: 0o755},
+		{Path: "bin/poweroff", Data: []byte("#!/bin/sh\n# Ends the machine: its init is PID 1.\nkill -TERM 1\n"), Mode: 0o755},
+	}
+	for _, name := range slices.Sorted(maps.Keys(agents)) {
+		files = append(files, ImageFile{Path: "bin/" + name, From: agents[name], Mode: 0o755})
+	}
+	return BuildImage(ctx, cli, InstanceImageRepo, files...)
+}
+
+// ec2Init plays cloud-init: it runs the user data once, its output on
+// the console, and keeps the machine up until it is powered off.
+const ec2Init = `#!/bin/sh
+trap 'exit 0' TERM INT
+ud=/var/lib/cloud/instance/user-data.txt
+mkdir -p /var/log
+if [ -s "$ud" ]; then
+  chmod 700 "$ud"
+  ( "$ud" 2>&1 | tee /var/log/cloud-init-output.log ) &
+fi
+while :; do sleep 3600 & wait $!; done
 `

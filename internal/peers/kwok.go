@@ -29,7 +29,8 @@ var kwokStages = []string{
 // StartKwok starts kwok against the control plane, managing the nodes
 // annotated KwokAnnotation=fake.
 func (k *Kube) StartKwok(ctx context.Context) error {
-	bin, stages, err := KwokBinary(ctx, nil)
+	// A cold cache builds kwok here (minutes): show it.
+	bin, stages, err := KwokBinary(ctx, os.Stderr)
 	if err != nil {
 		return err
 	}

@@ -427,7 +427,15 @@ func TestOrphanSecretsSwept(t *testing.T) {
 	if _, err := again.List(ctx, "m1"); err != nil {
 		t.Fatal(err)
 	}
-	list, err := kube.Client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+	if names := secretNames(t, ns); len(names) != 1 || !strings.HasPrefix(names[0], "m1-cpu-1-") {
+		t.Errorf("secrets after the sweep: %v, want only the pod's", names)
+	}
+}
+
+// secretNames lists the Secrets of a namespace.
+func secretNames(t *testing.T, ns string) []string {
+	t.Helper()
+	list, err := kube.Client.CoreV1().Secrets(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -435,7 +443,26 @@ func TestOrphanSecretsSwept(t *testing.T) {
 	for _, s := range list.Items {
 		names = append(names, s.Name)
 	}
-	if len(names) != 1 || !strings.HasPrefix(names[0], "m1-cpu-1-") {
-		t.Errorf("secrets after the sweep: %v, want only the pod's", names)
+	return names
+}
+
+// Close deletes a Secret without its pod however young: a manager that
+// drains soon after it started leaves none behind.
+func TestCloseSweepsYoungOrphanSecret(t *testing.T) {
+	p, ns := newProvider(t, "m1", Section{})
+	ctx := context.Background()
+	if _, err := p.Create(ctx, spec("cpu-1")); err != nil {
+		t.Fatal(err)
+	}
+	orphan := runnerSecret("m1-cpu-2-yyyyy", spec("cpu-2"))
+	if _, err := kube.Client.CoreV1().Secrets(ns).Create(ctx, orphan, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, p, "the pod listed", func(l []provider.Instance) bool { return len(l) == 1 })
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if names := secretNames(t, ns); len(names) != 1 || !strings.HasPrefix(names[0], "m1-cpu-1-") {
+		t.Errorf("secrets after Close: %v, want only the pod's", names)
 	}
 }

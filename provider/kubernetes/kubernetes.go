@@ -156,11 +156,52 @@ func New(opt Options) (*Provider, error) {
 	return p, nil
 }
 
-// Close stops watching; the pods keep running.
+// Close stops watching; the pods keep running. Secrets left without a pod
+// are deleted first, whatever their age: the periodic sweep leaves young
+// ones, which a manager that stops soon after it started (a drain after a
+// crash) would otherwise leave behind.
 func (p *Provider) Close() error {
+	p.sweepOrphans()
 	p.stop()
 	<-p.stopped
 	return nil
+}
+
+// sweepOrphans deletes the pool's Secrets that no pod of the same name has,
+// as the apiserver lists them now, unless a create is under way.
+func (p *Provider) sweepOrphans() {
+	p.mu.Lock()
+	busy := len(p.creating) > 0
+	p.mu.Unlock()
+	if busy {
+		return
+	}
+	ctx, cancel := p.call(context.Background())
+	defer cancel()
+	sel := labels.SelectorFromSet(labels.Set{LabelManager: p.opt.Manager, LabelPool: p.opt.Pool}).String()
+	// Secrets first: a pod is made before its Secret, so every Secret
+	// listed has its pod in the later list unless it is an orphan, even
+	// while another manager of the same id (a new leader) makes runners.
+	secrets, err := p.cs.CoreV1().Secrets(p.opt.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return
+	}
+	pods, err := p.cs.CoreV1().Pods(p.opt.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return
+	}
+	have := map[string]bool{}
+	for _, pod := range pods.Items {
+		have[pod.Name] = true
+	}
+	for _, s := range secrets.Items {
+		if have[s.Name] {
+			continue
+		}
+		if err := p.cs.CoreV1().Secrets(p.opt.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			p.log.Warn("delete secret without a pod", "secret", s.Name, "err", err)
+		}
+	}
 }
 
 // Traits: pods come with their image and may be evicted or preempted.

@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -154,6 +155,11 @@ func run() error {
 		}
 		fmt.Printf("%s: Running job: %s\n", stamp(), j.Name)
 		conclusion, output := execute(ctx, c, j)
+		if conclusion == "cancelled" {
+			// The service ended the job itself: nothing to report.
+			fmt.Printf("%s: Job %s completed with result: Canceled\n", stamp(), j.Name)
+			return nil
+		}
 		result := "Succeeded"
 		if conclusion != "success" {
 			result = "Failed"
@@ -170,6 +176,11 @@ func run() error {
 func execute(ctx context.Context, c client, j job) (conclusion, output string) {
 	hb, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// A heartbeat answered 409 cancels the job (its timeout passed): the
+	// script is killed and the job not reported.
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var cancelled atomic.Bool
 	go func() {
 		t := time.NewTicker(500 * time.Millisecond)
 		defer t.Stop()
@@ -178,11 +189,20 @@ func execute(ctx context.Context, c client, j job) (conclusion, output string) {
 			case <-hb.Done():
 				return
 			case <-t.C:
-				_, _ = c.post(hb, "/_runner/heartbeat", map[string]any{"id": j.ID}, nil)
+				if code, _ := c.post(hb, "/_runner/heartbeat", map[string]any{"id": j.ID}, nil); code == http.StatusConflict {
+					fmt.Printf("%s: Job %s cancelled by the service\n", stamp(), j.Name)
+					cancelled.Store(true)
+					stop()
+					return
+				}
 			}
 		}
 	}()
 	cmd := exec.CommandContext(ctx, "sh", "-c", j.Script)
+	// A cancelled job's whole script goes, not only its shell.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
 	cmd.Env = append(os.Environ(), "GITHUB_ACTIONS=true", "CI=true", "GITHUB_JOB="+j.Name, "RUNNER_NAME="+c.s.name)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -190,7 +210,10 @@ func execute(ctx context.Context, c client, j job) (conclusion, output string) {
 	if out.Len() > 1<<16 {
 		out.Truncate(1 << 16)
 	}
-	if err != nil {
+	switch {
+	case cancelled.Load():
+		return "cancelled", out.String()
+	case err != nil:
 		return "failure", out.String() + "\n" + err.Error()
 	}
 	return "success", out.String()

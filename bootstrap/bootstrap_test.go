@@ -1,0 +1,191 @@
+package bootstrap
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+type fakeNotices struct {
+	interrupt, rebalance atomic.Bool
+}
+
+func (f *fakeNotices) Interruption(context.Context) (time.Time, bool, error) {
+	return time.Now().Add(300 * time.Millisecond), f.interrupt.Load(), nil
+}
+
+func (f *fakeNotices) Rebalance(context.Context) (bool, error) { return f.rebalance.Load(), nil }
+
+// syncBuffer is the agent's console, read while it is written.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// plan runs script as the agent; its power-off writes a file.
+func plan(t *testing.T, script string) (Plan, string) {
+	t.Helper()
+	dir := t.TempDir()
+	off := filepath.Join(dir, "powered-off")
+	return Plan{
+		Runner: "r-1", Command: "/bin/sh", Args: []string{"-c", script},
+		Env:        map[string]string{"ONLY": "this"},
+		Files:      map[string][]byte{".runner": []byte("single-use"), "sub/cfg.yaml": []byte("x: 1")},
+		Workdir:    filepath.Join(dir, "work"),
+		BusyMarker: "took a job", IdleTimeout: time.Hour, Deadline: time.Now().Add(time.Hour),
+		Poweroff: []string{"/bin/sh", "-c", "touch " + off},
+	}, off
+}
+
+func runPlan(t *testing.T, p Plan, n Notices) (string, string) {
+	t.Helper()
+	var out syncBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	why, err := Run(ctx, p, Options{Notices: n, NoticeInterval: 50 * time.Millisecond, Tick: 20 * time.Millisecond, HoldGrace: 200 * time.Millisecond, Output: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return why, out.String()
+}
+
+func TestAgentEndPowersOff(t *testing.T) {
+	p, off := plan(t, `echo "env: $(env | sort | tr '\n' ' ')"; stat -c '%a %n' . .runner sub/cfg.yaml; cat .runner`)
+	t.Setenv("MANAGER_SECRET", "must-not-leak")
+	why, out := runPlan(t, p, nil)
+	if why != EndAgent {
+		t.Errorf("why = %q", why)
+	}
+	if _, err := os.Stat(off); err != nil {
+		t.Error("not powered off")
+	}
+	for _, want := range []string{"ONLY=this", "PATH=", "700 .", "600 .runner", "600 sub/cfg.yaml", "single-use"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "must-not-leak") {
+		t.Error("the agent inherited runfleet's environment")
+	}
+}
+
+func TestIdleTimeout(t *testing.T) {
+	p, off := plan(t, "echo waiting; exec sleep 60")
+	p.IdleTimeout = 300 * time.Millisecond
+	start := time.Now()
+	if why, _ := runPlan(t, p, nil); why != EndIdle {
+		t.Errorf("why = %q, want %q", why, EndIdle)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("took %s: the agent was not stopped", took)
+	}
+	if _, err := os.Stat(off); err != nil {
+		t.Error("not powered off")
+	}
+}
+
+func TestBusyRunsToDeadline(t *testing.T) {
+	p, _ := plan(t, "echo took a job; exec sleep 60")
+	p.IdleTimeout = 100 * time.Millisecond
+	p.Deadline = time.Now().Add(time.Second)
+	n := &fakeNotices{}
+	n.rebalance.Store(true) // a busy machine keeps its job
+	if why, _ := runPlan(t, p, n); why != EndDeadline {
+		t.Errorf("why = %q, want %q", why, EndDeadline)
+	}
+}
+
+func TestInterruptionEndsTheRunner(t *testing.T) {
+	for _, busy := range []bool{false, true} {
+		script := "echo waiting; exec sleep 60"
+		if busy {
+			script = "echo took a job; exec sleep 60"
+		}
+		p, off := plan(t, script)
+		n := &fakeNotices{}
+		n.interrupt.Store(true)
+		start := time.Now()
+		if why, _ := runPlan(t, p, n); why != EndInterruption {
+			t.Errorf("busy=%v: why = %q, want %q", busy, why, EndInterruption)
+		}
+		// Up until the notice's time and the grace: the manager reads
+		// the notice from the cloud meanwhile.
+		if took := time.Since(start); took < 500*time.Millisecond {
+			t.Errorf("busy=%v: powered off after %s, before the notice's time and grace", busy, took)
+		}
+		if _, err := os.Stat(off); err != nil {
+			t.Error("not powered off")
+		}
+	}
+}
+
+func TestRebalanceEndsAnIdleRunner(t *testing.T) {
+	p, _ := plan(t, "echo waiting; exec sleep 60")
+	n := &fakeNotices{}
+	n.rebalance.Store(true)
+	if why, _ := runPlan(t, p, n); why != EndRebalance {
+		t.Errorf("why = %q, want %q", why, EndRebalance)
+	}
+}
+
+func TestPastDeadlineStartsNothing(t *testing.T) {
+	p, off := plan(t, "echo started")
+	p.Deadline = time.Now().Add(-time.Second)
+	why, out := runPlan(t, p, nil)
+	if why != EndDeadline || strings.Contains(out, "started") {
+		t.Errorf("why = %q, output %q", why, out)
+	}
+	if _, err := os.Stat(off); err != nil {
+		t.Error("not powered off")
+	}
+}
+
+func TestReadNamesProblems(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "plan.json")
+	os.WriteFile(path, []byte(`{"workdir":"rel"}`), 0o600)
+	_, err := Read(path)
+	for _, want := range []string{"command: is empty", `workdir: "rel"`, "deadline: is not set", "poweroff: is empty"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+}
+
+// A job step in a session of its own (as gitea-runner starts them) is
+// stopped with its agent.
+func TestStopReachesJobSteps(t *testing.T) {
+	p, _ := plan(t, "echo took a job; setsid sleep 60 & echo step=$!; wait")
+	p.Deadline = time.Now().Add(time.Second)
+	why, out := runPlan(t, p, nil)
+	if why != EndDeadline {
+		t.Fatalf("why = %q", why)
+	}
+	i := strings.Index(out, "step=")
+	if i < 0 {
+		t.Fatalf("output %q", out)
+	}
+	pid := strings.TrimSpace(strings.SplitN(out[i+5:], "\n", 2)[0])
+	if _, err := os.Stat("/proc/" + pid); err == nil {
+		if b, _ := os.ReadFile("/proc/" + pid + "/stat"); !strings.Contains(string(b), ") Z") {
+			t.Errorf("the job step %s outlived its agent", pid)
+		}
+	}
+}

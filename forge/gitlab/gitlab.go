@@ -1,0 +1,560 @@
+// Package gitlab is the forge driver for GitLab CI, on GitLab's own Go
+// client (gitlab.com/gitlab-org/api/client-go).
+//
+// The manager creates one runner per slot with POST /user/runners, which
+// answers with the runner's own glrt- token: that token, and nothing of
+// the access token that created it, goes to the runner's agent
+// (gitlab-runner run-single, in its environment). A GitLab runner token
+// is not single-use, so the manager deletes each runner once its one job
+// has ended, and the runners a crashed manager left are found by their
+// description (the runner's name) and removed by the pool and by
+// `runfleet gc`.
+package gitlab
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-retryablehttp"
+	gl "gitlab.com/gitlab-org/api/client-go"
+	"golang.org/x/time/rate"
+
+	"github.com/runfleet/runfleet/forge"
+)
+
+// Scope is where runners are created and jobs are read.
+type Scope struct {
+	Kind string // project, group or instance
+	// Ref is the project's or group's full path ("acme/models") or
+	// numeric id; empty for the instance.
+	Ref string
+}
+
+// Config configures a Driver.
+type Config struct {
+	URL string
+	// RunnerURL is GitLab's address as the runners see it; URL when
+	// empty.
+	RunnerURL string
+	// Token is an access token allowed to create and delete runners in
+	// Scope (a personal, group or project access token with the
+	// create_runner and manage_runner scopes, or api).
+	Token string
+	Scope Scope
+	// RunUntagged lets the runners take jobs without tags.
+	RunUntagged bool
+	// MaximumTimeout caps the jobs' timeout on these runners; 0 leaves
+	// the project's.
+	MaximumTimeout time.Duration
+	HTTPClient     *http.Client
+	// CallTimeout bounds each call, its retries included (30s if 0).
+	CallTimeout time.Duration
+	// Budget paces the API calls (forge.Budgeted); nil is none.
+	Budget *rate.Limiter
+	// SettleTime is how long RemoveRunner waits between pausing a runner
+	// and reading its jobs, so that a job request already under way is
+	// seen (1s if 0).
+	SettleTime time.Duration
+	// CacheTTL is how long a listing of runners is reused (15s if 0;
+	// negative: never). The runners the driver creates, removes or finds
+	// busy are updated in it at once; the agents' own output tells the
+	// pool sooner than any listing when a job starts or ends.
+	CacheTTL time.Duration
+	Version  string
+	Logger   *slog.Logger
+}
+
+// Driver talks to one GitLab instance in one scope.
+type Driver struct {
+	cfg   Config
+	api   *gl.Client
+	log   *slog.Logger
+	calls atomic.Int64
+
+	mu       sync.Mutex
+	scopeID  int64 // the project's or group's id, once resolved
+	cache    []forge.Runner
+	cachedAt time.Time
+	losing   forge.Following // runners whose lost job is being re-run
+	retried  map[int64]bool  // jobs retried already
+}
+
+// Stats reports the calls sent. GitLab's RateLimit headers are read by
+// the client, which waits out a 429 itself.
+func (d *Driver) Stats() forge.Stats { return forge.Stats{Calls: d.calls.Load(), RateRemaining: -1} }
+
+// New returns a driver. It makes no call.
+func New(cfg Config) (*Driver, error) {
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = 30 * time.Second
+	}
+	if cfg.SettleTime <= 0 {
+		cfg.SettleTime = time.Second
+	}
+	if cfg.CacheTTL == 0 {
+		cfg.CacheTTL = 15 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cfg.URL = strings.TrimRight(cfg.URL, "/")
+	if cfg.RunnerURL == "" {
+		cfg.RunnerURL = cfg.URL
+	}
+	d := &Driver{cfg: cfg, log: cfg.Logger, retried: map[int64]bool{}}
+	hc := &http.Client{}
+	if cfg.HTTPClient != nil {
+		c := *cfg.HTTPClient
+		hc = &c
+	}
+	hc.Transport = forge.Budgeted(forge.CountCalls(hc.Transport, &d.calls), cfg.Budget)
+	if hc.Timeout <= 0 || hc.Timeout > cfg.CallTimeout {
+		hc.Timeout = cfg.CallTimeout
+	}
+	api, err := gl.NewClient(cfg.Token,
+		gl.WithBaseURL(cfg.URL+"/api/v4"),
+		gl.WithHTTPClient(hc),
+		// A call's retries (5xx, 429 until the reset) stay within its
+		// timeout; beyond that the pool backs off.
+		gl.WithCustomRetryMax(3),
+		gl.WithUserAgent("runfleet/"+cmp.Or(cfg.Version, "dev")),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("gitlab client: %w", err)
+	}
+	d.api = api
+	return d, nil
+}
+
+// call runs one API call with the call timeout. The timeout is on the
+// context too: the client's retry waits are not bound by the HTTP
+// client's own timeout.
+func (d *Driver) call(ctx context.Context, what string, f func(opt gl.RequestOptionFunc) (*gl.Response, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.CallTimeout)
+	defer cancel()
+	if _, err := f(gl.WithContext(ctx)); err != nil {
+		return fmt.Errorf("gitlab %s (%s): %w", what, d.where(), err)
+	}
+	return nil
+}
+
+func (d *Driver) where() string {
+	if d.cfg.Scope.Kind == "instance" {
+		return "instance"
+	}
+	return d.cfg.Scope.Kind + " " + d.cfg.Scope.Ref
+}
+
+// status is an error's HTTP status, 0 when it has none.
+func status(err error) int {
+	if errors.Is(err, gl.ErrNotFound) { // the client's answer to every 404
+		return http.StatusNotFound
+	}
+	var e *gl.ErrorResponse
+	if errors.As(err, &e) && e.Response != nil {
+		return e.Response.StatusCode
+	}
+	return 0
+}
+
+// definitive reports whether an answer is one that no retry can fix.
+func definitive(err error) bool {
+	switch status(err) {
+	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusUnprocessableEntity:
+		return true
+	}
+	return false
+}
+
+// scopeID resolves the project or group to its numeric id, once:
+// POST /user/runners takes ids only.
+func (d *Driver) resolve(ctx context.Context) (int64, error) {
+	d.mu.Lock()
+	id := d.scopeID
+	d.mu.Unlock()
+	if id != 0 || d.cfg.Scope.Kind == "instance" {
+		return id, nil
+	}
+	if n, err := strconv.ParseInt(d.cfg.Scope.Ref, 10, 64); err == nil {
+		id = n
+	} else {
+		err := d.call(ctx, "find "+d.cfg.Scope.Kind, func(opt gl.RequestOptionFunc) (*gl.Response, error) {
+			if d.cfg.Scope.Kind == "group" {
+				g, resp, err := d.api.Groups.GetGroup(d.cfg.Scope.Ref, nil, opt)
+				if err == nil {
+					id = g.ID
+				}
+				return resp, err
+			}
+			p, resp, err := d.api.Projects.GetProject(d.cfg.Scope.Ref, nil, opt)
+			if err == nil {
+				id = p.ID
+			}
+			return resp, err
+		})
+		if err != nil {
+			if definitive(err) {
+				return 0, fmt.Errorf("%w: %w", forge.ErrRejected, err)
+			}
+			return 0, err
+		}
+	}
+	d.mu.Lock()
+	d.scopeID = id
+	d.mu.Unlock()
+	return id, nil
+}
+
+// Credential environment: gitlab-runner reads its URL and token from
+// these (common.RunnerCredentials), so neither is a process argument.
+const (
+	EnvURL   = "CI_SERVER_URL"
+	EnvToken = "CI_SERVER_TOKEN"
+)
+
+// Register creates a runner of the scope's type with the pool's labels as
+// its tags, locked to the scope, its description the runner's name.
+func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
+	id, err := d.resolve(ctx)
+	if err != nil {
+		return forge.Credential{}, err
+	}
+	opt := &gl.CreateUserRunnerOptions{
+		RunnerType:  gl.Ptr(d.cfg.Scope.Kind + "_type"),
+		Description: gl.Ptr(req.Name),
+		TagList:     &req.Labels,
+		RunUntagged: gl.Ptr(d.cfg.RunUntagged),
+		Locked:      gl.Ptr(true),
+	}
+	switch d.cfg.Scope.Kind {
+	case "project":
+		opt.ProjectID = gl.Ptr(id)
+	case "group":
+		opt.GroupID = gl.Ptr(id)
+	}
+	if d.cfg.MaximumTimeout > 0 {
+		opt.MaximumTimeout = gl.Ptr(int64(d.cfg.MaximumTimeout.Seconds()))
+	}
+	var run *gl.UserRunner
+	err = d.call(ctx, "create runner "+req.Name, func(o gl.RequestOptionFunc) (*gl.Response, error) {
+		var resp *gl.Response
+		var err error
+		// Not retried once sent: a 5xx may follow a runner that was
+		// made, and a second would be a duplicate. The pool retries
+		// later, and removes a runner that has no machine.
+		run, resp, err = d.api.Users.CreateUserRunner(opt, o, gl.WithRequestRetry(retryUnsent))
+		return resp, err
+	})
+	if err != nil {
+		if definitive(err) {
+			return forge.Credential{}, fmt.Errorf("%w: %w", forge.ErrRejected, err)
+		}
+		return forge.Credential{}, err
+	}
+	if run.ID == 0 || !strings.HasPrefix(run.Token, "glrt-") {
+		return forge.Credential{}, fmt.Errorf("gitlab create runner %s: the answer has no runner token", req.Name)
+	}
+	d.update(run.ID, func(list []forge.Runner, i int) []forge.Runner {
+		return append(list, forge.Runner{ID: run.ID, Name: req.Name, Status: forge.StatusOffline, Labels: req.Labels})
+	})
+	return forge.Credential{RunnerID: run.ID, Env: map[string]string{EnvURL: d.cfg.RunnerURL, EnvToken: run.Token}}, nil
+}
+
+// update changes the kept listing, if there is one, through f, given the
+// index of the runner id in it (-1 when absent).
+func (d *Driver) update(id int64, f func(list []forge.Runner, i int) []forge.Runner) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cachedAt.IsZero() {
+		return
+	}
+	d.cache = f(d.cache, slices.IndexFunc(d.cache, func(r forge.Runner) bool { return r.ID == id }))
+}
+
+// forget drops a removed runner from the kept listing.
+func (d *Driver) forget(id int64) {
+	d.update(id, func(list []forge.Runner, i int) []forge.Runner {
+		if i < 0 {
+			return list
+		}
+		return slices.Delete(list, i, i+1)
+	})
+}
+
+// retryUnsent retries a request GitLab did not take: rate limited (429,
+// which GitLab answers before doing anything), or refused before it was
+// sent.
+func retryUnsent(ctx context.Context, resp *http.Response, err error) (bool, error) {
+	if ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	if err != nil {
+		return strings.Contains(err.Error(), "connection refused"), nil
+	}
+	return resp.StatusCode == http.StatusTooManyRequests, nil
+}
+
+var _ retryablehttp.CheckRetry = retryUnsent
+
+// Runners lists the scope's runners of its type. A project's runner is
+// busy while one of the project's running jobs is its; in a group or the
+// instance, where no one call lists the running jobs, runners are idle or
+// offline as far as the listing tells, and RemoveRunner still refuses a
+// busy one.
+func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
+	d.mu.Lock()
+	if !d.cachedAt.IsZero() && time.Since(d.cachedAt) < d.cfg.CacheTTL {
+		list := slices.Clone(d.cache)
+		d.mu.Unlock()
+		return list, nil
+	}
+	d.mu.Unlock()
+	list, err := d.listRunners(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if d.cfg.CacheTTL > 0 {
+		d.mu.Lock()
+		d.cache, d.cachedAt = slices.Clone(list), time.Now()
+		d.mu.Unlock()
+	}
+	return list, nil
+}
+
+// listRunners reads the runners from GitLab.
+func (d *Driver) listRunners(ctx context.Context) ([]forge.Runner, error) {
+	id, err := d.resolve(ctx)
+	if err != nil {
+		return nil, err
+	}
+	typ := d.cfg.Scope.Kind + "_type"
+	var out []forge.Runner
+	for page := int64(1); page > 0; {
+		var list []*gl.Runner
+		var next int64
+		err := d.call(ctx, "list runners", func(o gl.RequestOptionFunc) (*gl.Response, error) {
+			lo := gl.ListOptions{Page: page, PerPage: 100}
+			var resp *gl.Response
+			var err error
+			switch d.cfg.Scope.Kind {
+			case "project":
+				list, resp, err = d.api.Runners.ListProjectRunners(id, &gl.ListProjectRunnersOptions{ListOptions: lo, Type: &typ}, o)
+			case "group":
+				list, resp, err = d.api.Runners.ListGroupsRunners(id, &gl.ListGroupsRunnersOptions{ListOptions: lo, Type: &typ}, o)
+			default:
+				list, resp, err = d.api.Runners.ListAllRunners(&gl.ListRunnersOptions{ListOptions: lo, Type: &typ}, o)
+			}
+			if resp != nil {
+				next = resp.NextPage
+			}
+			return resp, err
+		})
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range list {
+			st := forge.StatusOffline
+			if r.Status == "online" && !r.Paused {
+				st = forge.StatusIdle
+			}
+			out = append(out, forge.Runner{ID: r.ID, Name: r.Description, Status: st})
+		}
+		page = next
+	}
+	if d.cfg.Scope.Kind != "project" || len(out) == 0 {
+		return out, nil
+	}
+	running, err := d.projectJobs(ctx, id, gl.Running)
+	if err != nil {
+		return nil, err
+	}
+	busy := map[int64]bool{}
+	for _, j := range running {
+		busy[j.Runner.ID] = true
+	}
+	for i := range out {
+		if busy[out[i].ID] {
+			out[i].Status = forge.StatusBusy
+		}
+	}
+	return out, nil
+}
+
+// maxJobPages bounds a listing of jobs: 500 queued jobs are more than any
+// pool's max.
+const maxJobPages = 5
+
+func (d *Driver) projectJobs(ctx context.Context, id int64, states ...gl.BuildStateValue) ([]*gl.Job, error) {
+	var out []*gl.Job
+	for page := int64(1); page > 0 && page <= maxJobPages; {
+		var next int64
+		err := d.call(ctx, "list jobs", func(o gl.RequestOptionFunc) (*gl.Response, error) {
+			list, resp, err := d.api.Jobs.ListProjectJobs(id, &gl.ListJobsOptions{ListOptions: gl.ListOptions{Page: page, PerPage: 100}, Scope: &states}, o)
+			out = append(out, list...)
+			if resp != nil {
+				next = resp.NextPage
+			}
+			return resp, err
+		})
+		if err != nil {
+			return nil, err
+		}
+		page = next
+	}
+	return out, nil
+}
+
+// RemoveRunner pauses the runner, so that it takes no job, waits for a
+// request already under way, and deletes it unless it runs a job: GitLab
+// would delete a busy runner, and its job would be lost.
+func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
+	what := "remove runner " + strconv.FormatInt(id, 10)
+	err := d.call(ctx, what, func(o gl.RequestOptionFunc) (*gl.Response, error) {
+		_, resp, err := d.api.Runners.UpdateRunnerDetails(id, &gl.UpdateRunnerDetailsOptions{Paused: gl.Ptr(true)}, o)
+		return resp, err
+	})
+	if status(err) == http.StatusNotFound {
+		d.forget(id)
+		return fmt.Errorf("%w: %w", forge.ErrNotFound, err)
+	}
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d.cfg.SettleTime):
+	}
+	var running []*gl.Job
+	err = d.call(ctx, what, func(o gl.RequestOptionFunc) (*gl.Response, error) {
+		var resp *gl.Response
+		var err error
+		running, resp, err = d.api.Runners.ListRunnerJobs(id, &gl.ListRunnerJobsOptions{Status: gl.Ptr("running")}, o)
+		return resp, err
+	})
+	switch {
+	case status(err) == http.StatusNotFound:
+		return fmt.Errorf("%w: %w", forge.ErrNotFound, err)
+	case err != nil:
+		return err
+	case len(running) > 0:
+		d.update(id, func(list []forge.Runner, i int) []forge.Runner {
+			if i >= 0 {
+				list[i].Status = forge.StatusBusy
+			}
+			return list
+		})
+		return fmt.Errorf("gitlab runner %d runs job %d: %w", id, running[0].ID, forge.ErrBusy)
+	}
+	err = d.call(ctx, what, func(o gl.RequestOptionFunc) (*gl.Response, error) {
+		return d.api.Runners.DeleteRegisteredRunnerByID(id, o)
+	})
+	if err == nil || status(err) == http.StatusNotFound {
+		d.forget(id)
+	}
+	if status(err) == http.StatusNotFound {
+		return fmt.Errorf("%w: %w", forge.ErrNotFound, err)
+	}
+	return err
+}
+
+// Jobs lists a project's jobs in a status: pending for queued, running
+// for in progress. A group or the instance has no such listing.
+func (d *Driver) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, error) {
+	if d.cfg.Scope.Kind != "project" {
+		return nil, fmt.Errorf("gitlab lists jobs per project, not per %s: %w", d.cfg.Scope.Kind, errors.ErrUnsupported)
+	}
+	id, err := d.resolve(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var states []gl.BuildStateValue
+	switch st {
+	case forge.JobQueued:
+		states = []gl.BuildStateValue{gl.Pending}
+	case forge.JobInProgress:
+		states = []gl.BuildStateValue{gl.Running}
+	default:
+		return nil, fmt.Errorf("gitlab jobs %s: %w", st, errors.ErrUnsupported)
+	}
+	list, err := d.projectJobs(ctx, id, states...)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]forge.Job, 0, len(list))
+	for _, j := range list {
+		fj := job(j)
+		if fj.Status == 0 {
+			continue // not runnable yet: no demand
+		}
+		fj.Labels = d.labels(fj.Labels)
+		out = append(out, fj)
+	}
+	return out, nil
+}
+
+// NoTags is the label of a job without tags when the runners do not run
+// untagged jobs: no pool has it, so such a job starts no runner that
+// could not take it.
+const NoTags = "(no tags; run_untagged is off)"
+
+// labels are a job's tags as demand matches them.
+func (d *Driver) labels(tags []string) []string {
+	if len(tags) == 0 && !d.cfg.RunUntagged {
+		return []string{NoTags}
+	}
+	return tags
+}
+
+// job maps a job of the jobs API.
+func job(j *gl.Job) forge.Job {
+	out := forge.Job{
+		ID: j.ID, RunID: j.Pipeline.ID, Name: j.Name, Labels: j.TagList,
+		RunnerID: j.Runner.ID, RunnerName: j.Runner.Description,
+	}
+	out.Status, out.Conclusion = jobStatus(j.Status, j.FailureReason)
+	if j.CreatedAt != nil {
+		out.CreatedAt = *j.CreatedAt
+	}
+	if j.StartedAt != nil {
+		out.StartedAt = *j.StartedAt
+	}
+	if j.FinishedAt != nil {
+		out.EndedAt = *j.FinishedAt
+	}
+	return out
+}
+
+// jobStatus maps GitLab's job statuses. Jobs not yet runnable (created:
+// waiting on earlier stages; manual and scheduled: waiting on a person or
+// a time) are no demand: 0.
+func jobStatus(st, failure string) (forge.JobStatus, string) {
+	switch st {
+	case "pending", "waiting_for_resource", "preparing":
+		return forge.JobQueued, ""
+	case "running", "canceling":
+		return forge.JobInProgress, ""
+	case "success":
+		return forge.JobCompleted, "success"
+	case "failed":
+		if failure == "job_execution_timeout" {
+			return forge.JobCompleted, forge.ConclusionTimedOut
+		}
+		return forge.JobCompleted, "failure"
+	case "canceled":
+		return forge.JobCompleted, "cancelled"
+	case "skipped":
+		return forge.JobCompleted, "skipped"
+	}
+	return 0, "" // created, manual, scheduled
+}

@@ -1,0 +1,414 @@
+package gitlab_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/agent"
+	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/forge/gitlab"
+	"github.com/runfleet/runfleet/internal/glsim"
+)
+
+const token = "unit-test-gitlab-token-must-not-leak"
+
+func newDriver(t *testing.T, opt glsim.Options, cfg gitlab.Config) (*gitlab.Driver, *glsim.Server) {
+	t.Helper()
+	opt.Token = token
+	opt.Projects = append(opt.Projects, "acme/models")
+	sim := glsim.New(opt)
+	t.Cleanup(sim.Close)
+	cfg.URL, cfg.Token = sim.URL, cmpOr(cfg.Token, token)
+	if cfg.Scope.Kind == "" {
+		cfg.Scope = gitlab.Scope{Kind: "project", Ref: "acme/models"}
+	}
+	if cfg.CallTimeout == 0 {
+		cfg.CallTimeout = 5 * time.Second
+	}
+	cfg.SettleTime = 10 * time.Millisecond
+	d, err := gitlab.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, sim
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// A runner is created locked to the project, with the pool's labels as
+// its tags, not running untagged jobs, its description the runner's name;
+// the credential holds its own token and GitLab's URL, never the access
+// token.
+func TestRegister(t *testing.T) {
+	d, sim := newDriver(t, glsim.Options{}, gitlab.Config{RunnerURL: "http://gitlab.internal:8080"})
+	cred, err := d.Register(context.Background(), forge.RunnerRequest{Name: "gpu-1", Labels: []string{"gpu", "cuda-12.4"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := sim.Runners()
+	if len(runs) != 1 {
+		t.Fatalf("%d runners", len(runs))
+	}
+	r := runs[0]
+	if r.Type != "project_type" || r.ProjectID != sim.ProjectID("acme/models") || r.Description != "gpu-1" ||
+		!slices.Equal(r.Tags, []string{"gpu", "cuda-12.4"}) || r.RunUntagged || !r.Locked {
+		t.Errorf("runner %+v", r)
+	}
+	if cred.RunnerID != r.ID || cred.Env[gitlab.EnvToken] != r.Token || cred.Env[gitlab.EnvURL] != "http://gitlab.internal:8080" {
+		t.Errorf("credential %+v for runner %d", cred, r.ID)
+	}
+	for k, v := range cred.Env {
+		if strings.Contains(v, token) {
+			t.Errorf("credential %s holds the access token", k)
+		}
+	}
+	// The project's path is resolved once, not per runner.
+	if _, err := d.Register(context.Background(), forge.RunnerRequest{Name: "gpu-2", Labels: []string{"gpu"}}); err != nil {
+		t.Fatal(err)
+	}
+	calls, _ := sim.Calls()
+	if n := calls["GET /api/v4/projects/{id}"]; n != 1 {
+		t.Errorf("project looked up %d times for 2 runners, want 1", n)
+	}
+}
+
+// GitLab's refusals that no retry can fix stop the pool (ErrRejected):
+// a runner with no tags that may not run untagged jobs, a bad token, a
+// project that does not exist.
+func TestRegisterRejected(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  gitlab.Config
+		req  forge.RunnerRequest
+		want string
+	}{
+		{"no tags", gitlab.Config{}, forge.RunnerRequest{Name: "x-1"}, "tags_list"},
+		{"bad token", gitlab.Config{Token: "wrong-gitlab-token"}, forge.RunnerRequest{Name: "x-1", Labels: []string{"a"}}, "401"},
+		{"no project", gitlab.Config{Scope: gitlab.Scope{Kind: "project", Ref: "acme/none"}}, forge.RunnerRequest{Name: "x-1", Labels: []string{"a"}}, "404"},
+		{"short timeout", gitlab.Config{MaximumTimeout: time.Minute}, forge.RunnerRequest{Name: "x-1", Labels: []string{"a"}}, "maximum_timeout"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d, sim := newDriver(t, glsim.Options{}, c.cfg)
+			_, err := d.Register(context.Background(), c.req)
+			if !errors.Is(err, forge.ErrRejected) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want ErrRejected naming %s", err, c.want)
+			}
+			if strings.Contains(err.Error(), token) || strings.Contains(err.Error(), "wrong-gitlab-token") {
+				t.Errorf("the error shows a token: %v", err)
+			}
+			if n := len(sim.AllRunners()); n != 0 {
+				t.Errorf("%d runners made", n)
+			}
+		})
+	}
+}
+
+// A 5xx on creation is not retried by the client (a second request could
+// make a duplicate runner); the pool retries later. A 429 is waited out.
+func TestRegisterFailures(t *testing.T) {
+	d, sim := newDriver(t, glsim.Options{}, gitlab.Config{})
+	sim.SetDown(true)
+	_, err := d.Register(context.Background(), forge.RunnerRequest{Name: "x-1", Labels: []string{"a"}})
+	if err == nil || errors.Is(err, forge.ErrRejected) {
+		t.Fatalf("err = %v, want a retryable error", err)
+	}
+	calls, _ := sim.Calls()
+	if n := calls["POST /api/v4/user/runners"]; n > 1 {
+		t.Errorf("create sent %d times in an outage, want at most 1", n)
+	}
+	sim.SetDown(false)
+	sim.ExhaustRateLimit(time.Now().Add(2 * time.Second))
+	start := time.Now()
+	if _, err := d.Register(context.Background(), forge.RunnerRequest{Name: "x-1", Labels: []string{"a"}}); err != nil {
+		t.Fatalf("after the rate limit's reset: %v", err)
+	}
+	if took := time.Since(start); took < time.Second {
+		t.Errorf("created after %s, before the rate limit's reset", took)
+	}
+	if n := sim.RateLimited(); n > 4 {
+		t.Errorf("%d calls answered 429 while waiting for the reset, want a few", n)
+	}
+}
+
+// Runners lists every page (GitLab gives 20 a page unless asked), by
+// description, and tells busy ones by the project's running jobs.
+func TestRunnersPagesAndBusy(t *testing.T) {
+	d, sim := newDriver(t, glsim.Options{}, gitlab.Config{})
+	ctx := context.Background()
+	var creds []forge.Credential
+	for i := range 130 {
+		c, err := d.Register(ctx, forge.RunnerRequest{Name: fmt.Sprintf("p-%d", i), Labels: []string{"p"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		creds = append(creds, c)
+	}
+	if _, err := sim.CreatePipeline("acme/models", glsim.JobSpec{Name: "j", Tags: []string{"p"}, Script: "true"}); err != nil {
+		t.Fatal(err)
+	}
+	requestJob(t, sim, creds[7].Env[gitlab.EnvToken])
+	runs, err := d.Runners(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 130 {
+		t.Fatalf("listed %d runners, want 130", len(runs))
+	}
+	for _, r := range runs {
+		want := forge.StatusOffline
+		switch r.ID {
+		case creds[7].RunnerID:
+			want = forge.StatusBusy
+		}
+		if r.Status != want {
+			t.Errorf("runner %s: %s, want %s", r.Name, r.Status, want)
+		}
+	}
+}
+
+// requestJob asks for a job as gitlab-runner does and fails the test if
+// none is given. It returns the job's id and token.
+func requestJob(t *testing.T, sim *glsim.Server, runnerToken string) (int64, string) {
+	t.Helper()
+	res, err := http.Post(sim.URL+"/api/v4/jobs/request", "application/json",
+		strings.NewReader(`{"token":"`+runnerToken+`","info":{"name":"gitlab-runner"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusCreated {
+		t.Fatalf("job request: %d", res.StatusCode)
+	}
+	var j struct {
+		ID    int64  `json:"id"`
+		Token string `json:"token"`
+	}
+	if err := json.NewDecoder(res.Body).Decode(&j); err != nil {
+		t.Fatal(err)
+	}
+	return j.ID, j.Token
+}
+
+// finishJob ends a job as its runner does.
+func finishJob(t *testing.T, sim *glsim.Server, id int64, jobToken, state, reason string) {
+	t.Helper()
+	body := fmt.Sprintf(`{"token":%q,"state":%q,"failure_reason":%q,"exit_code":1}`, jobToken, state, reason)
+	req, _ := http.NewRequest("PUT", fmt.Sprintf("%s/api/v4/jobs/%d", sim.URL, id), strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("job update: %d", res.StatusCode)
+	}
+}
+
+// A lost runner's running job is cancelled and retried once; a job that
+// failed with its runner is retried; one that failed of itself is not.
+func TestLostRetriesJob(t *testing.T) {
+	d, sim := newDriver(t, glsim.Options{}, gitlab.Config{})
+	ctx := context.Background()
+	var creds []forge.Credential
+	for i := range 3 {
+		c, err := d.Register(ctx, forge.RunnerRequest{Name: fmt.Sprintf("l-%d", i), Labels: []string{"l"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		creds = append(creds, c)
+	}
+	if _, err := sim.CreatePipeline("acme/models", glsim.JobSpec{Name: "a", Tags: []string{"l"}, Script: "true"},
+		glsim.JobSpec{Name: "b", Tags: []string{"l"}, Script: "true"}, glsim.JobSpec{Name: "c", Tags: []string{"l"}, Script: "true"}); err != nil {
+		t.Fatal(err)
+	}
+	running, _ := requestJob(t, sim, creds[0].Env[gitlab.EnvToken])
+	sysFail, tok1 := requestJob(t, sim, creds[1].Env[gitlab.EnvToken])
+	finishJob(t, sim, sysFail, tok1, "failed", "runner_system_failure")
+	scriptFail, tok2 := requestJob(t, sim, creds[2].Env[gitlab.EnvToken])
+	finishJob(t, sim, scriptFail, tok2, "failed", "script_failure")
+	for i, c := range creds {
+		d.Lost(ctx, forge.Runner{ID: c.RunnerID, Name: fmt.Sprintf("l-%d", i)})
+		d.Lost(ctx, forge.Runner{ID: c.RunnerID, Name: fmt.Sprintf("l-%d", i)}) // reported twice: once is enough
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		retries := map[int64]int{}
+		status := map[int64]string{}
+		for _, j := range sim.Jobs() {
+			status[j.ID] = j.Status
+			if j.RetryOf != 0 {
+				retries[j.RetryOf]++
+			}
+		}
+		if retries[running] == 1 && retries[sysFail] == 1 {
+			if status[running] != "canceled" || retries[scriptFail] != 0 {
+				t.Errorf("running job %s, script failure retried %d times", status[running], retries[scriptFail])
+			}
+			time.Sleep(200 * time.Millisecond)
+			if n := len(sim.Jobs()); n != 5 {
+				t.Errorf("%d jobs, want the 3 and 2 retries", n)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("retries %v, statuses %v", retries, status)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// RemoveRunner deletes an idle runner, refuses a busy one (ErrBusy) and
+// leaves it, paused so that it takes no other job, and says ErrNotFound
+// for one that is gone.
+func TestRemoveRunner(t *testing.T) {
+	d, sim := newDriver(t, glsim.Options{}, gitlab.Config{})
+	ctx := context.Background()
+	idle, _ := d.Register(ctx, forge.RunnerRequest{Name: "r-1", Labels: []string{"r"}})
+	busy, _ := d.Register(ctx, forge.RunnerRequest{Name: "r-2", Labels: []string{"r"}})
+	if _, err := sim.CreatePipeline("acme/models", glsim.JobSpec{Name: "j", Tags: []string{"r"}, Script: "true"}); err != nil {
+		t.Fatal(err)
+	}
+	requestJob(t, sim, busy.Env[gitlab.EnvToken])
+	if err := d.RemoveRunner(ctx, idle.RunnerID); err != nil {
+		t.Fatalf("idle: %v", err)
+	}
+	if err := d.RemoveRunner(ctx, busy.RunnerID); !errors.Is(err, forge.ErrBusy) {
+		t.Fatalf("busy: %v, want ErrBusy", err)
+	}
+	left := sim.Runners()
+	if len(left) != 1 || left[0].ID != busy.RunnerID || !left[0].Paused {
+		t.Errorf("left %+v, want the busy runner, paused", left)
+	}
+	if err := d.RemoveRunner(ctx, idle.RunnerID); !errors.Is(err, forge.ErrNotFound) {
+		t.Errorf("gone: %v, want ErrNotFound", err)
+	}
+}
+
+// Jobs reads the project's pending jobs with their tags and pipeline.
+func TestJobs(t *testing.T) {
+	d, sim := newDriver(t, glsim.Options{}, gitlab.Config{})
+	pipeline, err := sim.CreatePipeline("acme/models",
+		glsim.JobSpec{Name: "train", Tags: []string{"gpu", "cuda-12.4"}, Script: "true"},
+		glsim.JobSpec{Name: "lint", Script: "true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs, err := d.Jobs(context.Background(), forge.JobQueued)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(jobs) != 2 {
+		t.Fatalf("%d jobs", len(jobs))
+	}
+	for _, j := range jobs {
+		if j.Status != forge.JobQueued || j.RunID != pipeline || j.CreatedAt.IsZero() {
+			t.Errorf("job %+v", j)
+		}
+		if j.Name == "train" && !slices.Equal(j.Labels, []string{"gpu", "cuda-12.4"}) {
+			t.Errorf("train's labels %v", j.Labels)
+		}
+		// No pool has this label: an untagged job starts no runner
+		// that may not take it.
+		if j.Name == "lint" && !slices.Equal(j.Labels, []string{gitlab.NoTags}) {
+			t.Errorf("lint's labels %v, want %q", j.Labels, gitlab.NoTags)
+		}
+	}
+	group, _ := newDriver(t, glsim.Options{}, gitlab.Config{Scope: gitlab.Scope{Kind: "group", Ref: "acme"}})
+	if _, err := group.Jobs(context.Background(), forge.JobQueued); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("group jobs: %v, want ErrUnsupported", err)
+	}
+}
+
+// A hung GitLab fails each call after the call timeout.
+func TestHangingGitLabTimesOut(t *testing.T) {
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
+	defer hang.Close()
+	d, err := gitlab.New(gitlab.Config{URL: hang.URL, Token: token, Scope: gitlab.Scope{Kind: "project", Ref: "1"}, CallTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = d.Runners(context.Background())
+	if err == nil || time.Since(start) > 3*time.Second {
+		t.Errorf("listing a hung GitLab: %v after %s", err, time.Since(start))
+	}
+}
+
+// The agent gets its URL and token in its environment, never as
+// arguments, and stops after one job or its idle timeout.
+func TestAgentSpec(t *testing.T) {
+	d, _ := newDriver(t, glsim.Options{}, gitlab.Config{})
+	ag, err := d.Agent(agent.Config{Path: "/bin/gitlab-runner", IdleTimeout: 90 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cred := forge.Credential{RunnerID: 5, Env: map[string]string{gitlab.EnvURL: "http://gl", gitlab.EnvToken: "glrt-t1_secret"}}
+	spec, err := ag.Spec(agent.Runner{Name: "p-1", Env: map[string]string{"DATA": "/data"}}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"run-single", "--executor", "shell", "--max-builds", "1", "--wait-timeout", "90"}; !slices.Equal(spec.Args, want) {
+		t.Errorf("args %v, want %v", spec.Args, want)
+	}
+	if spec.Env["CI_SERVER_TOKEN"] != "glrt-t1_secret" || spec.Env["CI_SERVER_URL"] != "http://gl" ||
+		spec.Env["RUNNER_NAME"] != "p-1" || spec.Env["DATA"] != "/data" {
+		t.Errorf("env %v", spec.Env)
+	}
+	for _, a := range spec.Args {
+		if strings.Contains(a, "glrt-") {
+			t.Errorf("the token is an argument: %v", spec.Args)
+		}
+	}
+	// The docker executor, where a pool's env asks for it.
+	spec, _ = ag.Spec(agent.Runner{Name: "p-2", Env: map[string]string{"RUNNER_EXECUTOR": "docker"}}, cred)
+	if !slices.Contains(spec.Args, "docker") || spec.Env["RUNNER_EXECUTOR"] != "" {
+		t.Errorf("args %v env %v, want --executor docker", spec.Args, spec.Env)
+	}
+	out := []byte("Starting runner for http://gl with token secret ...\nChecking for jobs... received                       job=12 repo_url=http://gl/acme/models.git runner=secret\n")
+	if ph := ag.(interface{ Phase([]byte) agent.Phase }).Phase(out); ph != agent.PhaseBusy {
+		t.Errorf("phase %v after a job was received, want busy", ph)
+	}
+	out = append(out, "Job succeeded\nThis runner has processed its build limit, so now exiting\n"...)
+	if ph := ag.(interface{ Phase([]byte) agent.Phase }).Phase(out); ph != agent.PhaseDone {
+		t.Errorf("phase %v after the build limit, want done", ph)
+	}
+}
+
+// A listing is reused within the cache's time, with the runners the
+// driver made and removed meanwhile: one list call for a register, a
+// removal and three listings.
+func TestRunnersCache(t *testing.T) {
+	d, sim := newDriver(t, glsim.Options{}, gitlab.Config{CacheTTL: time.Minute})
+	ctx := context.Background()
+	a, _ := d.Register(ctx, forge.RunnerRequest{Name: "c-1", Labels: []string{"c"}})
+	if _, err := d.Runners(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := d.Register(ctx, forge.RunnerRequest{Name: "c-2", Labels: []string{"c"}})
+	if err := d.RemoveRunner(ctx, a.RunnerID); err != nil {
+		t.Fatal(err)
+	}
+	runs, _ := d.Runners(ctx)
+	if len(runs) != 1 || runs[0].ID != b.RunnerID || runs[0].Name != "c-2" {
+		t.Errorf("listed %+v, want c-2 alone", runs)
+	}
+	calls, _ := sim.Calls()
+	if n := calls["GET /api/v4/projects/{id}/runners"]; n != 1 {
+		t.Errorf("%d list calls, want 1", n)
+	}
+}

@@ -1,0 +1,172 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"regexp"
+	"slices"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/internal/daemon"
+)
+
+// Leftover is one thing a manager left: a machine or a registration.
+type Leftover struct {
+	Pool  string
+	Kind  string // machine or registration
+	Name  string
+	ID    string
+	State string
+	Busy  bool // a registration running a job, or the machine under it
+}
+
+func gcCmd() *cobra.Command {
+	var path, manager string
+	var yes bool
+	cmd := &cobra.Command{
+		Use:   "gc -c fleet.yaml [--manager ID] [--yes]",
+		Short: "List, and with --yes remove, what a manager left: machines and registrations",
+		Long: `gc finds everything a manager id left on every configured provider and forge:
+instances, pods, containers and processes carrying its id, and registrations
+named like its pools' runners. It lists them; with --yes it removes them,
+registrations first, then machines. A runner that is running a job is left,
+with its machine. Run it when that manager is stopped (after a crash, or
+when a manager id is retired): a running manager's runners would be removed
+under it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := loadConfig(path)
+			if err != nil {
+				return err
+			}
+			if manager != "" {
+				cfg.ID = manager
+			}
+			fleet, err := daemon.New(cfg, slog.New(slog.DiscardHandler))
+			if err != nil {
+				return &ExitError{ExitUsage, err}
+			}
+			defer fleet.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
+			defer cancel()
+			left, err := leftovers(ctx, fleet)
+			out := cmd.OutOrStdout()
+			printLeftovers(out, cfg.ID, left)
+			if err != nil {
+				return err
+			}
+			if !yes {
+				if len(left) > 0 {
+					fmt.Fprintln(out, "dry run: nothing removed; run again with --yes to remove these")
+				}
+				return nil
+			}
+			return removeLeftovers(ctx, out, fleet, left)
+		},
+	}
+	cmd.Flags().StringVarP(&path, "config", "c", "", "config file (YAML)")
+	cmd.Flags().StringVar(&manager, "manager", "", "the manager id whose leftovers to find (the config's id by default)")
+	cmd.Flags().BoolVar(&yes, "yes", false, "remove what is found (without it, gc only lists)")
+	return cmd
+}
+
+// leftovers lists each pool's machines of the manager and the
+// registrations named like its runners (<pool>-<n>).
+func leftovers(ctx context.Context, fleet *daemon.Fleet) ([]Leftover, error) {
+	var out []Leftover
+	var errs []error
+	for _, p := range fleet.Pools {
+		name := p.Name()
+		runner := regexp.MustCompile("^" + regexp.QuoteMeta(name) + `-\d+$`)
+		busy := map[string]bool{}
+		regs, err := fleet.Forges[name].Runners(ctx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pool %s: registrations: %w", name, err))
+		}
+		for _, r := range regs {
+			if !runner.MatchString(r.Name) {
+				continue
+			}
+			b := r.Status == forge.StatusBusy
+			busy[r.Name] = b
+			out = append(out, Leftover{Pool: name, Kind: "registration", Name: r.Name, ID: strconv.FormatInt(r.ID, 10), State: string(r.Status), Busy: b})
+		}
+		insts, err := fleet.Providers[name].List(ctx, fleet.Config.ID)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pool %s: machines: %w", name, err))
+		}
+		for _, in := range insts {
+			if in.Name == "" || in.Pool != "" && in.Pool != name {
+				continue
+			}
+			out = append(out, Leftover{Pool: name, Kind: "machine", Name: in.Name, ID: in.ID, State: string(in.State), Busy: busy[in.Name]})
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+func printLeftovers(w io.Writer, manager string, left []Leftover) {
+	if len(left) == 0 {
+		fmt.Fprintf(w, "manager %s left nothing\n", manager)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "POOL\tKIND\tNAME\tID\tSTATE")
+	for _, l := range left {
+		state := l.State
+		if l.Busy {
+			state += " (running a job: left)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.Pool, l.Kind, l.Name, l.ID, state)
+	}
+	tw.Flush()
+}
+
+// removeLeftovers removes registrations, then machines; a busy runner is
+// left. It goes on past a failure and reports them all.
+func removeLeftovers(ctx context.Context, w io.Writer, fleet *daemon.Fleet, left []Leftover) error {
+	var errs []error
+	order := slices.Clone(left)
+	slices.SortStableFunc(order, func(a, b Leftover) int {
+		if a.Kind == b.Kind {
+			return 0
+		}
+		if a.Kind == "registration" {
+			return -1
+		}
+		return 1
+	})
+	removed := 0
+	for _, l := range order {
+		if l.Busy {
+			continue
+		}
+		var err error
+		switch l.Kind {
+		case "registration":
+			id, _ := strconv.ParseInt(l.ID, 10, 64)
+			err = fleet.Forges[l.Pool].RemoveRunner(ctx, id)
+			if errors.Is(err, forge.ErrNotFound) {
+				err = nil
+			}
+		default:
+			err = fleet.Providers[l.Pool].Delete(ctx, l.Name)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s %s (%s): %w", l.Kind, l.Name, l.ID, err))
+			continue
+		}
+		removed++
+		fmt.Fprintf(w, "removed %s %s (%s)\n", l.Kind, l.Name, l.ID)
+	}
+	fmt.Fprintf(w, "removed %d of %d\n", removed, len(left))
+	return errors.Join(errs...)
+}

@@ -1,0 +1,369 @@
+// Package ec2sim is a stand-in for Amazon EC2 for tests: the Query API
+// (RunInstances, DescribeInstances with filters and pages,
+// TerminateInstances, CreateTags, DescribeSpotInstanceRequests) as the
+// EC2 API reference documents it, with its error codes and its request
+// rate buckets, behind the SDK's base endpoint; and instances that boot.
+// With a Docker engine, an instance is a container of the image its AMI
+// maps to, which runs its user data as cloud-init would and reads a
+// stand-in instance metadata service of its own (IMDSv2: session tokens,
+// instance-id, spot/instance-action, rebalance recommendations). A test
+// takes capacity away, injects errors, adds latency, and gives spot
+// interruption notices.
+//
+// No EC2 emulator can be had here (moto and LocalStack are Python), so
+// this is hand-written; it covers what runfleet calls, to the letter.
+package ec2sim
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/xml"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/moby/moby/client"
+	"golang.org/x/time/rate"
+)
+
+// Credentials the stand-in accepts (any secret: it checks the key id).
+const (
+	AccessKey = "ec2sim-test-key-id"
+	SecretKey = "ec2sim-secret-key-not-a-real-one"
+)
+
+// Options configure a Server.
+type Options struct {
+	// Docker boots instances as containers; nil: instances run nothing.
+	Docker *client.Client
+	// HostAddr is how a container reaches this host
+	// (host.docker.internal).
+	HostAddr string
+	// Latency is added to every API answer.
+	Latency time.Duration
+	// Unthrottled turns the request rate buckets off.
+	Unthrottled bool
+	Logger      *slog.Logger
+}
+
+// Server is the stand-in.
+type Server struct {
+	URL     string
+	opt     Options
+	srv     *http.Server
+	ln      net.Listener
+	id      string
+	latency atomic.Int64
+
+	mu        sync.Mutex
+	instances map[string]*Instance
+	order     []string
+	tokens    map[string]string // client token -> instance id
+	images    map[string]string // AMI -> Docker image ("" boots nothing)
+	subnets   map[string]string // subnet -> zone
+	noCap     map[string]bool   // "<market> <type> <zone>", "<market> <type>", "<market>"
+	faults    map[string][]string
+	calls     map[string]int
+	buckets   map[string]*rate.Limiter
+	wg        sync.WaitGroup
+	closing   bool
+	down      bool // every API call answers 503 Unavailable
+}
+
+// New starts the stand-in on a free port of all addresses.
+func New(o Options) (*Server, error) {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.HostAddr == "" {
+		o.HostAddr = "host.docker.internal"
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		opt: o, ln: ln, id: randHex(4),
+		URL:       "http://" + ln.Addr().String(),
+		instances: map[string]*Instance{}, tokens: map[string]string{},
+		images: map[string]string{}, noCap: map[string]bool{}, faults: map[string][]string{},
+		calls: map[string]int{}, buckets: map[string]*rate.Limiter{},
+		subnets: map[string]string{
+			"subnet-0a000000000000001": "us-east-1a", "subnet-0b000000000000002": "us-east-1b",
+			"subnet-0c000000000000003": "us-east-1c",
+		},
+	}
+	s.latency.Store(int64(o.Latency))
+	s.srv = &http.Server{Handler: http.HandlerFunc(s.serve), ReadHeaderTimeout: 10 * time.Second}
+	go s.srv.Serve(ln)
+	return s, nil
+}
+
+// Close stops the API and terminates every instance still up.
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.closing = true
+	var live []*Instance
+	for _, in := range s.instances {
+		live = append(live, in)
+	}
+	s.mu.Unlock()
+	_ = s.srv.Close()
+	for _, in := range live {
+		s.stopInstance(in, "", "")
+	}
+	s.wg.Wait()
+}
+
+// AddImage maps an AMI to the Docker image its instances boot ("" for
+// instances that run nothing).
+func (s *Server) AddImage(ami, image string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.images[ami] = image
+}
+
+// SetLatency changes the latency added to every answer.
+func (s *Server) SetLatency(d time.Duration) { s.latency.Store(int64(d)) }
+
+// NoCapacity takes capacity away: of a market ("spot", "on-demand"),
+// for one instance type, or in one zone too ("" for all).
+func (s *Server) NoCapacity(market, typ, zone string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.noCap[strings.TrimSpace(market+" "+typ+" "+zone)] = true
+}
+
+// SetDown makes the API answer every call 503 Unavailable (an outage of
+// EC2's endpoint; the instances and their metadata services go on), or
+// brings it back.
+func (s *Server) SetDown(down bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.down = down
+}
+
+// RestoreCapacity gives back all the capacity NoCapacity took.
+func (s *Server) RestoreCapacity() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.noCap)
+}
+
+// Fail makes the next calls of an action answer with these error codes,
+// one each.
+func (s *Server) Fail(action string, codes ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults[action] = append(s.faults[action], codes...)
+}
+
+// Calls returns how many requests each action got.
+func (s *Server) Calls() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int, len(s.calls))
+	for k, v := range s.calls {
+		out[k] = v
+	}
+	return out
+}
+
+// buckets are the request token buckets of the EC2 API reference's
+// "Request throttling" page: size and refill per second.
+var bucketSizes = map[string][2]float64{
+	"RunInstances":                 {5, 2},
+	"TerminateInstances":           {100, 5},
+	"CreateTags":                   {100, 10},
+	"DescribeInstances":            {100, 20},
+	"DescribeSpotInstanceRequests": {100, 20},
+}
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	if d := time.Duration(s.latency.Load()); d > 0 {
+		time.Sleep(d)
+	}
+	if r.Method != http.MethodPost {
+		writeError(w, http.StatusBadRequest, "InvalidAction", "the Query API takes POST here")
+		return
+	}
+	if err := r.ParseForm(); err != nil {
+		writeError(w, http.StatusBadRequest, "MalformedQueryString", err.Error())
+		return
+	}
+	form := r.PostForm
+	action := form.Get("Action")
+	if !strings.HasPrefix(r.Header.Get("Authorization"), "AWS4-HMAC-SHA256 Credential="+AccessKey+"/") {
+		writeError(w, http.StatusUnauthorized, "AuthFailure", "AWS was not able to validate the provided access credentials")
+		return
+	}
+	s.mu.Lock()
+	s.calls[action]++
+	if s.down {
+		s.mu.Unlock()
+		writeError(w, http.StatusServiceUnavailable, "Unavailable", "The service is unavailable. Please try again shortly.")
+		return
+	}
+	var fault string
+	if q := s.faults[action]; len(q) > 0 {
+		fault, s.faults[action] = q[0], q[1:]
+	}
+	b := s.bucket(action)
+	s.mu.Unlock()
+	if fault != "" {
+		status := http.StatusBadRequest
+		if fault == "RequestLimitExceeded" || fault == "Unavailable" || fault == "InternalError" {
+			status = http.StatusServiceUnavailable
+		}
+		writeError(w, status, fault, "injected by the test")
+		return
+	}
+	if b != nil && !b.Allow() {
+		writeError(w, http.StatusServiceUnavailable, "RequestLimitExceeded", "Request limit exceeded.")
+		return
+	}
+	var out any
+	var err *apiError
+	switch action {
+	case "RunInstances":
+		out, err = s.runInstances(form)
+	case "DescribeInstances":
+		out, err = s.describeInstances(form)
+	case "TerminateInstances":
+		out, err = s.terminateInstances(form)
+	case "CreateTags":
+		out, err = s.createTags(form)
+	case "DescribeSpotInstanceRequests":
+		out, err = s.describeSpotRequests(form)
+	default:
+		err = &apiError{http.StatusBadRequest, "InvalidAction", fmt.Sprintf("The action %s is not valid for this web service.", action)}
+	}
+	if err != nil {
+		writeError(w, err.status, err.code, err.msg)
+		return
+	}
+	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
+	_, _ = w.Write([]byte(xml.Header))
+	_ = xml.NewEncoder(w).Encode(out)
+}
+
+// bucket is an action's rate limiter. Called with s.mu held.
+func (s *Server) bucket(action string) *rate.Limiter {
+	size, ok := bucketSizes[action]
+	if !ok || s.opt.Unthrottled {
+		return nil
+	}
+	b := s.buckets[action]
+	if b == nil {
+		b = rate.NewLimiter(rate.Limit(size[1]), int(size[0]))
+		s.buckets[action] = b
+	}
+	return b
+}
+
+type apiError struct {
+	status    int
+	code, msg string
+}
+
+func badParam(format string, a ...any) *apiError {
+	return &apiError{http.StatusBadRequest, "InvalidParameterValue", fmt.Sprintf(format, a...)}
+}
+
+// errorResponse is EC2's error document.
+type errorResponse struct {
+	XMLName   xml.Name `xml:"Response"`
+	Errors    []errXML `xml:"Errors>Error"`
+	RequestID string   `xml:"RequestID"`
+}
+
+type errXML struct {
+	Code    string `xml:"Code"`
+	Message string `xml:"Message"`
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(xml.Header))
+	_ = xml.NewEncoder(w).Encode(errorResponse{Errors: []errXML{{code, msg}}, RequestID: requestID()})
+}
+
+func requestID() string {
+	b := randHex(16)
+	return b[:8] + "-" + b[8:12] + "-" + b[12:16] + "-" + b[16:20] + "-" + b[20:32]
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// list reads a flattened list: prefix.1, prefix.2, ...
+func list(form url.Values, prefix string) []string {
+	var out []string
+	for i := 1; ; i++ {
+		v, ok := form[prefix+"."+strconv.Itoa(i)]
+		if !ok {
+			return out
+		}
+		out = append(out, v[0])
+	}
+}
+
+// filter is one Filter.N of a describe.
+type filter struct {
+	name   string
+	values []string
+}
+
+func filters(form url.Values) []filter {
+	var out []filter
+	for i := 1; ; i++ {
+		p := "Filter." + strconv.Itoa(i)
+		name := form.Get(p + ".Name")
+		if name == "" {
+			return out
+		}
+		out = append(out, filter{name, list(form, p+".Value")})
+	}
+}
+
+// tags reads TagSpecification.N for one resource type.
+func tagSpecs(form url.Values, resource string) (map[string]string, *apiError) {
+	tags := map[string]string{}
+	for i := 1; ; i++ {
+		p := "TagSpecification." + strconv.Itoa(i)
+		rt := form.Get(p + ".ResourceType")
+		if rt == "" {
+			return tags, nil
+		}
+		switch rt {
+		case "instance", "volume", "spot-instances-request", "network-interface":
+		default:
+			return nil, badParam("'%s' is not a valid taggable resource type for this operation.", rt)
+		}
+		if rt != resource {
+			continue
+		}
+		for j := 1; ; j++ {
+			tp := p + ".Tag." + strconv.Itoa(j)
+			k, ok := form[tp+".Key"]
+			if !ok {
+				break
+			}
+			if strings.HasPrefix(k[0], "aws:") {
+				return nil, badParam("Tag keys starting with 'aws:' are reserved for internal use")
+			}
+			tags[k[0]] = form.Get(tp + ".Value")
+		}
+	}
+}

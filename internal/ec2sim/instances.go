@@ -1,0 +1,407 @@
+package ec2sim
+
+import (
+	"encoding/base64"
+	"encoding/xml"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Instance is one stand-in instance.
+type Instance struct {
+	ID, Type, Image, Subnet, Zone, Reservation string
+	State                                      string // pending, running, shutting-down, terminated
+	Launched                                   time.Time
+	Tags                                       map[string]string
+	SpotTags                                   map[string]string // the spot request's
+	Spot                                       bool
+	SpotRequest, MaxPrice                      string
+	SpotStatus                                 string
+	SpotStatusTime                             time.Time
+	UserData                                   []byte
+	Shutdown                                   string // stop or terminate
+	HTTPTokens                                 string // required: IMDSv2 only
+	Profile                                    string
+	ReasonCode, ReasonMessage                  string
+
+	action    *noticeDoc // spot/instance-action
+	rebalance *time.Time
+	container string
+	imds      *metadata
+	hostname  string
+	finishing bool
+	// Console is what the instance printed (its container's log), kept
+	// when it ends.
+	Console string
+	// Ended is when it was terminated.
+	Ended time.Time
+	// Created and Stopping are when RunInstances made it and when it
+	// began shutting down, to the nanosecond (Launched, as EC2 gives it,
+	// is to the second): its span in the pool's count.
+	Created, Stopping time.Time
+}
+
+// shutDown marks it shutting down, from the first cause on.
+func (in *Instance) shutDown() {
+	in.State = "shutting-down"
+	if in.Stopping.IsZero() {
+		in.Stopping = time.Now()
+	}
+}
+
+// stateCodes are EC2's instance state codes.
+var stateCodes = map[string]int{"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48, "stopping": 64, "stopped": 80}
+
+// knownTypes are the instance types the stand-in offers.
+var knownTypes = regexp.MustCompile(`^(t2|t3|t3a|m5|m6i|c5|r5|g4dn|g5|g6|p2|p3|p4d|p5)\.(nano|micro|small|medium|large|xlarge|\d+xlarge|metal)$`)
+
+func (s *Server) runInstances(form url.Values) (any, *apiError) {
+	min, _ := strconv.Atoi(form.Get("MinCount"))
+	max, _ := strconv.Atoi(form.Get("MaxCount"))
+	switch {
+	case form.Get("MinCount") == "" || form.Get("MaxCount") == "":
+		return nil, &apiError{http.StatusBadRequest, "MissingParameter", "The request must contain the parameter MinCount and MaxCount"}
+	case min < 1 || max < min:
+		return nil, badParam("Invalid value for MinCount/MaxCount")
+	}
+	lt := form.Get("LaunchTemplate.LaunchTemplateId") + form.Get("LaunchTemplate.LaunchTemplateName")
+	if lt != "" {
+		return nil, &apiError{http.StatusBadRequest, "InvalidLaunchTemplateId.NotFound", fmt.Sprintf("The specified launch template, with template ID %s, does not exist.", lt)}
+	}
+	ami := form.Get("ImageId")
+	if ami == "" {
+		return nil, &apiError{http.StatusBadRequest, "MissingParameter", "The request must contain the parameter ImageId"}
+	}
+	if !regexp.MustCompile(`^ami-[0-9a-f]{8,17}$`).MatchString(ami) {
+		return nil, &apiError{http.StatusBadRequest, "InvalidAMIID.Malformed", fmt.Sprintf("Invalid id: \"%s\" (expecting \"ami-...\")", ami)}
+	}
+	typ := form.Get("InstanceType")
+	if typ == "" {
+		typ = "m1.small" // EC2's default, which the stand-in does not offer
+	}
+	if !knownTypes.MatchString(typ) {
+		return nil, badParam("Invalid value '%s' for InstanceType.", typ)
+	}
+	shutdown := form.Get("InstanceInitiatedShutdownBehavior")
+	spot := form.Get("InstanceMarketOptions.MarketType") == "spot"
+	if shutdown == "" {
+		shutdown = "stop"
+	}
+	if spot && shutdown != "terminate" && form.Get("InstanceMarketOptions.SpotOptions.SpotInstanceType") != "persistent" {
+		return nil, &apiError{http.StatusBadRequest, "UnsupportedOperation", "The instance's shutdown behavior must be terminate for a one-time spot instance."}
+	}
+	ud, err := base64.StdEncoding.DecodeString(form.Get("UserData"))
+	if err != nil {
+		return nil, &apiError{http.StatusBadRequest, "InvalidUserData.Malformed", "User data is not valid base64."}
+	}
+	if len(ud) > 16<<10 {
+		return nil, badParam("User data is limited to 16384 bytes")
+	}
+	for _, sg := range list(form, "SecurityGroupId") {
+		if !strings.HasPrefix(sg, "sg-") {
+			return nil, &apiError{http.StatusBadRequest, "InvalidGroupId.Malformed", fmt.Sprintf("Invalid id: \"%s\"", sg)}
+		}
+	}
+	instTags, aerr := tagSpecs(form, "instance")
+	if aerr != nil {
+		return nil, aerr
+	}
+	spotTags, _ := tagSpecs(form, "spot-instances-request")
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if tok := form.Get("ClientToken"); tok != "" {
+		if id, ok := s.tokens[tok]; ok {
+			return runResponse{RequestID: requestID(), Reservation: s.instances[id].Reservation, Owner: owner, Instances: []instanceXML{s.instances[id].xml()}}, nil
+		}
+	}
+	image, ok := s.images[ami]
+	if !ok {
+		return nil, &apiError{http.StatusBadRequest, "InvalidAMIID.NotFound", fmt.Sprintf("The image id '[%s]' does not exist", ami)}
+	}
+	subnet := form.Get("SubnetId")
+	if subnet == "" {
+		subnet = "subnet-0a000000000000001" // the default VPC's first
+	}
+	zone, ok := s.subnets[subnet]
+	if !ok {
+		return nil, &apiError{http.StatusBadRequest, "InvalidSubnetID.NotFound", fmt.Sprintf("The subnet ID '%s' does not exist", subnet)}
+	}
+	market := "on-demand"
+	if spot {
+		market = "spot"
+	}
+	if s.noCap[market] || s.noCap[market+" "+typ] || s.noCap[market+" "+typ+" "+zone] {
+		if spot {
+			return nil, &apiError{http.StatusInternalServerError, "InsufficientInstanceCapacity", fmt.Sprintf("There is no Spot capacity available that matches your request. (%s in %s)", typ, zone)}
+		}
+		return nil, &apiError{http.StatusInternalServerError, "InsufficientInstanceCapacity", fmt.Sprintf("We currently do not have sufficient %s capacity in the Availability Zone you requested (%s).", typ, zone)}
+	}
+	if s.closing {
+		return nil, &apiError{http.StatusServiceUnavailable, "Unavailable", "The service is unavailable."}
+	}
+	res := "r-" + randHex(9)[:17]
+	var out []instanceXML
+	for range max {
+		in := &Instance{
+			ID: "i-" + randHex(9)[:17], Type: typ, Image: ami, Subnet: subnet, Zone: zone, Reservation: res,
+			State: "pending", Launched: time.Now().UTC().Truncate(time.Second), Created: time.Now(), Tags: maps.Clone(instTags),
+			Spot: spot, UserData: ud, Shutdown: shutdown, HTTPTokens: form.Get("MetadataOptions.HttpTokens"),
+			Profile: form.Get("IamInstanceProfile.Name") + form.Get("IamInstanceProfile.Arn"),
+		}
+		if spot {
+			in.SpotRequest, in.MaxPrice = "sir-"+randHex(4), form.Get("InstanceMarketOptions.SpotOptions.MaxPrice")
+			in.SpotStatus, in.SpotStatusTime = "fulfilled", in.Launched
+			in.SpotTags = spotTags
+		}
+		n := len(s.order) + 10
+		in.hostname = fmt.Sprintf("ip-10-0-%d-%d", n/250, n%250)
+		s.instances[in.ID] = in
+		s.order = append(s.order, in.ID)
+		if tok := form.Get("ClientToken"); tok != "" {
+			s.tokens[tok] = in.ID
+		}
+		out = append(out, in.xml())
+		s.wg.Add(1)
+		go s.boot(in, image)
+	}
+	return runResponse{RequestID: requestID(), Reservation: res, Owner: owner, Instances: out}, nil
+}
+
+const owner = "123456789012"
+
+// describeFilters are the filter names the stand-in knows.
+var describeFilters = regexp.MustCompile(`^(tag:.+|tag-key|instance-state-name|instance-id|instance-lifecycle|instance-type|availability-zone|subnet-id)$`)
+
+func (s *Server) describeInstances(form url.Values) (any, *apiError) {
+	ids := list(form, "InstanceId")
+	fs := filters(form)
+	for _, f := range fs {
+		if !describeFilters.MatchString(f.name) {
+			return nil, badParam("The filter '%s' is invalid", f.name)
+		}
+	}
+	maxResults := 0
+	if v := form.Get("MaxResults"); v != "" {
+		if len(ids) > 0 {
+			return nil, &apiError{http.StatusBadRequest, "InvalidParameterCombination", "The parameter instancesSet cannot be used with the parameter maxResults"}
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 5 || n > 1000 {
+			return nil, badParam("Value ( %s ) for parameter maxResults is invalid. Expecting a value greater than 5.", v)
+		}
+		maxResults = n
+	}
+	start := 0
+	if tok := form.Get("NextToken"); tok != "" {
+		n, err := strconv.Atoi(strings.TrimPrefix(tok, "ec2sim-"))
+		if err != nil || !strings.HasPrefix(tok, "ec2sim-") {
+			return nil, &apiError{http.StatusBadRequest, "InvalidPaginationToken", "The pagination token is invalid."}
+		}
+		start = n
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		if _, ok := s.instances[id]; !ok {
+			return nil, &apiError{http.StatusBadRequest, "InvalidInstanceID.NotFound", fmt.Sprintf("The instance ID '%s' does not exist", id)}
+		}
+	}
+	var match []*Instance
+	for _, id := range s.order {
+		in := s.instances[id]
+		if (len(ids) == 0 || slices.Contains(ids, id)) && in.matches(fs) {
+			match = append(match, in)
+		}
+	}
+	resp := describeResponse{RequestID: requestID()}
+	end := len(match)
+	if maxResults > 0 && start+maxResults < end {
+		end = start + maxResults
+		resp.NextToken = "ec2sim-" + strconv.Itoa(end)
+	}
+	byRes := map[string]int{}
+	for _, in := range match[min(start, len(match)):end] {
+		i, ok := byRes[in.Reservation]
+		if !ok {
+			i = len(resp.Reservations)
+			byRes[in.Reservation] = i
+			resp.Reservations = append(resp.Reservations, reservationXML{ID: in.Reservation, Owner: owner})
+		}
+		resp.Reservations[i].Instances = append(resp.Reservations[i].Instances, in.xml())
+	}
+	return resp, nil
+}
+
+// matches applies describe filters: values of one filter are ORed,
+// filters ANDed.
+func (in *Instance) matches(fs []filter) bool {
+	for _, f := range fs {
+		var have []string
+		switch {
+		case strings.HasPrefix(f.name, "tag:"):
+			if v, ok := in.Tags[f.name[4:]]; ok {
+				have = []string{v}
+			}
+		case f.name == "tag-key":
+			have = slices.Collect(maps.Keys(in.Tags))
+		case f.name == "instance-state-name":
+			have = []string{in.State}
+		case f.name == "instance-id":
+			have = []string{in.ID}
+		case f.name == "instance-type":
+			have = []string{in.Type}
+		case f.name == "availability-zone":
+			have = []string{in.Zone}
+		case f.name == "subnet-id":
+			have = []string{in.Subnet}
+		case f.name == "instance-lifecycle":
+			if in.Spot {
+				have = []string{"spot"}
+			}
+		}
+		if !slices.ContainsFunc(have, func(h string) bool {
+			return slices.ContainsFunc(f.values, func(v string) bool { return wildcard(v, h) })
+		}) {
+			return false
+		}
+	}
+	return true
+}
+
+// wildcard matches EC2's filter values, where * and ? are wildcards.
+func wildcard(pattern, s string) bool {
+	if !strings.ContainsAny(pattern, "*?") {
+		return pattern == s
+	}
+	re := "^" + strings.NewReplacer(`\*`, ".*", `\?`, ".").Replace(regexp.QuoteMeta(pattern)) + "$"
+	ok, _ := regexp.MatchString(re, s)
+	return ok
+}
+
+var instanceID = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)
+
+func (s *Server) terminateInstances(form url.Values) (any, *apiError) {
+	ids := list(form, "InstanceId")
+	if len(ids) == 0 {
+		return nil, &apiError{http.StatusBadRequest, "MissingParameter", "The request must contain the parameter InstanceId"}
+	}
+	s.mu.Lock()
+	var todo []*Instance
+	resp := terminateResponse{RequestID: requestID()}
+	for _, id := range ids {
+		if !instanceID.MatchString(id) {
+			s.mu.Unlock()
+			return nil, &apiError{http.StatusBadRequest, "InvalidInstanceID.Malformed", fmt.Sprintf("Invalid id: \"%s\"", id)}
+		}
+		if _, ok := s.instances[id]; !ok {
+			s.mu.Unlock()
+			return nil, &apiError{http.StatusBadRequest, "InvalidInstanceID.NotFound", fmt.Sprintf("The instance ID '%s' does not exist", id)}
+		}
+	}
+	for _, id := range ids {
+		in := s.instances[id]
+		prev := in.State
+		if in.State != "terminated" {
+			in.shutDown()
+			in.ReasonCode, in.ReasonMessage = "Client.UserInitiatedShutdown", "Client.UserInitiatedShutdown: User initiated shutdown"
+			todo = append(todo, in)
+		}
+		resp.Instances = append(resp.Instances, stateChangeXML{ID: id, Current: stateXML{stateCodes[in.State], in.State}, Previous: stateXML{stateCodes[prev], prev}})
+	}
+	s.mu.Unlock()
+	for _, in := range todo {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.stopInstance(in, in.ReasonCode, in.ReasonMessage)
+		}()
+	}
+	return resp, nil
+}
+
+func (s *Server) createTags(form url.Values) (any, *apiError) {
+	ids := list(form, "ResourceId")
+	if len(ids) == 0 {
+		return nil, &apiError{http.StatusBadRequest, "MissingParameter", "The request must contain the parameter ResourceId"}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		in, ok := s.instances[id]
+		if !ok {
+			return nil, &apiError{http.StatusBadRequest, "InvalidID", fmt.Sprintf("The ID '%s' is not valid", id)}
+		}
+		for j := 1; ; j++ {
+			k, ok := form["Tag."+strconv.Itoa(j)+".Key"]
+			if !ok {
+				break
+			}
+			in.Tags[k[0]] = form.Get("Tag." + strconv.Itoa(j) + ".Value")
+		}
+	}
+	return simpleResponse{XMLName: xml.Name{Local: "CreateTagsResponse"}, RequestID: requestID(), Return: true}, nil
+}
+
+var spotFilters = regexp.MustCompile(`^(tag:.+|instance-id|state|status-code|spot-instance-request-id)$`)
+
+func (s *Server) describeSpotRequests(form url.Values) (any, *apiError) {
+	fs := filters(form)
+	for _, f := range fs {
+		if !spotFilters.MatchString(f.name) {
+			return nil, badParam("The filter '%s' is invalid", f.name)
+		}
+	}
+	want := list(form, "SpotInstanceRequestId")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	resp := spotResponse{RequestID: requestID()}
+	for _, id := range s.order {
+		in := s.instances[id]
+		if !in.Spot || (len(want) > 0 && !slices.Contains(want, in.SpotRequest)) {
+			continue
+		}
+		state := "active"
+		if in.State == "terminated" {
+			state = "closed"
+		}
+		ok := true
+		for _, f := range fs {
+			var have string
+			switch {
+			case strings.HasPrefix(f.name, "tag:"):
+				have = in.SpotTags[f.name[4:]]
+			case f.name == "instance-id":
+				have = in.ID
+			case f.name == "state":
+				have = state
+			case f.name == "status-code":
+				have = in.SpotStatus
+			case f.name == "spot-instance-request-id":
+				have = in.SpotRequest
+			}
+			ok = ok && slices.ContainsFunc(f.values, func(v string) bool { return wildcard(v, have) })
+		}
+		if ok {
+			resp.Requests = append(resp.Requests, spotXML{
+				ID: in.SpotRequest, State: state, InstanceID: in.ID, Type: "one-time", SpotPrice: in.MaxPrice,
+				Status: spotStatusXML{Code: in.SpotStatus, UpdateTime: in.SpotStatusTime.Format(time.RFC3339), Message: spotMessages[in.SpotStatus]},
+			})
+		}
+	}
+	return resp, nil
+}
+
+var spotMessages = map[string]string{
+	"fulfilled":                       "Your spot request is fulfilled.",
+	"marked-for-termination":          "Your Spot Instance is marked for termination because of a capacity constraint.",
+	"instance-terminated-no-capacity": "Your Spot Instance was terminated because there is no spare capacity to serve it.",
+	"instance-terminated-by-user":     "Your Spot Instance was terminated by the user.",
+}

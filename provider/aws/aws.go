@@ -1,0 +1,361 @@
+// Package aws runs runners on EC2 instances, one instance per runner,
+// spot or on-demand, through aws-sdk-go-v2. Each instance is tagged with
+// the manager id, pool and runner name when it is made (so no untagged
+// instance ever exists), runs the runner's plan from its user data with
+// `runfleet agent` (package bootstrap), and terminates itself when the
+// agent ends, when no job came within the idle timeout, or at its
+// deadline, also when the manager is gone.
+//
+// The pool's instances are described every poll interval (one call for
+// the pool, not one per runner); spot requests marked for termination
+// are reported as preemption notices.
+package aws
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+
+	"github.com/runfleet/runfleet/provider"
+)
+
+// Tags every instance (and its volumes and spot request) carries.
+const (
+	TagManager = "runfleet:manager"
+	TagPool    = "runfleet:pool"
+	TagRunner  = "runfleet:runner"
+)
+
+// CallTimeout bounds each request to EC2: each attempt of a call (the
+// client's timeout), and each describe as a whole.
+var CallTimeout = 30 * time.Second
+
+// API is what the provider calls of EC2 (*ec2.Client).
+type API interface {
+	RunInstances(context.Context, *ec2.RunInstancesInput, ...func(*ec2.Options)) (*ec2.RunInstancesOutput, error)
+	DescribeInstances(context.Context, *ec2.DescribeInstancesInput, ...func(*ec2.Options)) (*ec2.DescribeInstancesOutput, error)
+	TerminateInstances(context.Context, *ec2.TerminateInstancesInput, ...func(*ec2.Options)) (*ec2.TerminateInstancesOutput, error)
+	DescribeSpotInstanceRequests(context.Context, *ec2.DescribeSpotInstanceRequestsInput, ...func(*ec2.Options)) (*ec2.DescribeSpotInstanceRequestsOutput, error)
+}
+
+// Options configure a Provider.
+type Options struct {
+	API     API
+	Manager string
+	Pool    string
+	Section Section
+	// IdleTimeout and Lifetime are the instance side's: an instance
+	// powers off when no job came within IdleTimeout, and at Lifetime
+	// after it was asked for whatever it runs.
+	IdleTimeout, Lifetime time.Duration
+	Calls                 *atomic.Int64 // requests sent, when counted
+	Logger                *slog.Logger
+	now                   func() time.Time
+}
+
+// Provider is one pool's instances.
+type Provider struct {
+	opt   Options
+	stop  context.CancelFunc
+	ctx   context.Context
+	poll  sync.Once
+	fresh sync.Mutex // one describe at a time
+
+	mu               sync.Mutex
+	seen             map[string]seenInstance // by instance id, from the last describe
+	seenAt           time.Time
+	launched         map[string]provider.Instance // by id: returned by RunInstances, not yet described
+	gone             map[string]time.Time         // ids terminated here, hidden from List
+	noticed          map[string]bool              // ids whose notice was given
+	changed          map[int]func(string)
+	notices          map[int]func(provider.Notice)
+	nextSub          int
+	failing, failLog time.Time // when describing began to fail, and was last logged
+}
+
+type seenInstance struct {
+	inst provider.Instance
+	spot bool
+}
+
+// New makes the provider of one pool; nothing is called until List,
+// Create or Watch.
+func New(o Options) *Provider {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.now == nil {
+		o.now = time.Now
+	}
+	if o.Calls == nil {
+		o.Calls = new(atomic.Int64)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &Provider{opt: o, ctx: ctx, stop: stop,
+		seen: map[string]seenInstance{}, launched: map[string]provider.Instance{},
+		gone: map[string]time.Time{}, noticed: map[string]bool{},
+		changed: map[int]func(string){}, notices: map[int]func(provider.Notice){}}
+}
+
+var (
+	_ provider.Provider    = (*Provider)(nil)
+	_ provider.Watcher     = (*Provider)(nil)
+	_ provider.Preempter   = (*Provider)(nil)
+	_ provider.Describer   = (*Provider)(nil)
+	_ provider.CallCounter = (*Provider)(nil)
+)
+
+func (p *Provider) Traits() provider.Traits {
+	return provider.Traits{Preemptible: p.opt.Section.Spot}
+}
+
+func (p *Provider) Calls() int64 { return p.opt.Calls.Load() }
+
+// Close stops the poller. Instances keep running.
+func (p *Provider) Close() error {
+	p.stop()
+	return nil
+}
+
+// Create starts the runner's instance: the first instance type and
+// subnet with capacity, spot first when the pool asks for spot, then
+// on-demand when its fallback says so.
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+	if inst, ok := p.live(spec.Name); ok {
+		return inst, nil
+	}
+	s := p.opt.Section
+	ud, err := userData(s, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
+	if err != nil {
+		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
+	}
+	markets := []bool{s.Spot}
+	if s.Spot && s.SpotFallback == FallbackOnDemand {
+		markets = append(markets, false)
+	}
+	var tried []string
+	for _, spot := range markets {
+		for _, typ := range orEmpty(s.InstanceTypes) {
+			for _, subnet := range orEmpty(s.Subnets) {
+				inst, err := p.run(ctx, spec, ud, typ, subnet, spot)
+				if err == nil {
+					return inst, nil
+				}
+				kind, code := kindOf(err)
+				switch kind {
+				case errCapacity:
+					tried = append(tried, fmt.Sprintf("%s %s in %s: %s", market(spot), or(typ, "the template's type"), or(subnet, "the default subnet"), code))
+					p.opt.Logger.Info("no capacity; trying the next", "runner", spec.Name, "type", typ, "subnet", subnet, "market", market(spot), "code", code)
+					continue
+				case errFatal:
+					return provider.Instance{}, rejected(fmt.Errorf("run instance: %w", err))
+				case errThrottle:
+					return provider.Instance{}, fmt.Errorf("run instance: EC2 throttled the request after retries: %w", err)
+				}
+				return provider.Instance{}, fmt.Errorf("run instance: %w", err)
+			}
+		}
+	}
+	why := "no capacity: " + strings.Join(tried, "; ")
+	if s.Spot && s.SpotFallback != FallbackOnDemand {
+		why += " (spot_fallback: on_demand would start an on-demand instance)"
+	}
+	return provider.Instance{}, errors.New(why)
+}
+
+func market(spot bool) string {
+	if spot {
+		return "spot"
+	}
+	return "on-demand"
+}
+
+func orEmpty(s []string) []string {
+	if len(s) == 0 {
+		return []string{""}
+	}
+	return s
+}
+
+func or(s, alt string) string {
+	if s == "" {
+		return alt
+	}
+	return s
+}
+
+// run asks for one instance.
+func (p *Provider) run(ctx context.Context, spec provider.Spec, ud []byte, typ, subnet string, spot bool) (provider.Instance, error) {
+	in := p.runInput(spec, ud, typ, subnet, spot)
+	// Each attempt has its deadline (the client's timeout); the call as
+	// a whole may first wait its turn within EC2's request rate.
+	out, err := p.opt.API.RunInstances(ctx, in)
+	if err != nil {
+		return provider.Instance{}, err
+	}
+	if len(out.Instances) != 1 {
+		return provider.Instance{}, fmt.Errorf("run instance: EC2 returned %d instances for one", len(out.Instances))
+	}
+	inst := p.instance(out.Instances[0])
+	inst.Name, inst.Manager, inst.Pool = spec.Name, spec.Manager, spec.Pool
+	p.mu.Lock()
+	p.launched[inst.ID] = inst
+	p.mu.Unlock()
+	p.opt.Logger.Info("instance launched", "runner", spec.Name, "id", inst.ID, "type", typ, "subnet", subnet, "market", market(spot))
+	return inst, nil
+}
+
+// runInput is the RunInstances request: tagged at creation, terminated
+// by its own shutdown, metadata through IMDSv2 only.
+func (p *Provider) runInput(spec provider.Spec, ud []byte, typ, subnet string, spot bool) *ec2.RunInstancesInput {
+	s := p.opt.Section
+	tags := []types.Tag{
+		{Key: awssdk.String(TagManager), Value: awssdk.String(spec.Manager)},
+		{Key: awssdk.String(TagPool), Value: awssdk.String(spec.Pool)},
+		{Key: awssdk.String(TagRunner), Value: awssdk.String(spec.Name)},
+		{Key: awssdk.String("Name"), Value: awssdk.String(spec.Name)},
+	}
+	for _, k := range slices.Sorted(maps.Keys(s.Tags)) {
+		tags = append(tags, types.Tag{Key: awssdk.String(k), Value: awssdk.String(s.Tags[k])})
+	}
+	resources := []types.ResourceType{types.ResourceTypeInstance, types.ResourceTypeVolume}
+	if spot {
+		resources = append(resources, types.ResourceTypeSpotInstancesRequest)
+	}
+	var specs []types.TagSpecification
+	for _, r := range resources {
+		specs = append(specs, types.TagSpecification{ResourceType: r, Tags: tags})
+	}
+	in := &ec2.RunInstancesInput{
+		MinCount: awssdk.Int32(1), MaxCount: awssdk.Int32(1),
+		UserData:                          awssdk.String(base64.StdEncoding.EncodeToString(ud)),
+		TagSpecifications:                 specs,
+		InstanceInitiatedShutdownBehavior: types.ShutdownBehaviorTerminate,
+		MetadataOptions: &types.InstanceMetadataOptionsRequest{
+			HttpTokens: types.HttpTokensStateRequired, HttpEndpoint: types.InstanceMetadataEndpointStateEnabled,
+		},
+	}
+	if s.Image != "" {
+		in.ImageId = awssdk.String(s.Image)
+	}
+	if typ != "" {
+		in.InstanceType = types.InstanceType(typ)
+	}
+	if lt := s.LaunchTemplate; lt.given() {
+		in.LaunchTemplate = &types.LaunchTemplateSpecification{Version: nonEmpty(lt.Version)}
+		in.LaunchTemplate.LaunchTemplateId, in.LaunchTemplate.LaunchTemplateName = nonEmpty(lt.ID), nonEmpty(lt.Name)
+	}
+	in.SubnetId = nonEmpty(subnet)
+	in.SecurityGroupIds = s.SecurityGroups
+	in.KeyName = nonEmpty(s.KeyName)
+	if ip := s.InstanceProfile; ip != "" {
+		in.IamInstanceProfile = &types.IamInstanceProfileSpecification{}
+		if strings.HasPrefix(ip, "arn:") {
+			in.IamInstanceProfile.Arn = &ip
+		} else {
+			in.IamInstanceProfile.Name = &ip
+		}
+	}
+	if v := s.RootVolume; v.SizeGB > 0 {
+		in.BlockDeviceMappings = []types.BlockDeviceMapping{{DeviceName: awssdk.String(v.Device), Ebs: &types.EbsBlockDevice{
+			VolumeSize: awssdk.Int32(int32(v.SizeGB)), VolumeType: types.VolumeType(v.Type), DeleteOnTermination: awssdk.Bool(true),
+		}}}
+	}
+	if spot {
+		in.InstanceMarketOptions = &types.InstanceMarketOptionsRequest{MarketType: types.MarketTypeSpot, SpotOptions: &types.SpotMarketOptions{
+			MaxPrice: nonEmpty(s.SpotMaxPrice), SpotInstanceType: types.SpotInstanceTypeOneTime,
+			InstanceInterruptionBehavior: types.InstanceInterruptionBehaviorTerminate,
+		}}
+	}
+	return in
+}
+
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// live returns the runner's instance when one is coming up or running.
+func (p *Provider) live(name string) (provider.Instance, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, inst := range p.view() {
+		if inst.Name == name && inst.State != provider.StateExited {
+			return inst, true
+		}
+	}
+	return provider.Instance{}, false
+}
+
+// Delete terminates the runner's instances. One already gone is no error.
+func (p *Provider) Delete(ctx context.Context, name string) error {
+	p.mu.Lock()
+	var ids []string
+	for _, inst := range p.view() {
+		if inst.Name == name {
+			ids = append(ids, inst.ID)
+		}
+	}
+	p.mu.Unlock()
+	if len(ids) == 0 {
+		// Not seen here: made by an earlier manager, not described yet.
+		found, err := p.describe(ctx, p.opt.Manager, p.opt.Pool, name)
+		if err != nil {
+			return err
+		}
+		for _, si := range found {
+			if si.inst.State != provider.StateExited || si.inst.Reason != terminated {
+				ids = append(ids, si.inst.ID)
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	if err := p.terminate(ctx, ids); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	for _, id := range ids {
+		p.gone[id] = p.opt.now()
+		delete(p.launched, id)
+	}
+	p.mu.Unlock()
+	p.opt.Logger.Info("instance terminated", "runner", name, "ids", ids)
+	return nil
+}
+
+// terminate terminates instances; ones EC2 does not know are gone
+// already.
+func (p *Provider) terminate(ctx context.Context, ids []string) error {
+	_, err := p.opt.API.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: ids})
+	if _, code := kindOf(err); code == "InvalidInstanceID.NotFound" {
+		if len(ids) == 1 {
+			return nil
+		}
+		// One unknown id fails the whole call: one at a time.
+		var errs []error
+		for _, id := range ids {
+			errs = append(errs, p.terminate(ctx, []string{id}))
+		}
+		return errors.Join(errs...)
+	}
+	if err != nil {
+		return fmt.Errorf("terminate %s: %w", strings.Join(ids, ", "), err)
+	}
+	return nil
+}

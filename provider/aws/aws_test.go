@@ -1,0 +1,242 @@
+package aws_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/runfleet/runfleet/internal/ec2sim"
+	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/provider/aws"
+)
+
+const ami = "ami-0123456789abcdef0"
+
+// newProvider is a pool's provider on the stand-in, with instances that
+// run nothing.
+func newProvider(t *testing.T, section string) (*aws.Provider, *ec2sim.Server) {
+	t.Helper()
+	sim, err := ec2sim.New(ec2sim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	sim.AddImage(ami, "")
+	t.Setenv("AWS_ACCESS_KEY_ID", ec2sim.AccessKey)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", ec2sim.SecretKey)
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	t.Setenv("AWS_CONFIG_FILE", "/nonexistent")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+	raw := mustJSON(t, "region: us-east-1\nendpoint: "+sim.URL+"\nimage: "+ami+"\npoll_interval: 1s\n"+section)
+	return open(t, provider.PoolConfig{Manager: "m1", Pool: "gpu", Section: raw, MaxLifetime: time.Hour}), sim
+}
+
+// open opens a pool's provider through the registry, as the daemon does.
+func open(t *testing.T, c provider.PoolConfig) *aws.Provider {
+	t.Helper()
+	d, ok := provider.Lookup("aws")
+	if !ok {
+		t.Fatal("aws is not registered")
+	}
+	p, err := d.Open(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ap := p.(*aws.Provider)
+	t.Cleanup(func() { ap.Close() })
+	return ap
+}
+
+func spec(name string) provider.Spec {
+	return provider.Spec{Name: name, Manager: "m1", Pool: "gpu", Command: "gitea-runner", Args: []string{"daemon"},
+		Env: map[string]string{"A": "b"}, Files: map[string][]byte{".runner": []byte(`{"token":"single-use"}`)}, BusyMarker: " repo is "}
+}
+
+func TestCreateListDelete(t *testing.T) {
+	p, sim := newProvider(t, "instance_types: [t3.medium]\nspot: true\ntags: {team: ml}\n")
+	ctx := context.Background()
+	inst, err := p.Create(ctx, spec("gpu-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := p.Create(ctx, spec("gpu-1"))
+	if err != nil || again.ID != inst.ID {
+		t.Fatalf("a second Create of gpu-1 made %s (%v), want %s again", again.ID, err, inst.ID)
+	}
+	all := sim.Instances()
+	if len(all) != 1 {
+		t.Fatalf("%d instances, want 1", len(all))
+	}
+	in := all[0]
+	for k, v := range map[string]string{aws.TagManager: "m1", aws.TagPool: "gpu", aws.TagRunner: "gpu-1", "Name": "gpu-1", "team": "ml"} {
+		if in.Tags[k] != v {
+			t.Errorf("tag %s = %q, want %q (tags %v)", k, in.Tags[k], v, in.Tags)
+		}
+	}
+	if in.SpotTags[aws.TagManager] != "m1" || in.SpotTags[aws.TagRunner] != "gpu-1" {
+		t.Errorf("spot request tags %v, want the runner's", in.SpotTags)
+	}
+	if !in.Spot || in.Shutdown != "terminate" || in.HTTPTokens != "required" || in.Type != "t3.medium" {
+		t.Errorf("instance spot=%v shutdown=%s tokens=%s type=%s", in.Spot, in.Shutdown, in.HTTPTokens, in.Type)
+	}
+	ud := string(in.UserData)
+	if !strings.HasPrefix(ud, "#!/bin/sh\n") || !strings.Contains(ud, "exec 'runfleet' agent --plan "+aws.PlanPath) {
+		t.Errorf("user data:\n%s", ud)
+	}
+	// Another manager's instances are not this one's.
+	other := open(t, provider.PoolConfig{Manager: "m2", Pool: "gpu", Section: mustJSON(t, "region: us-east-1\nendpoint: "+sim.URL+"\nimage: "+ami+"\ninstance_types: [t3.medium]\n")})
+	if l, err := other.List(ctx, "m2"); err != nil || len(l) != 0 {
+		t.Errorf("manager m2 lists %v (%v), want nothing", l, err)
+	}
+	eventually(t, "running", func() bool {
+		l, _ := p.List(ctx, "m1")
+		return len(l) == 1 && l[0].State == provider.StateRunning && l[0].Name == "gpu-1"
+	})
+	if err := p.Delete(ctx, "gpu-1"); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := p.List(ctx, "m1"); len(l) != 0 {
+		t.Errorf("after Delete, List = %v", l)
+	}
+	if err := p.Delete(ctx, "gpu-1"); err != nil {
+		t.Errorf("deleting a gone runner: %v", err)
+	}
+	eventually(t, "terminated", func() bool { return sim.Instances()[0].State == "terminated" })
+}
+
+func TestCapacityFallsThroughTypesThenOnDemand(t *testing.T) {
+	p, sim := newProvider(t, "instance_types: [g4dn.xlarge, g5.xlarge, g6.xlarge]\nspot: true\nspot_fallback: on_demand\n")
+	sim.NoCapacity("spot", "g4dn.xlarge", "")
+	sim.NoCapacity("spot", "g5.xlarge", "")
+	if _, err := p.Create(context.Background(), spec("gpu-1")); err != nil {
+		t.Fatal(err)
+	}
+	if in := sim.Instances()[0]; in.Type != "g6.xlarge" || !in.Spot {
+		t.Errorf("got %s spot=%v, want the third type, spot", in.Type, in.Spot)
+	}
+	sim.NoCapacity("spot", "", "")
+	if _, err := p.Create(context.Background(), spec("gpu-2")); err != nil {
+		t.Fatal(err)
+	}
+	if in := sim.Instances()[1]; in.Type != "g4dn.xlarge" || in.Spot {
+		t.Errorf("got %s spot=%v, want the first type on demand", in.Type, in.Spot)
+	}
+	t.Logf("calls: %v", sim.Calls())
+}
+
+func TestNoCapacityWithoutFallback(t *testing.T) {
+	p, sim := newProvider(t, "instance_types: [g4dn.xlarge, g5.xlarge]\nsubnets: [subnet-0a000000000000001, subnet-0b000000000000002]\nspot: true\n")
+	sim.NoCapacity("spot", "", "")
+	_, err := p.Create(context.Background(), spec("gpu-1"))
+	if err == nil || errors.Is(err, provider.ErrRejected) {
+		t.Fatalf("err = %v, want a retryable capacity error", err)
+	}
+	for _, want := range []string{"no capacity", "g4dn.xlarge in subnet-0a000000000000001", "g5.xlarge in subnet-0b000000000000002", "spot_fallback: on_demand"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+	if n := sim.Calls()["RunInstances"]; n != 4 {
+		t.Errorf("%d RunInstances calls, want 4 (2 types x 2 subnets)", n)
+	}
+	if len(sim.Instances()) != 0 {
+		t.Error("an instance was made")
+	}
+}
+
+func TestFatalErrorsAreRejected(t *testing.T) {
+	_, sim := newProvider(t, "instance_types: [t3.medium]\n")
+	for _, c := range []struct{ section, code string }{
+		{"image: ami-0000000000000dead\ninstance_types: [t3.medium]\n", "InvalidAMIID.NotFound"},
+		{"image: " + ami + "\ninstance_types: [t3.medium]\nsubnets: [subnet-0ffffffffffffffff]\n", "InvalidSubnetID.NotFound"},
+		{"image: " + ami + "\ninstance_types: [z9.huge]\n", "InvalidParameterValue"},
+	} {
+		p := open(t, provider.PoolConfig{Manager: "m1", Pool: "gpu", Section: mustJSON(t, "region: us-east-1\nendpoint: "+sim.URL+"\n"+c.section)})
+		before := sim.Calls()["RunInstances"]
+		_, err := p.Create(context.Background(), spec("gpu-1"))
+		if !errors.Is(err, provider.ErrRejected) || !strings.Contains(err.Error(), c.code) {
+			t.Errorf("err = %v, want ErrRejected naming %s", err, c.code)
+		}
+		if n := sim.Calls()["RunInstances"] - before; n != 1 {
+			t.Errorf("%s: %d calls, want 1 (no retry)", c.code, n)
+		}
+	}
+}
+
+func TestThrottlingIsRetried(t *testing.T) {
+	p, sim := newProvider(t, "instance_types: [t3.medium]\n")
+	sim.Fail("RunInstances", "RequestLimitExceeded")
+	if _, err := p.Create(context.Background(), spec("gpu-1")); err != nil {
+		t.Fatalf("a throttled call was not retried: %v", err)
+	}
+	if n := sim.Calls()["RunInstances"]; n != 2 {
+		t.Errorf("%d RunInstances calls, want 2", n)
+	}
+	if p.Calls() < 2 {
+		t.Errorf("counted %d calls", p.Calls())
+	}
+}
+
+func TestSpotInterruptionNotice(t *testing.T) {
+	p, sim := newProvider(t, "instance_types: [t3.medium]\nspot: true\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	notices := make(chan provider.Notice, 4)
+	p.WatchPreemption(ctx, func(n provider.Notice) { notices <- n })
+	var changes atomic.Int32
+	p.Watch(ctx, func(string) { changes.Add(1) })
+	inst, err := p.Create(ctx, spec("gpu-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "running", func() bool { return sim.Instances()[0].State == "running" })
+	if err := sim.Interrupt(inst.ID, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-notices:
+		if n.ID != inst.ID || n.Name != "gpu-1" || !strings.Contains(n.Reason, "marked-for-termination") {
+			t.Errorf("notice %+v", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no notice within 10s")
+	}
+	eventually(t, "the instance listed as ended", func() bool {
+		l, _ := p.List(ctx, "m1")
+		return len(l) == 0 || l[0].State == provider.StateExited
+	})
+	if changes.Load() == 0 {
+		t.Error("Watch reported no change")
+	}
+	select {
+	case n := <-notices:
+		t.Errorf("a second notice: %+v", n)
+	default:
+	}
+}
+
+func mustJSON(t *testing.T, y string) json.RawMessage {
+	t.Helper()
+	b, err := yaml.YAMLToJSON([]byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s within 15s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

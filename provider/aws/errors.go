@@ -1,0 +1,73 @@
+package aws
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/aws/smithy-go"
+
+	"github.com/runfleet/runfleet/provider"
+)
+
+// What an EC2 error code means for a runner's start. The codes are those
+// of the EC2 API reference's error list.
+type errKind int
+
+const (
+	errOther    errKind = iota // transient or unknown: the pool backs off
+	errCapacity                // this type, zone or market has none: try the next
+	errFatal                   // no retry can fix it: the pool stops, saying why
+	errThrottle                // RequestLimitExceeded after the SDK's own retries
+)
+
+var errKinds = map[string]errKind{
+	"InsufficientInstanceCapacity":                errCapacity,
+	"InsufficientHostCapacity":                    errCapacity,
+	"InsufficientReservedInstanceCapacity":        errCapacity,
+	"InsufficientCapacity":                        errCapacity,
+	"SpotMaxPriceTooLow":                          errCapacity,
+	"MaxSpotInstanceCountExceeded":                errCapacity,
+	"InstanceLimitExceeded":                       errCapacity,
+	"VcpuLimitExceeded":                           errCapacity,
+	"Unsupported":                                 errCapacity, // the type is not offered in the subnet's zone
+	"UnsupportedOperation":                        errCapacity,
+	"RequestLimitExceeded":                        errThrottle,
+	"AuthFailure":                                 errFatal,
+	"UnauthorizedOperation":                       errFatal,
+	"Blocked":                                     errFatal,
+	"OptInRequired":                               errFatal,
+	"PendingVerification":                         errFatal,
+	"InvalidAMIID.NotFound":                       errFatal,
+	"InvalidAMIID.Malformed":                      errFatal,
+	"InvalidAMIID.Unavailable":                    errFatal,
+	"InvalidSubnetID.NotFound":                    errFatal,
+	"InvalidSubnetID.Malformed":                   errFatal,
+	"InvalidGroup.NotFound":                       errFatal,
+	"InvalidGroupId.Malformed":                    errFatal,
+	"InvalidKeyPair.NotFound":                     errFatal,
+	"InvalidParameterValue":                       errFatal,
+	"InvalidParameterCombination":                 errFatal,
+	"InvalidParameter":                            errFatal,
+	"MissingParameter":                            errFatal,
+	"InvalidUserData.Malformed":                   errFatal,
+	"InvalidLaunchTemplateId.NotFound":            errFatal,
+	"InvalidLaunchTemplateId.Malformed":           errFatal,
+	"InvalidLaunchTemplateName.NotFoundException": errFatal,
+	"InvalidLaunchTemplateId.VersionNotFound":     errFatal,
+	"InvalidIamInstanceProfile.NotFound":          errFatal,
+	"InvalidBlockDeviceMapping":                   errFatal,
+	"SignatureDoesNotMatch":                       errFatal,
+	"InvalidClientTokenId":                        errFatal,
+}
+
+// kindOf classifies an error of a call.
+func kindOf(err error) (errKind, string) {
+	var ae smithy.APIError
+	if !errors.As(err, &ae) {
+		return errOther, ""
+	}
+	return errKinds[ae.ErrorCode()], ae.ErrorCode()
+}
+
+// rejected marks an error that no retry can fix.
+func rejected(err error) error { return fmt.Errorf("%w: %w", provider.ErrRejected, err) }

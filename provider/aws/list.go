@@ -1,0 +1,350 @@
+package aws
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"sync"
+	"time"
+
+	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"golang.org/x/time/rate"
+
+	"github.com/runfleet/runfleet/provider"
+)
+
+// terminated is the Reason of an instance that EC2 lists as terminated.
+const terminated = "terminated"
+
+// launchGrace is how long an instance that RunInstances returned counts
+// as coming up while describes do not show it yet (EC2's describes are
+// eventually consistent).
+const launchGrace = 2 * time.Minute
+
+// Limits keeps a manager's calls within EC2's documented request rates
+// (the API reference's "Request throttling"), which hold per account and
+// region: RunInstances' bucket holds 5 requests and refills 2 a second,
+// TerminateInstances' 100 and 5. Pools of one region share them. Each
+// attempt waits for a token, the SDK's retries too, and the refill is 5%
+// under EC2's, so that requests bunched on the way (EC2 counts them as
+// they arrive) are not throttled.
+type Limits struct {
+	run, terminate *rate.Limiter
+}
+
+// NewLimits is EC2's default rates.
+func NewLimits() *Limits {
+	return &Limits{run: rate.NewLimiter(2*0.95, 5), terminate: rate.NewLimiter(5*0.95, 100)}
+}
+
+// limiter is the limiter of an operation, nil for one EC2 meters
+// generously (describes: a bucket of 100 refilled 20 a second).
+func (l *Limits) limiter(op string) *rate.Limiter {
+	switch op {
+	case "RunInstances":
+		return l.run
+	case "TerminateInstances":
+		return l.terminate
+	}
+	return nil
+}
+
+var (
+	limitsMu sync.Mutex
+	limits   = map[string]*Limits{}
+)
+
+// limitsFor shares one Limits per region and endpoint.
+func limitsFor(key string) *Limits {
+	limitsMu.Lock()
+	defer limitsMu.Unlock()
+	if l, ok := limits[key]; ok {
+		return l
+	}
+	l := NewLimits()
+	limits[key] = l
+	return l
+}
+
+// List returns the instances of a manager: the pool's from the last
+// describe (at most a poll interval old) and the ones launched since,
+// less the ones terminated here. Another manager's are described.
+func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instance, error) {
+	if manager != p.opt.Manager {
+		found, err := p.describe(ctx, manager, p.opt.Pool, "")
+		var out []provider.Instance
+		for _, si := range found {
+			if si.inst.Reason != terminated {
+				out = append(out, si.inst)
+			}
+		}
+		return out, err
+	}
+	p.mu.Lock()
+	stale := p.opt.now().Sub(p.seenAt) >= p.opt.Section.PollInterval.Duration
+	p.mu.Unlock()
+	if stale {
+		if err := p.refresh(ctx); err != nil {
+			return nil, err
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.view(), nil
+}
+
+// view merges what was described with what was launched since. Called
+// with p.mu held.
+func (p *Provider) view() []provider.Instance {
+	out := make([]provider.Instance, 0, len(p.seen)+len(p.launched))
+	for id, si := range p.seen {
+		if _, hidden := p.gone[id]; !hidden && si.inst.Reason != terminated {
+			out = append(out, si.inst)
+		}
+	}
+	for id, inst := range p.launched {
+		if _, described := p.seen[id]; !described {
+			out = append(out, inst)
+		}
+	}
+	return out
+}
+
+// refresh describes the pool's instances, and reports what changed.
+func (p *Provider) refresh(ctx context.Context) error {
+	p.fresh.Lock()
+	defer p.fresh.Unlock()
+	start := p.opt.now()
+	found, err := p.describe(ctx, p.opt.Manager, p.opt.Pool, "")
+	if err != nil {
+		return err
+	}
+	seen := make(map[string]seenInstance, len(found))
+	for _, si := range found {
+		seen[si.inst.ID] = si
+	}
+	p.mu.Lock()
+	var changed []string
+	for id, si := range seen {
+		old, ok := p.seen[id]
+		if !ok {
+			old.inst = p.launched[id]
+		}
+		if old.inst.State != si.inst.State || old.inst.Reason != si.inst.Reason {
+			changed = append(changed, si.inst.Name)
+		}
+		delete(p.launched, id)
+	}
+	for id, si := range p.seen {
+		if _, ok := seen[id]; !ok {
+			changed = append(changed, si.inst.Name) // gone from the listing
+		}
+	}
+	for id, inst := range p.launched {
+		if start.Sub(inst.Created) > launchGrace {
+			delete(p.launched, id)
+			changed = append(changed, inst.Name)
+		}
+	}
+	for id, at := range p.gone {
+		if _, listed := seen[id]; !listed && start.Sub(at) > launchGrace {
+			delete(p.gone, id)
+		}
+	}
+	p.seen, p.seenAt = seen, start
+	subs := maps.Clone(p.changed)
+	p.mu.Unlock()
+	for _, name := range changed {
+		for _, f := range subs {
+			f(name)
+		}
+	}
+	return nil
+}
+
+// describe lists a manager's instances (of one pool, one runner when
+// given), all pages, terminated ones included (with Reason terminated).
+func (p *Provider) describe(ctx context.Context, manager, pool, runner string) ([]seenInstance, error) {
+	filters := []types.Filter{{Name: awssdk.String("tag:" + TagManager), Values: []string{manager}}}
+	if pool != "" {
+		filters = append(filters, types.Filter{Name: awssdk.String("tag:" + TagPool), Values: []string{pool}})
+	}
+	if runner != "" {
+		filters = append(filters, types.Filter{Name: awssdk.String("tag:" + TagRunner), Values: []string{runner}})
+	}
+	pages := ec2.NewDescribeInstancesPaginator(p.opt.API, &ec2.DescribeInstancesInput{Filters: filters, MaxResults: awssdk.Int32(1000)})
+	var out []seenInstance
+	for pages.HasMorePages() {
+		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+		page, err := pages.NextPage(cctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("describe instances: %w", err)
+		}
+		for _, r := range page.Reservations {
+			for _, i := range r.Instances {
+				out = append(out, seenInstance{p.instance(i), i.InstanceLifecycle == types.InstanceLifecycleTypeSpot})
+			}
+		}
+	}
+	return out, nil
+}
+
+// instance maps EC2's instance: pending is coming up (so the bootstrap
+// timeout applies), running runs, and anything shutting down or stopped
+// has ended.
+func (p *Provider) instance(i types.Instance) provider.Instance {
+	inst := provider.Instance{ID: awssdk.ToString(i.InstanceId), Created: awssdk.ToTime(i.LaunchTime)}
+	if inst.Created.IsZero() {
+		inst.Created = p.opt.now()
+	}
+	for _, t := range i.Tags {
+		switch awssdk.ToString(t.Key) {
+		case TagManager:
+			inst.Manager = awssdk.ToString(t.Value)
+		case TagPool:
+			inst.Pool = awssdk.ToString(t.Value)
+		case TagRunner:
+			inst.Name = awssdk.ToString(t.Value)
+		}
+	}
+	var state types.InstanceStateName
+	if i.State != nil {
+		state = i.State.Name
+	}
+	switch state {
+	case types.InstanceStateNamePending:
+		inst.State = provider.StateCreated
+	case types.InstanceStateNameRunning:
+		inst.State = provider.StateRunning
+	default:
+		inst.State = provider.StateExited
+		inst.Reason = string(state)
+		if i.StateReason != nil && state != types.InstanceStateNameTerminated {
+			inst.Reason += ": " + awssdk.ToString(i.StateReason.Message)
+		}
+	}
+	return inst
+}
+
+// Watch reports changes found by the poller, which it starts.
+func (p *Provider) Watch(ctx context.Context, changed func(name string)) {
+	p.subscribe(ctx, func(id int) { p.changed[id] = changed }, func(id int) { delete(p.changed, id) })
+}
+
+// WatchPreemption reports spot instances whose requests EC2 marked for
+// termination, stop or hibernation: the two-minute interruption notice.
+func (p *Provider) WatchPreemption(ctx context.Context, notice func(provider.Notice)) {
+	p.subscribe(ctx, func(id int) { p.notices[id] = notice }, func(id int) { delete(p.notices, id) })
+}
+
+func (p *Provider) subscribe(ctx context.Context, add, remove func(int)) {
+	p.mu.Lock()
+	id := p.nextSub
+	p.nextSub++
+	add(id)
+	p.mu.Unlock()
+	p.poll.Do(func() { go p.poller() })
+	context.AfterFunc(ctx, func() {
+		p.mu.Lock()
+		remove(id)
+		p.mu.Unlock()
+	})
+}
+
+// poller describes the pool's instances, and its spot requests while it
+// has spot instances, every poll interval until Close. A failing
+// describe is retried at the next interval, never sooner.
+func (p *Provider) poller() {
+	t := time.NewTicker(p.opt.Section.PollInterval.Duration)
+	defer t.Stop()
+	for {
+		err := p.refresh(p.ctx)
+		if err == nil {
+			err = p.spotNotices(p.ctx)
+		}
+		p.noteFailure(err)
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// noteFailure logs a failing poll when it starts and once a minute
+// after, and when it recovers. Only the poller calls it.
+func (p *Provider) noteFailure(err error) {
+	now := p.opt.now()
+	switch {
+	case err == nil && !p.failing.IsZero():
+		p.opt.Logger.Info("describing instances works again", "after", now.Sub(p.failing).Round(time.Second))
+		p.failing, p.failLog = time.Time{}, time.Time{}
+	case err != nil && p.ctx.Err() == nil && now.Sub(p.failLog) >= time.Minute:
+		if p.failing.IsZero() {
+			p.failing = now
+		}
+		p.failLog = now
+		p.opt.Logger.Warn("describing instances failed; trying again each poll interval", "err", err, "since", p.failing.Format(time.RFC3339))
+	}
+}
+
+// interruptCodes are the spot request status codes of an interruption
+// notice.
+var interruptCodes = map[string]bool{"marked-for-termination": true, "marked-for-stop": true, "marked-for-hibernation": true}
+
+// spotNotices reads the spot requests of the pool's live spot instances.
+func (p *Provider) spotNotices(ctx context.Context) error {
+	p.mu.Lock()
+	var ids []string
+	names := map[string]string{}
+	for id, si := range p.seen {
+		if si.spot && si.inst.State != provider.StateExited && !p.noticed[id] {
+			ids = append(ids, id)
+			names[id] = si.inst.Name
+		}
+	}
+	maps.DeleteFunc(p.noticed, func(id string, _ bool) bool { _, ok := p.seen[id]; return !ok })
+	p.mu.Unlock()
+	for len(ids) > 0 {
+		chunk := ids[:min(len(ids), 200)]
+		ids = ids[len(chunk):]
+		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+		out, err := p.opt.API.DescribeSpotInstanceRequests(cctx, &ec2.DescribeSpotInstanceRequestsInput{
+			Filters: []types.Filter{{Name: awssdk.String("instance-id"), Values: chunk}},
+		})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("describe spot requests: %w", err)
+		}
+		for _, r := range out.SpotInstanceRequests {
+			if r.Status == nil || !interruptCodes[awssdk.ToString(r.Status.Code)] {
+				continue
+			}
+			p.notify(provider.Notice{
+				Name: names[awssdk.ToString(r.InstanceId)], ID: awssdk.ToString(r.InstanceId),
+				At:     awssdk.ToTime(r.Status.UpdateTime).Add(2 * time.Minute),
+				Reason: "spot interruption: " + awssdk.ToString(r.Status.Code),
+			})
+		}
+	}
+	return nil
+}
+
+// notify hands a notice to the subscribers, once per instance.
+func (p *Provider) notify(n provider.Notice) {
+	p.mu.Lock()
+	if p.noticed[n.ID] || n.Name == "" {
+		p.mu.Unlock()
+		return
+	}
+	p.noticed[n.ID] = true
+	subs := maps.Clone(p.notices)
+	p.mu.Unlock()
+	p.opt.Logger.Warn("spot interruption notice", "runner", n.Name, "id", n.ID, "at", n.At.Format(time.RFC3339))
+	for _, f := range subs {
+		f(n)
+	}
+}
