@@ -955,12 +955,56 @@ func (p *Provider) copyLogs(id, file string, since time.Time) error {
 }
 
 // Close stops copying output and waits for the event watcher, whose
-// context must have ended. Containers keep running.
+// context must have ended. Containers keep running. A provider that ran
+// its pool first lets the engine finish removing the containers it is
+// removing (AutoRemove after an agent's exit, which List already counts
+// as gone), and deletes the files of every container of the pool that is
+// gone: a drained pool leaves nothing in the engine or on disk.
 func (p *Provider) Close() error {
+	if p.watching.Load() {
+		p.settle(closeSettle)
+	}
 	p.cancel()
 	p.wg.Wait()
 	if p.opt.closeClient {
 		return p.cli.Close()
 	}
 	return nil
+}
+
+// closeSettle bounds how long Close waits for the engine's removals.
+const closeSettle = 30 * time.Second
+
+// settle waits, up to limit, until none of the pool's containers is being
+// removed, then prunes the files of those gone and the pool's files
+// directory itself once empty.
+func (p *Provider) settle(limit time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	for {
+		cs, err := p.containers(ctx, p.opt.Manager, "")
+		if err != nil {
+			p.log.Warn("could not list containers at close; their files stay for the next start", "err", err)
+			return
+		}
+		removing := false
+		present := make(map[string]bool, len(cs))
+		for _, c := range cs {
+			present[containerNameOf(c)] = true
+			removing = removing || c.State == container.StateRemoving
+		}
+		if !removing {
+			p.pruneFiles(present, p.creating.Load() == 0)
+			if p.opt.FilesDir != "" {
+				_ = os.Remove(p.opt.FilesDir) // only if empty
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			p.log.Warn("containers still being removed at close; their files stay for the next start")
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }

@@ -3,6 +3,7 @@ package docker
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -579,5 +580,97 @@ func TestHangingEngineTimesOut(t *testing.T) {
 		if took > 5*time.Second {
 			t.Errorf("%s took %s against a hanging engine", name, took)
 		}
+	}
+}
+
+// Two pools of one manager, one named as the other's prefix: each prunes
+// only its own containers' files, never those of the other's running
+// containers, and each leaves no directory once closed.
+func TestPoolsPruneOnlyTheirOwnFiles(t *testing.T) {
+	_, img := engine(t)
+	state := t.TempDir()
+	manager := fmt.Sprintf("t%d", time.Now().UnixNano())
+	open := func(pool string) *Provider {
+		section, _ := json.Marshal(map[string]any{"image": img})
+		pr, err := driver{}.Open(provider.PoolConfig{Manager: manager, Pool: pool, StateDir: state, Section: section})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := pr.(*Provider)
+		t.Cleanup(func() {
+			if cs, err := p.containers(context.Background(), manager, ""); err == nil {
+				for _, c := range cs {
+					_ = p.removeContainer(context.Background(), c.ID, containerNameOf(c))
+				}
+			}
+		})
+		return p
+	}
+	a, ab := open("a"), open("a-b")
+	actx, acancel := context.WithCancel(context.Background())
+	defer acancel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a.Watch(actx, func(string) {})
+	ab.Watch(ctx, func(string) {})
+	if _, err := ab.Create(ctx, sleeper(ab, "a-b-1", "sleep 60")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.List(ctx, manager); err != nil { // quiet: prunes what it takes for gone
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(ab.opt.FilesDir); len(left) != 1 {
+		t.Fatalf("pool a-b's running container has %d files directories after pool a's listing, want 1", len(left))
+	}
+	acancel()
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ab.Delete(ctx, "a-b-1"); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := ab.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(filepath.Join(state, "docker")); len(left) != 0 {
+		t.Fatalf("%d entries left in the files directory after both pools closed", len(left))
+	}
+}
+
+// An agent that exits is removed by the engine (AutoRemove), which List
+// counts as gone at once; Close waits for the engine to finish and takes
+// the container's files, so that a drain that ends just then leaves
+// neither.
+func TestCloseWaitsForAutoRemoval(t *testing.T) {
+	files := t.TempDir()
+	p := newProvider(t, Options{FilesDir: filepath.Join(files, "p")})
+	ctx, cancel := context.WithCancel(context.Background())
+	p.Watch(ctx, func(string) {})
+	if _, err := p.Create(ctx, sleeper(p, "p-1", "sleep 0.2")); err != nil {
+		t.Fatal(err)
+	}
+	// Until the pool would no longer see it: being removed, or gone.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		insts, err := p.List(ctx, p.opt.Manager)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(insts) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the exited container still listed: %+v", insts)
+		}
+	}
+	cancel()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if cs, _ := p.containers(context.Background(), p.opt.Manager, ""); len(cs) != 0 {
+		t.Errorf("%d containers left after Close", len(cs))
+	}
+	if left, _ := os.ReadDir(files); len(left) != 0 {
+		t.Errorf("%d entries left in the files directory after Close", len(left))
 	}
 }

@@ -65,8 +65,10 @@ func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 	// The runners' files are bind-mounted where the engine shares this
 	// host's filesystem, and copied into the container where it does
 	// not (a remote engine).
+	// A directory per pool: each pool prunes the files of its containers
+	// that are gone, and must not take another pool's for those.
 	if localEngine(cli.DaemonHost()) {
-		opt.FilesDir = filepath.Join(c.StateDir, "docker")
+		opt.FilesDir = filepath.Join(c.StateDir, "docker", c.Pool)
 	}
 	opt.Logger = log.With("provider", "docker", "pool", c.Pool)
 	p, err := New(opt)
