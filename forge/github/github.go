@@ -126,6 +126,7 @@ type Driver struct {
 	mu       sync.Mutex
 	cache    []forge.Runner
 	cachedAt time.Time
+	changes  int64 // registrations made, found busy or ended here, counted
 	noJIT    bool
 	reruns   map[int64]bool    // runs whose failed jobs were re-run
 	losing   forge.Following   // lost runners being followed
@@ -410,6 +411,7 @@ func (d *Driver) registerJIT(ctx context.Context, req forge.RunnerRequest) (forg
 func (d *Driver) remember(r forge.Runner) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.changes++
 	if !d.cachedAt.IsZero() {
 		d.cache = slices.DeleteFunc(d.cache, func(x forge.Runner) bool { return x.Name == r.Name || x.ID == r.ID })
 		d.cache = append(d.cache, r)
@@ -421,6 +423,7 @@ func (d *Driver) remember(r forge.Runner) {
 func (d *Driver) markBusy(id int64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.changes++
 	for i := range d.cache {
 		if d.cache[i].ID == id {
 			d.cache[i].Status = forge.StatusBusy
@@ -510,6 +513,7 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 		d.mu.Unlock()
 		return out, nil
 	}
+	changes := d.changes
 	d.mu.Unlock()
 	start := time.Now()
 	var out []forge.Runner
@@ -559,7 +563,14 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 		opt.Page = next
 	}
 	d.mu.Lock()
-	d.cache, d.cachedAt = slices.Clone(out), start
+	if d.changes == changes {
+		d.cache, d.cachedAt = slices.Clone(out), start
+	} else {
+		// A registration made or ended while GitHub was read may be
+		// missing from (or still in) this listing: kept, it would hide
+		// the change for a whole cache_ttl. The next call reads again.
+		d.cachedAt = time.Time{}
+	}
 	d.mu.Unlock()
 	return out, nil
 }
@@ -596,6 +607,7 @@ func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 
 func (d *Driver) forget(id int64) {
 	d.mu.Lock()
+	d.changes++
 	d.cache = slices.DeleteFunc(d.cache, func(r forge.Runner) bool { return r.ID == id })
 	d.mu.Unlock()
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/forge/github"
 	"github.com/runfleet/runfleet/internal/ghsim"
+	"github.com/runfleet/runfleet/internal/stall"
 )
 
 const token = "ghp_simulatedpersonalaccesstoken0001"
@@ -138,6 +139,42 @@ func TestListPagesAndCaches(t *testing.T) {
 	rs, _ = d.Runners(ctx)
 	if len(rs) != 230 || d.Calls() != 4 {
 		t.Fatalf("after ended: %d runners, %d calls; want 230 and 4", len(rs), d.Calls())
+	}
+}
+
+// A registration made while a listing is under way is missing from that
+// listing: it is not kept, so the next pass reads GitHub again and sees
+// the runner, instead of missing it for a whole cache_ttl.
+func TestListingThatOverlapsARegistrationIsNotKept(t *testing.T) {
+	s := newSim(t, ghsim.Options{})
+	front, listing, release := stall.HoldAnswer(t, s.URL, func(r *http.Request) bool {
+		return r.Method == "GET" && strings.HasSuffix(r.URL.Path, "/actions/runners")
+	})
+	d, err := github.New(github.Config{URL: front + "/acme/app", Token: token, Logger: quiet(), CacheTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	first := make(chan []forge.Runner, 1)
+	go func() {
+		rs, _ := d.Runners(ctx)
+		first <- rs
+	}()
+	<-listing
+	cred, err := d.Register(ctx, forge.RunnerRequest{Name: "p-1", Labels: []string{"x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if rs := <-first; len(rs) != 0 {
+		t.Fatalf("the held listing has %+v, want none (it was read before p-1 was made)", rs)
+	}
+	rs, err := d.Runners(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 1 || rs[0].ID != cred.RunnerID {
+		t.Errorf("the next listing is %+v, want the runner made during the last one", rs)
 	}
 }
 

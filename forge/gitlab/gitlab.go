@@ -85,6 +85,7 @@ type Driver struct {
 	scopeID  int64 // the project's or group's id, once resolved
 	cache    []forge.Runner
 	cachedAt time.Time
+	changes  int64           // runners made, paused or deleted here, counted
 	losing   forge.Following // runners whose lost job is being re-run
 	retried  map[int64]bool  // jobs retried already
 }
@@ -275,6 +276,7 @@ func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.C
 func (d *Driver) update(id int64, f func(list []forge.Runner, i int) []forge.Runner) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.changes++
 	if d.cachedAt.IsZero() {
 		return
 	}
@@ -318,15 +320,23 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 		d.mu.Unlock()
 		return list, nil
 	}
+	changes := d.changes
 	d.mu.Unlock()
 	list, err := d.listRunners(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if d.cfg.CacheTTL > 0 {
-		d.mu.Lock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case d.changes != changes:
+		// A runner made or deleted while GitLab was read may be missing
+		// from (or still in) this listing: kept, it would hide the change
+		// for a whole cache_ttl, long enough for the pool to take a new
+		// runner's machine for an orphan. The next call reads again.
+		d.cachedAt = time.Time{}
+	case d.cfg.CacheTTL > 0:
 		d.cache, d.cachedAt = slices.Clone(list), time.Now()
-		d.mu.Unlock()
 	}
 	return list, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/forge/gitlab"
 	"github.com/runfleet/runfleet/internal/glsim"
+	"github.com/runfleet/runfleet/internal/stall"
 )
 
 const token = "unit-test-gitlab-token-must-not-leak"
@@ -386,6 +387,49 @@ func TestAgentSpec(t *testing.T) {
 	out = append(out, "Job succeeded\nThis runner has processed its build limit, so now exiting\n"...)
 	if ph := ag.(interface{ Phase([]byte) agent.Phase }).Phase(out); ph != agent.PhaseDone {
 		t.Errorf("phase %v after the build limit, want done", ph)
+	}
+}
+
+// A runner made while a listing is under way is missing from that
+// listing: it is not kept, so the next pass reads GitLab again and sees
+// the runner, instead of missing it for a whole cache_ttl (long enough for
+// the pool to take its machine for an orphan and give its name to a
+// second runner).
+func TestRunnersCacheSkipsListingThatOverlapsAChange(t *testing.T) {
+	sim := glsim.New(glsim.Options{Token: token, Projects: []string{"acme/models"}})
+	t.Cleanup(sim.Close)
+	front, listing, release := stall.HoldAnswer(t, sim.URL, func(r *http.Request) bool {
+		return r.Method == "GET" && strings.HasSuffix(r.URL.Path, "/runners")
+	})
+	d, err := gitlab.New(gitlab.Config{URL: front, Token: token, CacheTTL: time.Minute, CallTimeout: 5 * time.Second,
+		SettleTime: 10 * time.Millisecond, Scope: gitlab.Scope{Kind: "project", Ref: "acme/models"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := d.Register(ctx, forge.RunnerRequest{Name: "c-1", Labels: []string{"c"}}); err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan []forge.Runner, 1)
+	go func() {
+		runs, _ := d.Runners(ctx)
+		first <- runs
+	}()
+	<-listing
+	c2, err := d.Register(ctx, forge.RunnerRequest{Name: "c-2", Labels: []string{"c"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if runs := <-first; len(runs) != 1 {
+		t.Fatalf("the held listing has %d runners, want c-1 alone (it was read before c-2 was made)", len(runs))
+	}
+	runs, err := d.Runners(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(runs, func(r forge.Runner) bool { return r.ID == c2.RunnerID }) {
+		t.Errorf("the next listing lacks the runner made during the last one: %+v", runs)
 	}
 }
 
