@@ -88,6 +88,9 @@ type Driver struct {
 	changes  int64           // runners made, paused or deleted here, counted
 	losing   forge.Following // runners whose lost job is being re-run
 	retried  map[int64]bool  // jobs retried already
+	// timedOut holds the project of each job a hook reported timed out,
+	// for RerunJob outside a project scope; at most maxTimedOut.
+	timedOut map[int64]int64
 }
 
 // Stats reports the calls sent. GitLab's RateLimit headers are read by
@@ -112,7 +115,7 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.RunnerURL == "" {
 		cfg.RunnerURL = cfg.URL
 	}
-	d := &Driver{cfg: cfg, log: cfg.Logger, retried: map[int64]bool{}}
+	d := &Driver{cfg: cfg, log: cfg.Logger, retried: map[int64]bool{}, timedOut: map[int64]int64{}}
 	hc := &http.Client{}
 	if cfg.HTTPClient != nil {
 		c := *cfg.HTTPClient

@@ -1,10 +1,12 @@
 package gitlab_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -454,5 +456,90 @@ func TestRunnersCache(t *testing.T) {
 	calls, _ := sim.Calls()
 	if n := calls["GET /api/v4/projects/{id}/runners"]; n != 1 {
 		t.Errorf("%d list calls, want 1", n)
+	}
+}
+
+// A job that hit its time limit is reported timed_out with its attempt
+// (retries_count + 1) by its Job Hook; RerunJob retries it, and the
+// retry's hook says attempt 2. A group's driver retries the job in the
+// project its hook named, and refuses one no hook reported.
+func TestRerunJobAfterTimeout(t *testing.T) {
+	hooks := make(chan *http.Request, 100)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		req := httptest.NewRequest("POST", "/webhook/gl", bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		hooks <- req
+	}))
+	t.Cleanup(srv.Close)
+	d, sim := newDriver(t, glsim.Options{HookURL: srv.URL, HookSecret: "s3cret"}, gitlab.Config{})
+	group, err := gitlab.New(gitlab.Config{URL: sim.URL, Token: token, Scope: gitlab.Scope{Kind: "group", Ref: "acme"}, CallTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cred, err := d.Register(ctx, forge.RunnerRequest{Name: "t-1", Labels: []string{"t"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sim.CreatePipeline("acme/models", glsim.JobSpec{Name: "train", Tags: []string{"t"}, Script: "sleep 600"}); err != nil {
+		t.Fatal(err)
+	}
+	id, tok := requestJob(t, sim, cred.Env[gitlab.EnvToken])
+	finishJob(t, sim, id, tok, "failed", "job_execution_timeout")
+	// hookFor waits for the hook that reports a job in a status.
+	hookFor := func(drv *gitlab.Driver, want forge.JobStatus) forge.Job {
+		t.Helper()
+		for {
+			select {
+			case r := <-hooks:
+				dl, err := drv.ParseWebhook(r, []byte("s3cret"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if dl.Job != nil && dl.Job.Status == want {
+					return *dl.Job
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("no hook of a %s job", want)
+			}
+		}
+	}
+	ended := hookFor(d, forge.JobCompleted)
+	if ended.ID != id || ended.Conclusion != forge.ConclusionTimedOut || ended.Attempt != 1 {
+		t.Fatalf("the hook reported job %d %s attempt %d, want job %d timed_out attempt 1", ended.ID, ended.Conclusion, ended.Attempt, id)
+	}
+	if err := d.RerunJob(ctx, ended); err != nil {
+		t.Fatal(err)
+	}
+	retry := hookFor(d, forge.JobQueued)
+	if retry.ID == id || retry.Attempt != 2 || retry.Name != "train" {
+		t.Errorf("the retry's hook: job %d %q attempt %d, want a new job train, attempt 2", retry.ID, retry.Name, retry.Attempt)
+	}
+
+	// The group's driver: the project comes from the hook.
+	id2, tok2 := requestJob(t, sim, cred.Env[gitlab.EnvToken])
+	finishJob(t, sim, id2, tok2, "failed", "job_execution_timeout")
+	if err := group.RerunJob(ctx, forge.Job{ID: id2, Attempt: 2}); err == nil || !strings.Contains(err.Error(), "project is unknown") {
+		t.Errorf("a group's driver re-ran a job no hook reported: %v", err)
+	}
+	ended = hookFor(group, forge.JobCompleted)
+	if ended.ID != id2 || ended.Attempt != 2 {
+		t.Fatalf("the hook reported job %d attempt %d, want job %d attempt 2", ended.ID, ended.Attempt, id2)
+	}
+	if err := group.RerunJob(ctx, ended); err != nil {
+		t.Fatal(err)
+	}
+	if r := hookFor(group, forge.JobQueued); r.Attempt != 3 {
+		t.Errorf("the second retry's attempt is %d, want 3", r.Attempt)
+	}
+	retries := 0
+	for _, j := range sim.Jobs() {
+		if j.RetryOf != 0 {
+			retries++
+		}
+	}
+	if retries != 2 {
+		t.Errorf("%d retries at GitLab, want 2", retries)
 	}
 }

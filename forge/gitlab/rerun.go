@@ -96,3 +96,56 @@ func (d *Driver) retry(ctx context.Context, r forge.Runner, j *gl.Job) error {
 	d.log.Warn("gitlab: runner lost mid-job; its job was cancelled and retried", "runner", r.Name, "id", r.ID, "job", j.ID, "retry", n.ID)
 	return nil
 }
+
+// maxTimedOut bounds the projects kept for jobs that timed out: a pool
+// without rerun_on_timeout never asks for them.
+const maxTimedOut = 1000
+
+// noteTimedOut keeps the project of a job a hook reported timed out: a
+// group's or the instance's driver needs it to retry the job.
+func (d *Driver) noteTimedOut(job, project int64) {
+	if project == 0 {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.timedOut) >= maxTimedOut {
+		clear(d.timedOut)
+	}
+	d.timedOut[job] = project
+}
+
+// RerunJob retries one ended job (POST /projects/:id/jobs/:job_id/retry):
+// GitLab makes a new pending job of it, whose Job Hook's retries_count
+// (its Attempt, less one) bounds rerun_on_timeout. The retry is not sent
+// twice: a 5xx may follow a retry that was made.
+func (d *Driver) RerunJob(ctx context.Context, j forge.Job) error {
+	d.mu.Lock()
+	pid, ok := d.timedOut[j.ID]
+	delete(d.timedOut, j.ID)
+	d.mu.Unlock()
+	if !ok {
+		if d.cfg.Scope.Kind != "project" {
+			return fmt.Errorf("gitlab retry job %d: its project is unknown (no Job Hook reported it timed out)", j.ID)
+		}
+		var err error
+		if pid, err = d.resolve(ctx); err != nil {
+			return err
+		}
+	}
+	var n *gl.Job
+	err := d.call(ctx, fmt.Sprintf("retry job %d", j.ID), func(o gl.RequestOptionFunc) (*gl.Response, error) {
+		var resp *gl.Response
+		var err error
+		n, resp, err = d.api.Jobs.RetryJob(pid, j.ID, o, gl.WithRequestRetry(retryUnsent))
+		return resp, err
+	})
+	if err != nil {
+		if definitive(err) {
+			return fmt.Errorf("%w: %w", forge.ErrRejected, err)
+		}
+		return err
+	}
+	d.log.Info("gitlab: job retried", "job", j.ID, "retry", n.ID, "attempt", j.Attempt+1)
+	return nil
+}

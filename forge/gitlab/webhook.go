@@ -52,8 +52,13 @@ func (d *Driver) ParseWebhook(r *http.Request, secret []byte) (forge.Delivery, e
 	}
 	j := forge.Job{
 		ID: e.BuildID, RunID: e.PipelineID, Name: e.BuildName, Status: st, Conclusion: conclusion,
+		// A retry is a new job; retries_count says how many came before.
+		Attempt:  int(max(e.RetriesCount, 0)) + 1,
 		RunnerID: e.Runner.ID, RunnerName: e.Runner.Description,
 		CreatedAt: hookTime(e.BuildCreatedAt), StartedAt: hookTime(e.BuildStartedAt), EndedAt: hookTime(e.BuildFinishedAt),
+	}
+	if conclusion == forge.ConclusionTimedOut {
+		d.noteTimedOut(j.ID, e.ProjectID)
 	}
 	if st == forge.JobQueued {
 		j.Labels = d.tags(r.Context(), e.ProjectID, e.BuildID)

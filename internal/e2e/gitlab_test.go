@@ -2,11 +2,13 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -495,4 +497,65 @@ func TestGitLabCrashGC(t *testing.T) {
 		t.Errorf("%d runners left after gc --yes", len(r))
 	}
 	eventually(t, 30*time.Second, "no runner process", func() bool { return len(f.runnerPIDs()) == 0 })
+}
+
+// TestGitLabRerunOnTimeout: with rerun_on_timeout: 1, a job its runner
+// ended for hitting its timeout (failed, job_execution_timeout, as its
+// Job Hook says) is retried once and resumes from its checkpoint; one
+// that times out again is left; a job that failed of itself is never
+// retried.
+func TestGitLabRerunOnTimeout(t *testing.T) {
+	top, hooks, _ := listeners(t)
+	name := "gltimeout"
+	f := newGitLabFleet(t, name, glOptions{
+		Size: 2, Max: 4, Top: top,
+		Sim:   glsim.Options{HookURL: hooks + "/webhook/gl", HookSecret: hookSecret},
+		Forge: "    webhook_secret: " + hookSecret + "\n    poll_interval: 2s\n",
+		Pool:  "    rerun_on_timeout: 1\n",
+	})
+	sim := f.gl
+	f.start()
+	eventually(t, time.Minute, "2 idle runners", func() bool { return idleGitLab(sim) == 2 })
+	ckpt := filepath.Join(f.dir, "checkpoint")
+	for _, spec := range []glsim.JobSpec{
+		{Name: "train", Tags: []string{name}, Timeout: 3 * time.Second,
+			Script: fmt.Sprintf("if [ -e %[1]s ]; then echo resumed from the checkpoint; exit 0; fi; touch %[1]s; sleep 600", ckpt)},
+		{Name: "endless", Tags: []string{name}, Timeout: 3 * time.Second, Script: "sleep 600"},
+		{Name: "broken", Tags: []string{name}, Script: "exit 1"},
+	} {
+		if _, err := sim.CreatePipeline("acme/"+name, spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	attempts := func(job string) []glsim.Job {
+		var out []glsim.Job
+		for _, j := range sim.Jobs() {
+			if j.Name == job {
+				out = append(out, j)
+			}
+		}
+		slices.SortFunc(out, func(a, b glsim.Job) int { return cmp.Compare(a.ID, b.ID) })
+		return out
+	}
+	eventually(t, 2*time.Minute, "train retried and done, endless timed out twice", func() bool {
+		tr, en := attempts("train"), attempts("endless")
+		return len(tr) == 2 && tr[1].Finished() && len(en) == 2 && en[1].Finished()
+	})
+	time.Sleep(5 * time.Second) // a wrong third attempt would show by now
+	for _, job := range []string{"train", "endless", "broken"} {
+		for i, j := range attempts(job) {
+			t.Logf("%s attempt %d (job %d, retry of %d): %s %s", job, i+1, j.ID, j.RetryOf, j.Status, j.FailureReason)
+		}
+	}
+	tr, en, br := attempts("train"), attempts("endless"), attempts("broken")
+	if tr[0].FailureReason != "job_execution_timeout" || tr[1].Status != "success" || !strings.Contains(string(tr[1].Trace), "resumed from the checkpoint") {
+		t.Errorf("train: %s (%s) then %s", tr[0].Status, tr[0].FailureReason, tr[1].Status)
+	}
+	if len(en) != 2 || en[1].FailureReason != "job_execution_timeout" || en[1].RetryOf != en[0].ID {
+		t.Errorf("endless: %d attempts, want 2, both timed out", len(en))
+	}
+	if len(br) != 1 || br[0].Status != "failed" {
+		t.Errorf("broken: %d attempts, want 1 failure", len(br))
+	}
+	f.stopLeavesNothing()
 }

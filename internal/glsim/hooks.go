@@ -30,6 +30,7 @@ func (s *Server) deliver(j Job, projectPath string) {
 	}
 	runner := any(nil)
 	s.mu.Lock()
+	retries := s.retries(j)
 	if run := s.runners[j.RunnerID]; run != nil {
 		runner = map[string]any{
 			"id": run.ID, "description": run.Description, "runner_type": run.Type, "active": !run.Paused,
@@ -43,7 +44,7 @@ func (s *Server) deliver(j Job, projectPath string) {
 		"build_id": j.ID, "build_name": j.Name, "build_stage": j.Stage, "build_status": j.Status,
 		"build_created_at": t(j.CreatedAt), "build_started_at": t(j.StartedAt), "build_finished_at": t(j.FinishedAt),
 		"build_duration": duration, "build_queued_duration": nil, "build_allow_failure": false,
-		"build_failure_reason": failure, "retries_count": 0, "pipeline_id": j.PipelineID,
+		"build_failure_reason": failure, "retries_count": retries, "pipeline_id": j.PipelineID,
 		"project_id": j.ProjectID, "project_name": "acme / " + name,
 		"user":   map[string]any{"id": 1, "name": "Administrator", "username": "root", "email": "[REDACTED]"},
 		"commit": map[string]any{"id": j.PipelineID, "name": nil, "sha": sha, "message": "test\n", "status": j.Status},
@@ -76,4 +77,19 @@ func (s *Server) deliver(j Job, projectPath string) {
 		s.deliveries[code]++
 		s.mu.Unlock()
 	})
+}
+
+// retries counts the retries before a job: the jobs it retries, one
+// after the other, as GitLab's retries_count does. Called with s.mu held.
+func (s *Server) retries(j Job) int {
+	n := 0
+	for at := j.RetryOf; at != 0 && n <= len(s.jobs); {
+		n++
+		prev := s.jobs[at]
+		if prev == nil {
+			break
+		}
+		at = prev.RetryOf
+	}
+	return n
 }
