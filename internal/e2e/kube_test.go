@@ -60,6 +60,22 @@ func TestKubePodsRunJobs(t *testing.T) {
 	f.stopLeavesNothing()
 }
 
+// A pod may take a job just before the pool replaces it for its age
+// (max_lifetime), or after, while no manager is up to replace it; the
+// job must not die with it. TestChaosKube lost jobs that way while a
+// pod's activeDeadlineSeconds was max_lifetime itself (the runner is
+// killed 10 s after its deadline, its grace period): here every job runs
+// for longer than both, so a deadline that short fails them all.
+func TestKubeJobOutlivesMaxLifetime(t *testing.T) {
+	img := needKube(t)
+	f := newFleet(t, "klife", fleetOptions{Size: 1, Max: 2, Extra: "    max_lifetime: 3s\n", Kube: kubeSection(img, "")})
+	f.start()
+	eventually(t, 2*time.Minute, "an idle runner", func() bool { return f.idleOnline() >= 1 })
+	f.push(matrix("klife", 2, "sleep 16\necho done"))
+	checkJobs(t, f.waitJobs(2, 3*time.Minute))
+	f.stopLeavesNothing()
+}
+
 // Kill -9 the manager while two jobs run in pods: a restarted manager
 // adopts the pods by label (the jobs finish in them), removes a pod
 // without a registration and a registration without a pod, and brings the

@@ -231,9 +231,14 @@ const logTailLines = 400
 // Output reads the end of the agent container's log, through the
 // apiserver (pods/log). A running pod's is read at most once per
 // LogInterval; an ended pod's once more, then kept until the pod has
-// been gone for a while.
+// been gone for a while. The pod counts as ended when inst, read from
+// the informer's cache, says so: the cache is updated before the event
+// handlers run, so a pass may list a pod ended whose end the handler has
+// not yet recorded, and a log read while it ran would tell a job that
+// finished as one that died with its agent.
 func (p *Provider) Output(ctx context.Context, inst provider.Instance, max int64) (io.ReadCloser, error) {
 	uid := types.UID(inst.ID)
+	exited := inst.State == provider.StateExited
 	p.mu.Lock()
 	o := p.outputs[uid]
 	if o == nil || !o.started {
@@ -241,7 +246,7 @@ func (p *Provider) Output(ctx context.Context, inst provider.Instance, max int64
 		return nil, provider.ErrNoOutput
 	}
 	name, fresh, final := o.pod, time.Since(o.at) < p.opt.LogInterval, o.final
-	ended, data, gone := o.ended, o.data, !o.goneAt.IsZero()
+	ended, data, gone := o.ended || exited, o.data, !o.goneAt.IsZero()
 	p.mu.Unlock()
 	if final || gone || (fresh && !ended) {
 		return tail(data, max)

@@ -39,7 +39,7 @@ type Options struct {
 	Section   Section
 	// GPUs is the number of GPUs each runner asks for (gpus_per_runner).
 	GPUs int
-	// MaxLifetime becomes each pod's activeDeadlineSeconds.
+	// MaxLifetime sets each pod's activeDeadlineSeconds (see deadline).
 	MaxLifetime time.Duration
 	// CallTimeout bounds each API call; DefaultCallTimeout when 0.
 	CallTimeout time.Duration

@@ -152,13 +152,23 @@ func (p *Provider) podFor(name string, spec provider.Spec) (*corev1.Pod, error) 
 	for _, sec := range s.ImagePullSecrets {
 		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: sec})
 	}
-	if d := p.opt.MaxLifetime; d > 0 {
-		// The last resort, also when the manager is gone: the pool
-		// retires idle runners long before.
+	if d := deadline(p.opt.MaxLifetime); d > 0 {
 		secs := int64((d + time.Second - 1) / time.Second)
 		pod.Spec.ActiveDeadlineSeconds = &secs
 	}
 	return p.overlay(pod, spec)
+}
+
+// deadline is the pod's activeDeadlineSeconds for a pool's max_lifetime:
+// the last resort, which holds also when the manager is gone. The pool
+// replaces idle pods at max_lifetime, so a pod may take a job just before
+// then; that job gets as long again, and at least an hour, before the
+// kubelet kills it.
+func deadline(maxLifetime time.Duration) time.Duration {
+	if maxLifetime <= 0 {
+		return 0
+	}
+	return maxLifetime + max(maxLifetime, time.Hour)
 }
 
 func dataVolume(i int) string { return "data-" + strconv.Itoa(i) }

@@ -82,7 +82,7 @@ pod_template:
 	if ps.AutomountServiceAccountToken == nil || *ps.AutomountServiceAccountToken {
 		t.Error("the service account token is mounted")
 	}
-	if ps.ActiveDeadlineSeconds == nil || *ps.ActiveDeadlineSeconds != 5400 {
+	if ps.ActiveDeadlineSeconds == nil || *ps.ActiveDeadlineSeconds != 10800 { // 90 min, and as long again for a job taken at 90 min
 		t.Errorf("activeDeadlineSeconds %v", ps.ActiveDeadlineSeconds)
 	}
 	if ps.RuntimeClassName == nil || *ps.RuntimeClassName != "nvidia" || ps.PriorityClassName != "ci" || ps.ServiceAccountName != "runner" ||
@@ -264,6 +264,21 @@ func TestStateAndReason(t *testing.T) {
 		}
 		if _, got := disruption(&tc.pod); got != tc.disruption {
 			t.Errorf("%s: disruption %v, want %v", tc.name, got, tc.disruption)
+		}
+	}
+}
+
+// A pod that takes a job just before max_lifetime keeps it: the kubelet's
+// deadline leaves that job as long again, at least an hour.
+func TestDeadlineLeavesAJobTime(t *testing.T) {
+	for _, c := range []struct{ life, want time.Duration }{
+		{0, 0},
+		{4 * time.Second, time.Hour + 4*time.Second},
+		{time.Hour, 2 * time.Hour},
+		{12 * time.Hour, 24 * time.Hour},
+	} {
+		if got := deadline(c.life); got != c.want {
+			t.Errorf("deadline(%s) = %s, want %s", c.life, got, c.want)
 		}
 	}
 }

@@ -1,0 +1,84 @@
+package kubernetes
+
+import (
+	"context"
+	"io"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/runfleet/runfleet/provider"
+)
+
+// A pass may list a pod ended (the informer's cache is updated before its
+// handlers run) while the provider still holds a log read as it ran: that
+// log would say the agent was mid-job, and the pool would report a job
+// that finished as lost with its agent (TestChaosKube). The pod listed
+// ended is read once more, however fresh the last read.
+func TestOutputOfAPodListedEnded(t *testing.T) {
+	cs := fake.NewClientset()
+	var log atomic.Value
+	log.Store("declare successfully\ntask 7 repo is o/r\n")
+	cs.PrependReactor("get", "pods/log", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, &runtime.Unknown{Raw: []byte(log.Load().(string))}, nil
+	})
+	p, err := New(Options{Client: cs, Namespace: "ns", Manager: "m1", Pool: "cpu", LogInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	ctx := context.Background()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "m1-cpu-1-bcdfg", Namespace: "ns", UID: "uid-1",
+			Labels: map[string]string{LabelManager: "m1", LabelPool: "cpu", LabelRunner: "cpu-1"}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{
+			{Name: agentContainer, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}},
+	}
+	if _, err := cs.CoreV1().Pods("ns").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	running := provider.Instance{Name: "cpu-1", ID: "uid-1", State: provider.StateRunning}
+	deadline := time.Now().Add(10 * time.Second)
+	for read(t, p, running) == "" {
+		if time.Now().After(deadline) {
+			t.Fatal("no output of the running pod within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// The job ends and the pod with it; the handler has not run yet.
+	log.Store("declare successfully\ntask 7 repo is o/r\nrunner: cpu-1 shutdown initiated\n")
+	if got := read(t, p, running); got == log.Load() {
+		t.Fatalf("a running pod's log was read again within LogInterval")
+	}
+	ended := running
+	ended.State = provider.StateExited
+	if got, want := read(t, p, ended), log.Load().(string); got != want {
+		t.Errorf("output of a pod listed ended = %q, want its last log %q", got, want)
+	}
+	// That read was the last: the log is not read again.
+	log.Store("never read")
+	if got := read(t, p, ended); got == "never read" {
+		t.Errorf("an ended pod's log was read again after its final read")
+	}
+}
+
+func read(t *testing.T, p *Provider, inst provider.Instance) string {
+	t.Helper()
+	r, err := p.Output(context.Background(), inst, 1<<20)
+	if err == provider.ErrNoOutput {
+		return ""
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	b, _ := io.ReadAll(r)
+	return string(b)
+}
