@@ -44,13 +44,7 @@ func TestOutputOfAPodListedEnded(t *testing.T) {
 		t.Fatal(err)
 	}
 	running := provider.Instance{Name: "cpu-1", ID: "uid-1", State: provider.StateRunning}
-	deadline := time.Now().Add(10 * time.Second)
-	for read(t, p, running) == "" {
-		if time.Now().After(deadline) {
-			t.Fatal("no output of the running pod within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(t, "output of the running pod", func() bool { return read(t, p, running) != "" })
 
 	// The job ends and the pod with it; the handler has not run yet.
 	log.Store("declare successfully\ntask 7 repo is o/r\nrunner: cpu-1 shutdown initiated\n")
