@@ -6,20 +6,32 @@
 .PHONY: demo test build deps
 
 demo:
-	go run ./cmd/runfleet demo
+	go run ./internal/testbed/demo
 
-# The end-to-end tests build Gitea on first use (about 5 minutes on two
-# cores, cached in ~/.cache/runfleet afterwards), hence the long timeout:
-# cold, internal/e2e took 2251 s of it on two cores (2026-11-24).
+# The end-to-end tests build Gitea, gitea-runner and a Kubernetes control
+# plane on first use (about 20 minutes on two cores, cached in
+# ~/.cache/runfleet afterwards, one build at a time under a lock), hence
+# the long timeout. The end-to-end packages (internal/e2e/*) mostly wait on
+# jobs, so up to TEST_PARALLEL test packages run side by side (three: at
+# six, two cores ran at a load of 20 and container starts took 20 s);
+# testsum shows each package's output as it ends, then the wall time of
+# every package and the ten slowest tests. TEST_JSON keeps go test's own
+# record. -count=1: go test's cache cannot see Gitea, Docker or the
+# simulators' builds, so a cached pass would be no test at all.
 # The NVML reader is behind the nvml build tag (cgo); its tests run over
 # go-nvml's DGX H200 mock. NVML's header marks some calls deprecated.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
+TEST_PARALLEL ?= 3
+TEST_JSON ?= /dev/null
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 
 test: deps
 	go vet ./...
 	go vet -tags nvml ./gpu
 	go test -race -tags nvml ./gpu
-	go test -race -timeout 50m ./...
+	go build -o bin/testsum ./internal/testbed/testsum
+	go test -race -count=1 -timeout 50m -p $(TEST_PARALLEL) -json ./... | tee $(TEST_JSON) | bin/testsum
 
 # Test images are built FROM scratch (no registry is needed) out of static
 # binaries from Debian's bash-static and busybox-static packages; the status

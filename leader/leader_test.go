@@ -12,11 +12,11 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/runfleet/runfleet/internal/peers"
+	"github.com/runfleet/runfleet/internal/testbed/peers"
 )
 
 // The elections run against a real kube-apiserver and etcd (built on first
-// use and cached; see internal/peers).
+// use and cached; see internal/testbed/peers).
 var (
 	kube    *peers.Kube
 	kubeErr error

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/forge"
-	"github.com/runfleet/runfleet/internal/stall"
+	"github.com/runfleet/runfleet/internal/testbed/stall"
 )
 
 // A Gitea that accepts connections and never answers cannot hold a pass:

@@ -22,8 +22,8 @@ import (
 
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/forge/github"
-	"github.com/runfleet/runfleet/internal/ghsim"
-	"github.com/runfleet/runfleet/internal/stall"
+	"github.com/runfleet/runfleet/internal/testbed/ghsim"
+	"github.com/runfleet/runfleet/internal/testbed/stall"
 )
 
 // A runner name is reused by every runner of its slot: the job lost with a

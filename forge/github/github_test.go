@@ -16,8 +16,8 @@ import (
 
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/forge/github"
-	"github.com/runfleet/runfleet/internal/ghsim"
-	"github.com/runfleet/runfleet/internal/stall"
+	"github.com/runfleet/runfleet/internal/testbed/ghsim"
+	"github.com/runfleet/runfleet/internal/testbed/stall"
 )
 
 const token = "ghp_simulatedpersonalaccesstoken0001"

@@ -15,7 +15,7 @@ import (
 
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/forge/github"
-	"github.com/runfleet/runfleet/internal/ghsim"
+	"github.com/runfleet/runfleet/internal/testbed/ghsim"
 )
 
 func newScaleSet(t *testing.T, s *ghsim.Server) *github.ScaleSet {

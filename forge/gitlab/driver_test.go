@@ -11,7 +11,7 @@ import (
 
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/forge/gitlab"
-	"github.com/runfleet/runfleet/internal/glsim"
+	"github.com/runfleet/runfleet/internal/testbed/glsim"
 	"github.com/runfleet/runfleet/secret"
 )
 

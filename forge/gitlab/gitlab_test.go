@@ -17,8 +17,8 @@ import (
 	"github.com/runfleet/runfleet/agent"
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/forge/gitlab"
-	"github.com/runfleet/runfleet/internal/glsim"
-	"github.com/runfleet/runfleet/internal/stall"
+	"github.com/runfleet/runfleet/internal/testbed/glsim"
+	"github.com/runfleet/runfleet/internal/testbed/stall"
 )
 
 const token = "unit-test-gitlab-token-must-not-leak"

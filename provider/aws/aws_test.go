@@ -11,7 +11,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/runfleet/runfleet/internal/ec2sim"
+	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/aws"
 )

@@ -22,8 +22,8 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
-	"github.com/runfleet/runfleet/internal/peers"
-	"github.com/runfleet/runfleet/internal/stall"
+	"github.com/runfleet/runfleet/internal/testbed/peers"
+	"github.com/runfleet/runfleet/internal/testbed/stall"
 	"github.com/runfleet/runfleet/provider"
 )
 

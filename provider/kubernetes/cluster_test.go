@@ -20,14 +20,14 @@ import (
 
 	"github.com/moby/moby/client"
 
-	"github.com/runfleet/runfleet/internal/kubenode"
-	"github.com/runfleet/runfleet/internal/peers"
+	"github.com/runfleet/runfleet/internal/testbed/kubenode"
+	"github.com/runfleet/runfleet/internal/testbed/peers"
 	"github.com/runfleet/runfleet/provider"
 )
 
 // The cluster tests run against a real kube-apiserver, etcd and
 // kube-scheduler, with kwok playing the nodes (built on first use and
-// cached; see internal/peers).
+// cached; see internal/testbed/peers).
 var (
 	kube     *peers.Kube
 	kubeErr  error

@@ -1,0 +1,120 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/runfleet/runfleet/internal/testbed/harness"
+)
+
+// Two managers of one id share a pool of pods through a Lease: one acts,
+// the other waits. The leader is killed with -9 mid-burst of 20 jobs; the
+// other takes over (within the lease duration of the leader's last
+// renewal), adopts the fleet, and every job succeeds. The Lease never
+// shows two holders in turn without the first one gone, and the waiting
+// manager does nothing until it holds it.
+func TestKubeFailover(t *testing.T) {
+	img := harness.NeedKube(t)
+	top := fmt.Sprintf(`leader_election:
+  kubeconfig: %s
+  namespace: %s
+  lease: failover
+  identity: ${E2E_MANAGER}
+  lease_duration: 6s
+  renew_deadline: 4s
+  retry_period: 1s
+`, harness.KubeconfigPath, harness.KubeNamespace)
+	a := harness.NewFleet(t, "kfail", harness.FleetOptions{Size: 2, Max: 8, Top: top, Kube: harness.KubeSection(img, "")})
+	a.Env = []string{"E2E_MANAGER=manager-a"}
+	b := &harness.Fleet{T: t, Repo: a.Repo, Dir: t.TempDir(), State: a.State, Work: a.Work, Config: a.Config, Kube: true, Env: []string{"E2E_MANAGER=manager-b"}}
+	t.Cleanup(b.Cleanup)
+
+	leases := harness.KubeCP.Client.CoordinationV1().Leases(harness.KubeNamespace)
+	var mu sync.Mutex
+	var holders []string // each change of holder, with its time
+	stopWatch := make(chan struct{})
+	watched := make(chan struct{})
+	go func() { // the Lease's holder, sampled every 100ms
+		defer close(watched)
+		last := ""
+		for {
+			select {
+			case <-stopWatch:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			l, err := leases.Get(context.Background(), "failover", metav1.GetOptions{})
+			if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == last {
+				continue
+			}
+			last = *l.Spec.HolderIdentity
+			mu.Lock()
+			holders = append(holders, time.Now().Format("15:04:05.000")+" "+last)
+			mu.Unlock()
+		}
+	}()
+
+	a.Start()
+	harness.Eventually(t, time.Minute, "manager-a leads", func() bool { return harness.LogHas(a.LogPath, "this manager leads") })
+	b.Start()
+	harness.Eventually(t, time.Minute, "manager-b waits", func() bool { return harness.LogHas(b.LogPath, "another manager leads; waiting") })
+	harness.Eventually(t, 2*time.Minute, "2 idle runners", func() bool { return a.IdleOnline() == 2 })
+
+	a.Push(harness.Matrix("kfail", 20, "sleep 3\necho done"))
+	harness.Eventually(t, 2*time.Minute, "jobs running", func() bool {
+		n := 0
+		for _, j := range a.Jobs() {
+			if j.Status == "in_progress" || j.Status == "completed" {
+				n++
+			}
+		}
+		return n >= 4
+	})
+	a.Kill9()
+	killed := time.Now()
+	t.Logf("%s killed manager-a (the leader) with -9", killed.Format("15:04:05.000"))
+	harness.Eventually(t, time.Minute, "manager-b leads", func() bool { return harness.LogHas(b.LogPath, "this manager leads") })
+	t.Logf("manager-b leads %s after the kill (lease_duration 6s)", time.Since(killed).Round(100*time.Millisecond))
+
+	harness.CheckJobs(t, a.WaitJobs(20, 5*time.Minute))
+	harness.Eventually(t, time.Minute, "2 idle pods under manager-b", func() bool {
+		return len(b.Runners()) == 2 && b.IdleOnline() == 2 && b.LivePods() == 2
+	})
+	close(stopWatch)
+	<-watched
+
+	// The decisions of both managers, with their times.
+	for _, m := range []*harness.Fleet{a, b} {
+		for _, l := range harness.LogLines(m.LogPath, "leader election", "runfleet started") {
+			t.Logf("%s", l)
+		}
+	}
+	mu.Lock()
+	t.Logf("lease holders in turn: %s", strings.Join(holders, ", "))
+	if len(holders) != 2 || !strings.HasSuffix(holders[0], "manager-a") || !strings.HasSuffix(holders[1], "manager-b") {
+		t.Errorf("lease holders %v, want manager-a then manager-b", holders)
+	}
+	mu.Unlock()
+	// manager-b acted only once it led: nothing of the fleet's before.
+	bLog := harness.LogLines(b.LogPath, "")
+	for _, l := range bLog {
+		if strings.Contains(l, "this manager leads") {
+			break
+		}
+		if strings.Contains(l, "runfleet started") || strings.Contains(l, "runner") && strings.Contains(l, "level=INFO") && !strings.Contains(l, "leader election") {
+			t.Errorf("manager-b acted before it led: %s", l)
+		}
+	}
+	b.StopLeavesNothing()
+	if b, _ := os.ReadFile(filepath.Join(a.Dir, "manager-1.log")); strings.Contains(string(b), harness.Gitea.Token) {
+		t.Error("manager-a's log shows the forge token")
+	}
+}

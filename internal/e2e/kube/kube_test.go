@@ -1,0 +1,345 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8s "k8s.io/client-go/kubernetes"
+
+	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/internal/testbed/ghsim"
+	"github.com/runfleet/runfleet/internal/testbed/harness"
+	"github.com/runfleet/runfleet/provider"
+	kube "github.com/runfleet/runfleet/provider/kubernetes"
+)
+
+// A pool of 2 pods runs an 8-job matrix: each job on its own registration
+// in its own pod, none seeing what an earlier job wrote, the dataset
+// read-only. Afterwards 2 idle pods; after SIGTERM no pod, Secret or
+// registration; the forge token in no pod spec, Secret or log.
+func TestKubePodsRunJobs(t *testing.T) {
+	img := harness.NeedKube(t)
+	data := t.TempDir()
+	if err := os.WriteFile(filepath.Join(data, "hello.txt"), []byte("dataset-content\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(data, 0o777)
+	f := harness.NewFleet(t, "kpods", harness.FleetOptions{Size: 2, Kube: harness.KubeSection(img, fmt.Sprintf("      volumes: [\"%s:/data\"]\n", data))})
+	f.Start()
+	harness.Eventually(t, 2*time.Minute, "2 idle runners", func() bool { return f.IdleOnline() == 2 })
+	pods := f.Pods()
+	if len(pods) != 2 {
+		t.Fatalf("%d pods, want 2", len(pods))
+	}
+	p := pods[0]
+	if p.Spec.RestartPolicy != corev1.RestartPolicyNever || p.Labels[kube.LabelManager] != "e2e-kpods" || p.Labels[kube.LabelPool] != "kpods" ||
+		!regexp.MustCompile(`^kpods-[12]$`).MatchString(p.Labels[kube.LabelRunner]) {
+		t.Errorf("pod %s: restart policy %s, labels %v", p.Name, p.Spec.RestartPolicy, p.Labels)
+	}
+
+	f.Push(harness.Matrix("kpods", 8, harness.FreshJob))
+	f.CheckFresh(f.WaitJobs(8, 4*time.Minute), regexp.MustCompile(`host=(e2e-kpods-kpods-\d+-[a-z0-9]{5})`), data)
+	harness.Eventually(t, time.Minute, "2 idle registrations, 2 pods", func() bool {
+		return len(f.Runners()) == 2 && f.IdleOnline() == 2 && f.LivePods() == 2 && len(f.Pods()) == 2
+	})
+	f.CheckNoTokenInCluster()
+	if b, _ := os.ReadFile(f.LogPath); strings.Contains(string(b), harness.Gitea.Token) {
+		t.Error("the manager's log shows the forge token")
+	}
+	f.StopLeavesNothing()
+}
+
+// A pod may take a job just before the pool replaces it for its age
+// (max_lifetime), or after, while no manager is up to replace it; the
+// job must not die with it. TestChaosKube lost jobs that way while a
+// pod's activeDeadlineSeconds was max_lifetime itself (the runner is
+// killed 10 s after its deadline, its grace period): here every job runs
+// for longer than both, so a deadline that short fails them all.
+func TestKubeJobOutlivesMaxLifetime(t *testing.T) {
+	img := harness.NeedKube(t)
+	f := harness.NewFleet(t, "klife", harness.FleetOptions{Size: 1, Max: 2, Extra: "    max_lifetime: 3s\n", Kube: harness.KubeSection(img, "")})
+	f.Start()
+	harness.Eventually(t, 2*time.Minute, "an idle runner", func() bool { return f.IdleOnline() >= 1 })
+	f.Push(harness.Matrix("klife", 2, "sleep 16\necho done"))
+	harness.CheckJobs(t, f.WaitJobs(2, 3*time.Minute))
+	f.StopLeavesNothing()
+}
+
+// Kill -9 the manager while two jobs run in pods: a restarted manager
+// adopts the pods by label (the jobs finish in them), removes a pod
+// without a registration and a registration without a pod, and brings the
+// pool back to 2 idle pods without a duplicate.
+func TestKubeCrashAdopts(t *testing.T) {
+	img := harness.NeedKube(t)
+	f := harness.NewFleet(t, "kcrash", harness.FleetOptions{Size: 2, Max: 3, Kube: harness.KubeSection(img, "")})
+	f.Start()
+	harness.Eventually(t, 2*time.Minute, "2 idle runners", func() bool { return f.IdleOnline() == 2 })
+	f.Push(harness.Matrix("kcrash", 2, "sleep 15\necho done"))
+	f.WaitInProgress(2)
+	f.Kill9()
+	before := map[string]string{} // pod uid -> runner
+	for _, p := range f.Pods() {
+		if p.Status.Phase == corev1.PodRunning {
+			before[string(p.UID)] = p.Labels[kube.LabelRunner]
+		}
+	}
+	if len(before) < 2 {
+		t.Fatalf("pods ended with the manager: %v", before)
+	}
+
+	// What a crash could leave: a pod of this manager without a
+	// registration, and a registration without a pod.
+	cs, err := k8s.NewForConfig(harness.KubeCP.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prov, err := kube.New(kube.Options{Client: cs, Namespace: harness.KubeNamespace, Manager: "e2e-kcrash", Pool: "kcrash",
+		Section: kube.Section{Image: img, Workdir: "/runner", NodeSelector: map[string]string{harness.KubeNodeLabel: "docker"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan, err := prov.Create(context.Background(), provider.Spec{
+		Name: "kcrash-9", Manager: "e2e-kcrash", Pool: "kcrash", Command: "sleep", Args: []string{"600"},
+	})
+	prov.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	drv := f.Driver()
+	stray, err := drv.Register(context.Background(), forge.RunnerRequest{Name: "kcrash-7", Labels: []string{"kcrash"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	f.Start()
+	jobs := f.WaitJobs(2, 2*time.Minute)
+	harness.CheckJobs(t, jobs)
+	maxSeen := 0
+	harness.Eventually(t, time.Minute, "the pool back at 2 idle pods, no orphan, no duplicate", func() bool {
+		live := map[string]int{}
+		for _, p := range f.Pods() {
+			if p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed && string(p.UID) != orphan.ID {
+				live[p.Labels[kube.LabelRunner]]++
+			}
+		}
+		n := 0
+		for runner, c := range live {
+			if c > 1 {
+				t.Errorf("%d live pods for %s", c, runner)
+			}
+			n += c
+		}
+		maxSeen = max(maxSeen, n)
+		for _, r := range f.Runners() {
+			if r.ID == stray.RunnerID {
+				return false
+			}
+		}
+		for _, p := range f.Pods() {
+			if string(p.UID) == orphan.ID {
+				return false
+			}
+		}
+		return len(f.Runners()) == 2 && f.IdleOnline() == 2 && n == 2 && len(f.Pods()) == 2
+	})
+	if maxSeen > 3 {
+		t.Errorf("saw %d live runner pods, more than max 3", maxSeen)
+	}
+	// The busy pods were adopted: each job ran on its first pod.
+	for _, j := range jobs {
+		logs, _, _ := f.Client().GetRepoActionJobLogs(harness.Gitea.User, f.Repo, j.ID)
+		if !strings.Contains(string(logs), "done") {
+			t.Errorf("job %s did not finish its script:\n%s", j.Name, logs)
+		}
+	}
+	f.StopLeavesNothing()
+}
+
+// A pod that no node can take stays Pending: after bootstrap_timeout it
+// is replaced, and the scheduler's reason shows in `runfleet status`, on
+// the status page and in the log of the replacement.
+func TestKubePendingReplacedWithReason(t *testing.T) {
+	img := harness.NeedKube(t)
+	top, _, page := harness.Listeners(t)
+	f := harness.NewFleet(t, "kpend", harness.FleetOptions{Size: 1, Top: top, Kube: "      kubeconfig: " + harness.KubeconfigPath + "\n" +
+		"      namespace: " + harness.KubeNamespace + "\n      image: " + img + "\n      node_selector: {" + harness.KubeNodeLabel + ": gpu-a100}\n"})
+	b, _ := os.ReadFile(f.Config)
+	os.WriteFile(f.Config, []byte(strings.Replace(string(b), "bootstrap_timeout: 1m", "bootstrap_timeout: 8s", 1)), 0o600)
+	f.Start()
+	var first string
+	harness.Eventually(t, time.Minute, "a pending pod with the scheduler's reason in status", func() bool {
+		pods := f.Pods()
+		if len(pods) != 1 {
+			return false
+		}
+		first = string(pods[0].UID)
+		for _, r := range f.Status().Pools[0].Runners {
+			if strings.Contains(r.Reason, "Unschedulable") {
+				return true
+			}
+		}
+		return false
+	})
+	st := f.StatusTable()
+	if !strings.Contains(st, "Unschedulable") {
+		t.Errorf("status table lacks the reason:\n%s", st)
+	}
+	html := harness.HTTPGet(t, page+"/")
+	if !strings.Contains(html, "Unschedulable") {
+		t.Errorf("status page lacks the reason")
+	}
+	harness.Eventually(t, time.Minute, "the pending pod replaced", func() bool {
+		for _, p := range f.Pods() {
+			if string(p.UID) != first && p.DeletionTimestamp == nil {
+				return true
+			}
+		}
+		return false
+	})
+	lines := harness.LogLines(f.LogPath, "not online after 8s")
+	if len(lines) == 0 || !strings.Contains(lines[0], "Unschedulable") {
+		t.Errorf("no retirement with the reason in the log: %v", lines)
+	} else {
+		t.Logf("%s", lines[0])
+	}
+	t.Logf("status:\n%s", st)
+	f.StopLeavesNothing()
+}
+
+// A pod evicted while its runner runs a job is a lost machine: the pool
+// reports the job lost, a replacement starts, and nothing is left of the
+// evicted pod or its registration.
+func TestKubeEvictedPodIsLost(t *testing.T) {
+	img := harness.NeedKube(t)
+	f := harness.NewFleet(t, "kevict", harness.FleetOptions{Size: 1, Max: 2, Kube: harness.KubeSection(img, "")})
+	f.Start()
+	harness.Eventually(t, 2*time.Minute, "1 idle runner", func() bool { return f.IdleOnline() == 1 })
+	f.Push(harness.Matrix("kevict", 1, "sleep 60\necho done"))
+	f.WaitInProgress(1)
+	var victimReg int64
+	for _, r := range f.Status().Pools[0].Runners {
+		if r.State == "busy" {
+			victimReg = r.RunnerID
+		}
+	}
+	var victim corev1.Pod
+	for _, p := range f.Pods() {
+		if p.Status.Phase == corev1.PodRunning {
+			victim = p
+		}
+	}
+	evicted := time.Now()
+	err := harness.KubeCP.Client.CoreV1().Pods(harness.KubeNamespace).EvictV1(context.Background(), &policyv1.Eviction{
+		ObjectMeta: metav1.ObjectMeta{Name: victim.Name, Namespace: harness.KubeNamespace},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Seen terminating, or, by a pass that came once the pod had ended
+	// or gone (a loaded machine), dead or vanished: each is the job
+	// reported lost.
+	lost := []string{"taken back while it runs a job", "died while running a job", "vanished while it ran a job"}
+	harness.Eventually(t, time.Minute, "the job reported lost", func() bool { return len(harness.LogLines(f.LogPath, lost...)) > 0 })
+	t.Logf("job reported lost %s after the eviction: %s", time.Since(evicted).Round(100*time.Millisecond),
+		strings.Join(harness.LogLines(f.LogPath, lost...), ""))
+	harness.Eventually(t, time.Minute, "a replacement idle, the evicted pod gone", func() bool {
+		for _, p := range f.Pods() {
+			if p.UID == victim.UID {
+				return false
+			}
+		}
+		return f.IdleOnline() == 1 && f.LivePods() == 1
+	})
+	// Gitea re-runs nothing: it fails the job once its runner has been
+	// silent for its zombie timeout, and then lets the registration go.
+	harness.Eventually(t, 3*time.Minute, "the lost registration removed once Gitea let go of the job", func() bool {
+		for _, r := range f.Runners() {
+			if r.ID == victimReg {
+				return false
+			}
+		}
+		return true
+	})
+	if n := len(harness.LogLines(f.LogPath, "asking again later")); n > 8 {
+		t.Errorf("the removal of the lost registration was asked %d times", n)
+	}
+	f.StopLeavesNothing()
+}
+
+// `runfleet runner --cloud=kubernetes --single`, as CML's users call it:
+// the cluster from KUBERNETES_CONFIGURATION (a kubeconfig's contents),
+// the node from --cloud-kubernetes-node-selector. One job runs in a pod,
+// and nothing is left: no pod, no Secret, no registration; the token in
+// no pod.
+func TestRunnerCloudKubernetes(t *testing.T) {
+	img := harness.NeedGitHubImage(t)
+	harness.NeedKube(t)
+	kc, err := os.ReadFile(harness.KubeconfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := ghsim.New(ghsim.Options{Token: harness.GHToken, Repos: []string{"acme/kcml"}, LostAfter: 2 * time.Second, RunnerHost: "host.docker.internal"})
+	t.Cleanup(sim.Close)
+	cmd, out := harness.StartRunner(t, []string{"KUBERNETES_CONFIGURATION=" + string(kc)},
+		"runner", "--driver", "github", "--repo", sim.URL+"/acme/kcml", "--agent", "/bin/github-runner",
+		"--single", "--labels", "cml", "--cloud", "kubernetes", "--cloud-image", img,
+		"--cloud-kubernetes-node-selector", harness.KubeNodeLabel+"=docker")
+	managed := metav1.ListOptions{LabelSelector: "app.kubernetes.io/managed-by=runfleet"}
+	harness.Eventually(t, time.Minute, "the runner's pod", func() bool {
+		l, _ := harness.KubeCP.Client.CoreV1().Pods(harness.KubeNamespace).List(context.Background(), managed)
+		for _, p := range l.Items {
+			b, _ := json.Marshal(p)
+			if strings.Contains(string(b), harness.GHToken) || strings.Contains(string(b), string(kc)) {
+				t.Errorf("pod %s shows the token or the kubeconfig", p.Name)
+			}
+		}
+		return len(l.Items) == 1
+	})
+	sim.Queue("acme/kcml", ghsim.JobSpec{Name: "train", Labels: []string{"self-hosted", "cml"}, Script: "echo trained-in-a-pod; hostname"})
+	took := harness.WaitExit(t, cmd, 2*time.Minute)
+	jobs := sim.Jobs()
+	if len(jobs) != 1 || jobs[0].Conclusion != "success" || !strings.Contains(jobs[0].Output, "trained-in-a-pod") {
+		t.Fatalf("jobs = %+v", jobs)
+	}
+	if strings.Contains(out.String(), harness.GHToken) || strings.Contains(out.String(), "client-certificate-data") {
+		t.Error("the token or the kubeconfig reached the runner's log")
+	}
+	if r := sim.Runners(); len(r) != 0 {
+		t.Errorf("registrations left: %+v", r)
+	}
+	harness.Eventually(t, time.Minute, "no pod or Secret left", func() bool {
+		p, _ := harness.KubeCP.Client.CoreV1().Pods(harness.KubeNamespace).List(context.Background(), managed)
+		s, _ := harness.KubeCP.Client.CoreV1().Secrets(harness.KubeNamespace).List(context.Background(), managed)
+		return len(p.Items)+len(s.Items) == 0
+	})
+	t.Logf("--cloud=kubernetes --single: job %s in pod %q, exited %s after the job was queued, nothing left",
+		jobs[0].Conclusion, strings.TrimSpace(harness.LastLine(jobs[0].Output)), took.Round(100*time.Millisecond))
+}
+
+// A pod whose image cannot be pulled stays Pending, and the kubelet's
+// reason shows in `runfleet status`.
+func TestKubeImagePullReason(t *testing.T) {
+	harness.NeedKube(t)
+	f := harness.NewFleet(t, "kpull", harness.FleetOptions{Size: 1, Kube: harness.KubeSection("runfleet-test/not-there:1", "")})
+	f.Start()
+	harness.Eventually(t, time.Minute, "the image pull failure in status", func() bool {
+		for _, r := range f.Status().Pools[0].Runners {
+			if strings.Contains(r.Reason, "ImagePullBackOff") || strings.Contains(r.Reason, "ErrImagePull") {
+				t.Logf("status: %s %s: %s", r.Name, r.State, r.Reason)
+				return true
+			}
+		}
+		return false
+	})
+	f.StopLeavesNothing()
+}

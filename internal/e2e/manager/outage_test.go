@@ -1,0 +1,86 @@
+package manager
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/internal/testbed/harness"
+)
+
+// TestForgeOutage freezes Gitea (SIGSTOP: it accepts connections and
+// answers nothing, as a hung forge does) for 60 s in the middle of a
+// burst. While it is away nothing is removed and the manager keeps
+// answering; after it returns every job succeeds, and the pool is back to
+// size (no job waiting for a runner, the warm runners idle) within 10 s.
+func TestForgeOutage(t *testing.T) {
+	const name = "outage"
+	top, hooks, status := harness.Listeners(t)
+	f := harness.NewFleet(t, name, harness.FleetOptions{
+		Size: 2, Max: 6, Top: top,
+		Forge: "    webhook_secret: " + harness.HookSecret + "\n    poll_interval: 2s\n",
+		Extra: "    idle_timeout: 3s\n",
+	})
+	f.Hooks = hooks
+	f.AddWebhook()
+	f.Start()
+	harness.Eventually(t, time.Minute, "2 warm runners", func() bool { return f.IdleOnline() == 2 })
+	f.Push(harness.Matrix(name, 10, "sleep 8\necho done"))
+	harness.Eventually(t, time.Minute, "6 jobs in progress", func() bool { return harness.CountJobs(f, "in_progress") == 6 })
+
+	before := f.LiveDirs()
+	removedBefore := f.LogCount(`msg="runner removed"`)
+	if err := harness.Gitea.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			if err := harness.Gitea.Thaw(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Cleanup(thaw)
+	t.Logf("Gitea frozen with %d runners alive", len(before))
+
+	// The manager answers while the forge does not.
+	c := &http.Client{Timeout: 3 * time.Second}
+	slowest := time.Duration(0)
+	for end := time.Now().Add(60 * time.Second); time.Now().Before(end); time.Sleep(2 * time.Second) {
+		start := time.Now()
+		res, err := c.Get(status + "/healthz")
+		if err != nil {
+			t.Errorf("the status listener hung while the forge was frozen: %v", err)
+			continue
+		}
+		res.Body.Close()
+		slowest = max(slowest, time.Since(start))
+	}
+	after := f.LiveDirs()
+	for dir := range before {
+		if !after[dir] {
+			t.Errorf("runner %s was removed while the forge was away", dir)
+		}
+	}
+	if n := f.LogCount(`msg="runner removed"`) - removedBefore; n != 0 {
+		t.Errorf("%d runners removed while the forge was away", n)
+	}
+	thaw()
+	back := time.Now()
+	harness.Eventually(t, time.Minute, "the pool back to size", func() bool {
+		return harness.CountJobs(f, "queued")+harness.CountJobs(f, "waiting") == 0 && f.IdleOnline() >= 2
+	})
+	took := time.Since(back)
+	t.Logf("status answered in at most %s during the outage; the pool was back to size %s after the forge returned", slowest.Round(time.Millisecond), took.Round(time.Millisecond))
+	if took > 10*time.Second {
+		t.Errorf("the pool took %s to get back to size after the forge returned, want at most 10s", took)
+	}
+	for _, j := range f.WaitJobs(10, 2*time.Minute) {
+		if j.Conclusion != "success" {
+			t.Errorf("job %s: %s", j.Name, j.Conclusion)
+		}
+	}
+	f.StopLeavesNothing()
+}

@@ -1,0 +1,230 @@
+package harness
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/pkg/stdcopy"
+	"github.com/moby/moby/client"
+	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
+	"github.com/runfleet/runfleet/internal/testbed/peers"
+)
+
+// EC2AMI is the stand-in's AMI for the instance image.
+const EC2AMI = "ami-0e2e0000000000001"
+
+var (
+	ec2Once       sync.Once
+	instanceImage string
+	staticBin     string // runfleet without cgo, for FROM scratch images
+	ec2Err        error
+)
+
+// NeedEC2 starts an EC2 stand-in whose instances boot the instance image
+// (runfleet and gitea-runner, built FROM scratch) as containers on the
+// local engine. Without Docker the test is skipped, or fails in CI.
+func NeedEC2(t testing.TB) *ec2sim.Server {
+	t.Helper()
+	NeedDocker(t)
+	gh := needGitHubRunner(t)
+	ec2Once.Do(func() {
+		staticBin = filepath.Join(filepath.Dir(FleetBin), "runfleet-static")
+		cmd := exec.Command("go", "build", "-o", staticBin, "github.com/runfleet/runfleet/cmd/runfleet")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			ec2Err = errors.New("build a static runfleet: " + err.Error() + "\n" + string(out))
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		instanceImage, ec2Err = peers.InstanceImage(ctx, DockerCli, staticBin, map[string]string{"gitea-runner": runnerBin, "github-runner": gh})
+	})
+	peers.Need(t, "the EC2 stand-in's instance image", ec2Err)
+	sim, err := ec2sim.New(ec2sim.Options{Docker: DockerCli})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	sim.AddImage(EC2AMI, instanceImage)
+	return sim
+}
+
+// AWSSection is a pool's provider and aws section on the stand-in.
+func AWSSection(sim *ec2sim.Server, extra string) string {
+	if !strings.Contains(extra, "poll_interval:") {
+		extra = "      poll_interval: 2s\n" + extra
+	}
+	return "    provider: aws\n    aws:\n      region: us-east-1\n      endpoint: " + sim.URL +
+		"\n      image: " + EC2AMI + "\n" + extra
+}
+
+// AWSEnv is the manager's AWS environment: the stand-in's keys, no
+// shared files, no metadata service.
+func AWSEnv() []string {
+	return []string{"AWS_ACCESS_KEY_ID=" + ec2sim.AccessKey, "AWS_SECRET_ACCESS_KEY=" + ec2sim.SecretKey,
+		"AWS_EC2_METADATA_DISABLED=true", "AWS_CONFIG_FILE=/nonexistent", "AWS_SHARED_CREDENTIALS_FILE=/nonexistent"}
+}
+
+// LiveInstances counts the instances not terminated.
+func (f *Fleet) LiveInstances() int {
+	n := 0
+	for _, in := range f.EC2.Instances() {
+		if in.State != "terminated" {
+			n++
+		}
+	}
+	return n
+}
+
+// EC2LeavesNothing checks that every instance ended and its container
+// is gone.
+func (f *Fleet) EC2LeavesNothing() {
+	f.T.Helper()
+	Eventually(f.T, time.Minute, "every instance terminated", func() bool { return f.LiveInstances() == 0 })
+	if DockerCli == nil {
+		return // instances that boot nothing
+	}
+	for _, in := range f.EC2.Instances() {
+		_, err := DockerCli.ContainerInspect(context.Background(), "ec2sim-"+in.ID, client.ContainerInspectOptions{})
+		if !cerrdefs.IsNotFound(err) {
+			f.T.Errorf("instance %s's container is still there (%v)", in.ID, err)
+		}
+	}
+}
+
+// CheckNoSecretOnInstances looks for the forge token and the cloud keys
+// in every instance's user data, and, inside every running one, in every
+// process's environment and arguments and in every file.
+func (f *Fleet) CheckNoSecretOnInstances() {
+	t := f.T
+	t.Helper()
+	secrets := []string{Gitea.Token, ec2sim.SecretKey, ec2sim.AccessKey}
+	checked := 0
+	for _, in := range f.EC2.Instances() {
+		for _, s := range secrets {
+			if bytes.Contains(in.UserData, []byte(s)) {
+				t.Errorf("instance %s's user data holds a long-lived secret", in.ID)
+			}
+		}
+		id := f.EC2.Container(in.ID)
+		if id == "" {
+			continue
+		}
+		procs := execOutput(t, id, "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline; echo; done 2>/dev/null")
+		files := exportedFiles(t, id)
+		for _, s := range secrets {
+			if bytes.Contains(procs, []byte(s)) {
+				t.Errorf("instance %s: a process's environment or arguments hold a long-lived secret", in.ID)
+			}
+			for name, b := range files {
+				if bytes.Contains(b, []byte(s)) {
+					t.Errorf("instance %s: file %s holds a long-lived secret", in.ID, name)
+				}
+			}
+		}
+		if !bytes.Contains(procs, []byte("gitea-runner")) {
+			t.Errorf("instance %s runs no gitea-runner:\n%s", in.ID, procs)
+		}
+		checked++
+	}
+	if checked == 0 {
+		t.Error("no running instance to check")
+	}
+	t.Logf("checked %d instances (user data, processes, files): no long-lived secret", checked)
+}
+
+// execOutput runs a shell command in a container and returns its output.
+func execOutput(t testing.TB, id, script string) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ex, err := DockerCli.ExecCreate(ctx, id, client.ExecCreateOptions{Cmd: []string{"/bin/sh", "-c", script}, AttachStdout: true, AttachStderr: true})
+	if err != nil {
+		t.Fatalf("exec in %s: %v", id, err)
+	}
+	att, err := DockerCli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{})
+	if err != nil {
+		t.Fatalf("exec in %s: %v", id, err)
+	}
+	defer att.Close()
+	var out bytes.Buffer
+	_, _ = stdcopy.StdCopy(&out, &out, att.Reader)
+	return out.Bytes()
+}
+
+// exportedFiles reads a container's whole filesystem, less the binaries
+// that the image brought.
+func exportedFiles(t testing.TB, id string) map[string][]byte {
+	t.Helper()
+	rc, err := DockerCli.ContainerExport(context.Background(), id, client.ContainerExportOptions{})
+	if err != nil {
+		t.Fatalf("export %s: %v", id, err)
+	}
+	defer rc.Close()
+	files := map[string][]byte{}
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("export %s: %v", id, err)
+		}
+		if h.Typeflag != tar.TypeReg || strings.HasPrefix(h.Name, "bin/") {
+			continue
+		}
+		b, _ := io.ReadAll(tr)
+		files[h.Name] = b
+	}
+	return files
+}
+
+// Runfleet runs a runfleet command with the manager's environment and
+// returns its output.
+func (f *Fleet) Runfleet(args ...string) string {
+	f.T.Helper()
+	cmd := exec.Command(FleetBin, args...)
+	cmd.Env = append(append(os.Environ(), "E2E_GITEA_TOKEN="+Gitea.Token), f.Env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		f.T.Fatalf("runfleet %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// MostAtOnce is the most instances up at one time, each from
+// RunInstances until it began shutting down.
+func MostAtOnce(list []ec2sim.Instance) int {
+	most := 0
+	for _, a := range list {
+		n := 0
+		for _, b := range list {
+			if !b.Created.After(a.Created) && (b.Stopping.IsZero() || b.Stopping.After(a.Created)) {
+				n++
+			}
+		}
+		most = max(most, n)
+	}
+	return most
+}
+
+func Diff(after, before map[string]int) map[string]int {
+	out := map[string]int{}
+	for k, v := range after {
+		if d := v - before[k]; d > 0 {
+			out[k] = d
+		}
+	}
+	return out
+}

@@ -1,0 +1,66 @@
+package harness
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/internal/testbed/ghsim"
+)
+
+// RunnerCmd starts `runfleet runner` against a simulated repository, with
+// the token only in REPO_TOKEN, as CML users pass it.
+func RunnerCmd(t *testing.T, sim *ghsim.Server, repo string, args ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	args = append([]string{"runner", "--driver", "github", "--repo", sim.URL + "/" + repo, "--agent", needGitHubRunner(t)}, args...)
+	return StartRunner(t, nil, args...)
+}
+
+// StartRunner starts `runfleet runner` with the token in REPO_TOKEN and
+// env added, and shows its output if the test fails.
+func StartRunner(t *testing.T, env []string, args ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.Command(FleetBin, args...)
+	cmd.Env = append(append(os.Environ(), "REPO_TOKEN="+GHToken, "XDG_STATE_HOME="+t.TempDir()), env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("runfleet runner output:\n%s", TailString(out.String(), 6000))
+		}
+	})
+	return cmd, &out
+}
+
+func WaitExit(t *testing.T, cmd *exec.Cmd, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("runfleet runner: %v", err)
+		}
+	case <-time.After(within):
+		t.Fatalf("runfleet runner still running after %s", within)
+	}
+	return time.Since(start)
+}
+
+func NewRunnerSim(t *testing.T, repo string) *ghsim.Server {
+	t.Helper()
+	needGitHubRunner(t)
+	sim := ghsim.New(ghsim.Options{Token: GHToken, Repos: []string{repo}, LostAfter: 2 * time.Second})
+	t.Cleanup(sim.Close)
+	return sim
+}

@@ -1,0 +1,219 @@
+package peers
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/build"
+	"github.com/moby/moby/api/types/jsonstream"
+	"github.com/moby/moby/client"
+)
+
+// Static binaries from Debian's bash-static and busybox-static packages:
+// with them an image can be built FROM scratch, since no registry can be
+// reached to pull a base image.
+const (
+	BashStatic    = "/bin/bash-static"
+	BusyboxStatic = "/bin/busybox"
+)
+
+// Repositories of the test images.
+const (
+	RunnerImageRepo = "runfleet-test/gitea-runner"
+	BaseImageRepo   = "runfleet-test/busybox"
+)
+
+// RunnerImage builds, through the Engine API, a FROM scratch image that
+// holds the given (static) gitea-runner, bash and busybox, and returns its
+// tag. The tag is a hash of the inputs, so an image already built is
+// reused. With runner "" the image has only bash and busybox.
+func RunnerImage(ctx context.Context, cli *client.Client, runner string) (string, error) {
+	if runner == "" {
+		return AgentImage(ctx, cli, BaseImageRepo, "", "")
+	}
+	return AgentImage(ctx, cli, RunnerImageRepo, "gitea-runner", runner)
+}
+
+// AgentImage is RunnerImage for any static agent binary, installed as
+// /bin/<name>.
+func AgentImage(ctx context.Context, cli *client.Client, repo, name, bin string) (string, error) {
+	var extra []ImageFile
+	if name != "" {
+		extra = append(extra, ImageFile{Path: "bin/" + name, From: bin, Mode: 0o755})
+	}
+	return BuildImage(ctx, cli, repo, extra...)
+}
+
+// ImageFile is a file of a test image: read from From, or Data.
+type ImageFile struct {
+	Path string // in the image, relative
+	From string
+	Data []byte
+	Mode int64
+}
+
+// BuildImage builds a FROM scratch image of bash, busybox (with its
+// applets, less the ones extra replaces) and extra, tagged by a hash of
+// its inputs.
+func BuildImage(ctx context.Context, cli *client.Client, repo string, extra ...ImageFile) (string, error) {
+	files := append([]ImageFile{{Path: "bin/bash", From: BashStatic, Mode: 0o755}, {Path: "bin/busybox", From: BusyboxStatic, Mode: 0o755}}, extra...)
+	h := sha256.New()
+	taken := map[string]bool{}
+	for i, f := range files {
+		if f.From != "" {
+			b, err := os.ReadFile(f.From)
+			if err != nil {
+				return "", fmt.Errorf("runner image: %w (install Debian's bash-static and busybox-static)", err)
+			}
+			files[i].Data = b
+		}
+		h.Write([]byte(f.Path))
+		h.Write(files[i].Data)
+		taken[f.Path] = true
+	}
+	applets, err := exec.CommandContext(ctx, BusyboxStatic, "--list").Output()
+	if err != nil {
+		return "", fmt.Errorf("runner image: busybox --list: %w", err)
+	}
+	h.Write(applets)
+	h.Write([]byte(dockerfile))
+	sum := hex.EncodeToString(h.Sum(nil))[:12]
+	tag := repo + ":" + sum
+	if _, err := cli.ImageInspect(ctx, tag); err == nil {
+		return tag, nil
+	} else if !cerrdefs.IsNotFound(err) {
+		return "", fmt.Errorf("runner image: inspect %s: %w", tag, err)
+	}
+	// One build of a tag at a time across test packages; whoever waited
+	// finds it built.
+	unlock, err := lock(filepath.Join(CacheDir(), "images", strings.ReplaceAll(repo, "/", "_")+"-"+sum+".lock"))
+	if err != nil {
+		return "", fmt.Errorf("runner image: %w", err)
+	}
+	defer unlock()
+	if _, err := cli.ImageInspect(ctx, tag); err == nil {
+		return tag, nil
+	}
+
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	now := time.Now()
+	add := func(hdr *tar.Header, body []byte) error {
+		hdr.ModTime = now
+		if hdr.Typeflag == tar.TypeReg {
+			hdr.Size = int64(len(body))
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		_, err := tw.Write(body)
+		return err
+	}
+	var errs []error
+	errs = append(errs, add(&tar.Header{Typeflag: tar.TypeReg, Name: "Dockerfile", Mode: 0o644}, []byte(dockerfile)))
+	for _, d := range []struct {
+		name string
+		mode int64
+	}{{"rootfs/", 0o755}, {"rootfs/bin/", 0o755}, {"rootfs/etc/", 0o755}, {"rootfs/root/", 0o700}, {"rootfs/tmp/", 0o1777}, {"rootfs/usr/", 0o755}, {"rootfs/runner/", 0o755}} {
+		errs = append(errs, add(&tar.Header{Typeflag: tar.TypeDir, Name: d.name, Mode: d.mode}, nil))
+	}
+	for _, f := range files {
+		errs = append(errs, add(&tar.Header{Typeflag: tar.TypeReg, Name: "rootfs/" + f.Path, Mode: f.Mode}, f.Data))
+	}
+	for _, l := range []struct{ name, target string }{{"usr/bin", "../bin"}, {"usr/sbin", "../bin"}, {"sbin", "bin"}} {
+		errs = append(errs, add(&tar.Header{Typeflag: tar.TypeSymlink, Name: "rootfs/" + l.name, Linkname: l.target}, nil))
+	}
+	for _, a := range strings.Fields(string(applets)) {
+		if a == "bash" || a == "busybox" || taken["bin/"+a] {
+			continue
+		}
+		errs = append(errs, add(&tar.Header{Typeflag: tar.TypeSymlink, Name: "rootfs/bin/" + a, Linkname: "busybox"}, nil))
+	}
+	errs = append(errs,
+		add(&tar.Header{Typeflag: tar.TypeReg, Name: "rootfs/etc/passwd", Mode: 0o644}, []byte("root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n")),
+		add(&tar.Header{Typeflag: tar.TypeReg, Name: "rootfs/etc/group", Mode: 0o644}, []byte("root:x:0:\nnogroup:x:65534:\n")),
+		tw.Close())
+	if err := errors.Join(errs...); err != nil {
+		return "", fmt.Errorf("runner image: context: %w", err)
+	}
+
+	res, err := cli.ImageBuild(ctx, &buf, client.ImageBuildOptions{
+		Tags: []string{tag}, Remove: true, ForceRemove: true, Version: build.BuilderV1,
+	})
+	if err != nil {
+		return "", fmt.Errorf("runner image: build: %w", err)
+	}
+	defer res.Body.Close()
+	var out strings.Builder
+	dec := json.NewDecoder(res.Body)
+	for {
+		var m jsonstream.Message
+		if err := dec.Decode(&m); err == io.EOF {
+			break
+		} else if err != nil {
+			return "", fmt.Errorf("runner image: build output: %w", err)
+		}
+		out.WriteString(m.Stream)
+		if m.Error != nil {
+			return "", fmt.Errorf("runner image: build: %s\n%s", m.Error.Message, out.String())
+		}
+	}
+	if _, err := cli.ImageInspect(ctx, tag); err != nil {
+		return "", fmt.Errorf("runner image: not there after build: %w\n%s", err, out.String())
+	}
+	return tag, nil
+}
+
+const dockerfile = `FROM scratch
+COPY rootfs/ /
+ENV PATH=/usr/local/bin:/usr/bin:/bin HOME=/root LANG=C.UTF-8
+WORKDIR /runner
+CMD ["/bin/bash"]
+`
+
+// InstanceImageRepo is the repository of the EC2 stand-in's "AMI" image.
+const InstanceImageRepo = "runfleet-test/ec2-instance"
+
+// InstanceImage builds the image an ec2sim instance boots: bash, busybox,
+// a static runfleet, the forge agents (static binaries, by name in /bin),
+// a stand-in for cloud-init that runs the user data (/sbin/ec2-init), and
+// a poweroff that ends the machine.
+func InstanceImage(ctx context.Context, cli *client.Client, runfleet string, agents map[string]string) (string, error) {
+	files := []ImageFile{
+		{Path: "bin/runfleet", From: runfleet, Mode: 0o755},
+		{Path: "bin/ec2-init", Data: []byte(ec2Init), Mode: 0o755},
+		{Path: "bin/poweroff", Data: []byte("#!/bin/sh\n# Ends the machine: its init is PID 1.\nkill -TERM 1\n"), Mode: 0o755},
+	}
+	for _, name := range slices.Sorted(maps.Keys(agents)) {
+		files = append(files, ImageFile{Path: "bin/" + name, From: agents[name], Mode: 0o755})
+	}
+	return BuildImage(ctx, cli, InstanceImageRepo, files...)
+}
+
+// ec2Init plays cloud-init: it runs the user data once, its output on
+// the console, and keeps the machine up until it is powered off.
+const ec2Init = `#!/bin/sh
+trap 'exit 0' TERM INT
+ud=/var/lib/cloud/instance/user-data.txt
+mkdir -p /var/log
+if [ -s "$ud" ]; then
+  chmod 700 "$ud"
+  ( "$ud" 2>&1 | tee /var/log/cloud-init-output.log ) &
+fi
+while :; do sleep 3600 & wait $!; done
+`
