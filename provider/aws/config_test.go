@@ -122,3 +122,26 @@ func TestUserDataCarriesOnlyThePlan(t *testing.T) {
 		t.Errorf("oversized user data: %v", err)
 	}
 }
+
+// An instance waits longer than the pool before it powers itself off, so
+// that the manager, which removes the registration first, retires an idle
+// runner before the instance can end under a job just handed to it.
+func TestInstanceIdleOutlastsThePools(t *testing.T) {
+	for _, c := range []struct {
+		section string
+		pool    time.Duration
+		want    time.Duration
+	}{
+		{"region: us-east-1\nimage: ami-0123456789abcdef0\ninstance_types: [t3.medium]\n", 3 * time.Second, 3*time.Second + IdleGrace},
+		{"region: us-east-1\nimage: ami-0123456789abcdef0\ninstance_types: [t3.medium]\nidle_timeout: 30m\n", 3 * time.Second, 30 * time.Minute},
+		{"region: us-east-1\nimage: ami-0123456789abcdef0\ninstance_types: [t3.medium]\n", 0, DefaultIdleTimeout},
+	} {
+		pr, err := driver{}.Open(provider.PoolConfig{Manager: "m", Pool: "p", IdleTimeout: c.pool, Section: section(t, c.section)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pr.(*Provider).opt.IdleTimeout; got != c.want {
+			t.Errorf("section %q, pool idle_timeout %s: instance powers off after %s idle, want %s", c.section, c.pool, got, c.want)
+		}
+	}
+}

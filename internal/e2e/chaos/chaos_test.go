@@ -47,7 +47,9 @@ func TestChaosKube(t *testing.T) {
 // itself as its deadline (a job past it is killed): a manager killed
 // between RunInstances and the first describe that lists the instance, or
 // while instances end, leaves nothing the next one does not adopt by its
-// tags or terminate.
+// tags or terminate. It found instances powering themselves off at the
+// pool's idle timeout just as Gitea handed them a job, which was lost: an
+// instance now waits a minute longer than the manager (aws.IdleGrace).
 func TestChaosAWS(t *testing.T) {
 	sim := harness.NeedEC2(t)
 	opt := harness.ChaosOptions("")
