@@ -383,6 +383,13 @@ func (d *Driver) registerJIT(ctx context.Context, req forge.RunnerRequest) (forg
 		return resp, err
 	}
 	err := d.call(ctx, "generate-jitconfig", do)
+	if err != nil {
+		// Sent but perhaps unanswered (cancelled by a drain, timed out,
+		// a 5xx): GitHub may have made the runner. The kept listing
+		// would hide it for a whole cache_ttl, and a drain would end
+		// with it left.
+		d.dropListing()
+	}
 	if nameTaken(err) {
 		// GitHub documents 409 for a name in use; some versions say 422
 		// "already exists". Either way: clear the stale one, try again.
@@ -405,6 +412,16 @@ func (d *Driver) registerJIT(ctx context.Context, req forge.RunnerRequest) (forg
 	id := jit.GetRunner().GetID()
 	d.remember(forge.Runner{ID: id, Name: req.Name, Status: forge.StatusOffline, Labels: req.Labels})
 	return forge.Credential{RunnerID: id, Env: map[string]string{EnvJITConfig: jit.GetEncodedJITConfig()}}, nil
+}
+
+// dropListing stops reuse of the kept list, and of any listing under
+// way, after a change whose outcome is unknown: the next call reads
+// GitHub.
+func (d *Driver) dropListing() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.changes++
+	d.cachedAt = time.Time{}
 }
 
 // remember adds a registration the driver made to the kept list.

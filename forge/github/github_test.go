@@ -178,6 +178,36 @@ func TestListingThatOverlapsARegistrationIsNotKept(t *testing.T) {
 	}
 }
 
+// A registration whose answer never came (the drain cancelled it) may
+// have been made: the kept list is dropped, so the next pass sees the
+// runner and removes it, and a drain does not end with it left at GitHub.
+func TestListingDroppedAfterAnUnansweredRegistration(t *testing.T) {
+	s := newSim(t, ghsim.Options{})
+	front, made, release := stall.HoldAnswer(t, s.URL, func(r *http.Request) bool {
+		return r.Method == "POST" && strings.HasSuffix(r.URL.Path, "/generate-jitconfig")
+	})
+	defer close(release)
+	d, err := github.New(github.Config{URL: front + "/acme/app", Token: token, Logger: quiet(), CacheTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs, err := d.Runners(context.Background()); err != nil || len(rs) != 0 {
+		t.Fatalf("first listing: %v, %v", rs, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-made; cancel() }()
+	if _, err := d.Register(ctx, forge.RunnerRequest{Name: "p-1", Labels: []string{"x"}}); err == nil {
+		t.Fatal("a registration cancelled before its answer succeeded")
+	}
+	rs, err := d.Runners(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 1 || rs[0].Name != "p-1" {
+		t.Errorf("the listing after the unanswered registration is %+v, want the p-1 GitHub made", rs)
+	}
+}
+
 func TestDuplicateNameReplacesStaleRegistration(t *testing.T) {
 	for _, code := range []int{http.StatusConflict, http.StatusUnprocessableEntity} {
 		t.Run(http.StatusText(code), func(t *testing.T) {

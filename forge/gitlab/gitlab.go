@@ -263,6 +263,10 @@ func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.C
 		if definitive(err) {
 			return forge.Credential{}, fmt.Errorf("%w: %w", forge.ErrRejected, err)
 		}
+		// Sent but unanswered (cancelled by a drain, timed out, a 5xx):
+		// GitLab may have made the runner. The kept listing would hide
+		// it for a whole cache_ttl, and a drain would end with it left.
+		d.dropListing()
 		return forge.Credential{}, err
 	}
 	if run.ID == 0 || !strings.HasPrefix(run.Token, "glrt-") {
@@ -284,6 +288,15 @@ func (d *Driver) update(id int64, f func(list []forge.Runner, i int) []forge.Run
 		return
 	}
 	d.cache = f(d.cache, slices.IndexFunc(d.cache, func(r forge.Runner) bool { return r.ID == id }))
+}
+
+// dropListing stops reuse of the kept listing, and of any listing under
+// way, after a change whose outcome is unknown: the next call reads GitLab.
+func (d *Driver) dropListing() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.changes++
+	d.cachedAt = time.Time{}
 }
 
 // forget drops a removed runner from the kept listing.

@@ -543,3 +543,35 @@ func TestRerunJobAfterTimeout(t *testing.T) {
 		t.Errorf("%d retries at GitLab, want 2", retries)
 	}
 }
+
+// A create whose answer never came (the drain cancelled it) may have made
+// the runner: the kept listing is dropped, so the next pass sees the
+// runner and removes it, and a drain does not end with it left at GitLab.
+func TestRunnersCacheDroppedAfterAnUnansweredCreate(t *testing.T) {
+	sim := glsim.New(glsim.Options{Token: token, Projects: []string{"acme/models"}})
+	t.Cleanup(sim.Close)
+	front, created, release := stall.HoldAnswer(t, sim.URL, func(r *http.Request) bool {
+		return r.Method == "POST" && strings.HasSuffix(r.URL.Path, "/user/runners")
+	})
+	defer close(release)
+	d, err := gitlab.New(gitlab.Config{URL: front, Token: token, CacheTTL: time.Minute, CallTimeout: 5 * time.Second,
+		SettleTime: 10 * time.Millisecond, Scope: gitlab.Scope{Kind: "project", Ref: "acme/models"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runs, err := d.Runners(context.Background()); err != nil || len(runs) != 0 {
+		t.Fatalf("first listing: %v, %v", runs, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-created; cancel() }()
+	if _, err := d.Register(ctx, forge.RunnerRequest{Name: "c-1", Labels: []string{"c"}}); err == nil {
+		t.Fatal("a create cancelled before its answer succeeded")
+	}
+	runs, err := d.Runners(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(runs, func(r forge.Runner) bool { return r.Name == "c-1" }) {
+		t.Errorf("the listing after the unanswered create lacks the runner GitLab made: %+v", runs)
+	}
+}
