@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/runfleet/runfleet/agent"
 	"github.com/runfleet/runfleet/forge"
@@ -27,7 +28,7 @@ func (p *Pool) Reconcile(ctx context.Context) error {
 func (p *Pool) pass(ctx context.Context, snap snapshot) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.lastErr = nil
+	p.lastErr, p.failingSince = nil, time.Time{}
 	for _, r := range snap.duplicates {
 		p.removeRegistration(ctx, r)
 	}

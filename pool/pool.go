@@ -153,6 +153,7 @@ type Pool struct {
 	backoffChanged bool                         // since the last OnBackoff
 	view           []Runner                     // after the last pass
 	lastErr        error
+	failingSince   time.Time // first of the passes failing in a row; zero after a pass that worked
 }
 
 // Option configures a Pool.
@@ -361,9 +362,21 @@ func (p *Pool) LastError() error {
 	return p.lastErr
 }
 
+// FailingSince returns when the passes failing now began to fail, zero
+// if the last pass worked: one failed pass is an outage's first moment or
+// a blip, and only its length tells them apart.
+func (p *Pool) FailingSince() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.failingSince
+}
+
 func (p *Pool) fail(err error) error {
 	p.mu.Lock()
 	p.lastErr = err
+	if p.failingSince.IsZero() {
+		p.failingSince = p.now()
+	}
 	p.mu.Unlock()
 	return err
 }

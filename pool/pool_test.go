@@ -287,13 +287,23 @@ func TestForgeDownIsAnErrorNotACrash(t *testing.T) {
 	if err == nil || h.pool.LastError() == nil {
 		t.Fatalf("want an error from a pass against a forge that is down")
 	}
+	down := h.clk.Now()
 	if len(h.prov.running()) != 0 {
 		t.Fatalf("created a runner without knowing the forge's state")
+	}
+	// The outage is dated from its first failed pass, not its last.
+	h.clk.Add(time.Minute)
+	h.pool.Reconcile(context.Background())
+	if got := h.pool.FailingSince(); !got.Equal(down) {
+		t.Fatalf("failing since %v, want the first failed pass at %v", got, down)
 	}
 	h.forge.failList = nil
 	h.settle()
 	if len(h.prov.running()) != 1 {
 		t.Fatalf("did not recover once the forge was back")
+	}
+	if h.pool.LastError() != nil || !h.pool.FailingSince().IsZero() {
+		t.Fatalf("still failing after a pass that worked: %v since %v", h.pool.LastError(), h.pool.FailingSince())
 	}
 }
 

@@ -44,20 +44,41 @@ func (f *Fleet) serverConfig() server.Config {
 	}
 }
 
-// healthy fails when every pool's last pass failed: the manager cannot
-// reach its forge or its provider.
+// unhealthyAfter is how long every pool's passes must have failed before
+// /healthz says so: a forge that blinks (a deploy, a 503 or two) is ridden
+// out on what the manager already knows, and a probe that restarts a
+// manager during such a blip would only make things worse.
+const unhealthyAfter = time.Minute
+
+// healthy fails when every pool's passes have failed for unhealthyAfter:
+// the manager cannot reach its forge or its provider.
 func (f *Fleet) healthy() error {
 	ps := f.pools()
+	checks := make([]passChecker, len(ps))
+	for i, p := range ps {
+		checks[i] = p
+	}
+	return health(checks, time.Now())
+}
+
+// passChecker is what /healthz reads of a pool.
+type passChecker interface {
+	LastError() error
+	FailingSince() time.Time
+}
+
+// health is nil unless every pool's passes have failed since at least
+// unhealthyAfter before now; then it names each pool's error.
+func health(pools []passChecker, now time.Time) error {
 	var errs []error
-	for _, p := range ps {
-		if err := p.LastError(); err != nil {
-			errs = append(errs, err)
+	for _, p := range pools {
+		err, since := p.LastError(), p.FailingSince()
+		if err == nil || since.IsZero() || now.Sub(since) < unhealthyAfter {
+			return nil
 		}
+		errs = append(errs, fmt.Errorf("failing for %s: %w", now.Sub(since).Round(time.Second), err))
 	}
-	if len(ps) > 0 && len(errs) == len(ps) {
-		return errors.Join(errs...)
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Page gathers the status page from what the manager already knows (the

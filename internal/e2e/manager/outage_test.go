@@ -11,8 +11,9 @@ import (
 // TestForgeOutage freezes Gitea (SIGSTOP: it accepts connections and
 // answers nothing, as a hung forge does) for 60 s in the middle of a
 // burst. While it is away nothing is removed and the manager keeps
-// answering; after it returns every job succeeds, and the pool is back to
-// size (no job waiting for a runner, the warm runners idle) within 10 s.
+// answering, healthy (a minute of failed passes is its bar); after it
+// returns every job succeeds, and the pool is back to size (no job
+// waiting for a runner, the warm runners idle) within 10 s.
 func TestForgeOutage(t *testing.T) {
 	const name = "outage"
 	top, hooks, status := harness.Listeners(t)
@@ -33,6 +34,7 @@ func TestForgeOutage(t *testing.T) {
 	if err := harness.Gitea.Freeze(); err != nil {
 		t.Fatal(err)
 	}
+	frozen := time.Now()
 	thawed := false
 	thaw := func() {
 		if !thawed {
@@ -57,6 +59,10 @@ func TestForgeOutage(t *testing.T) {
 		}
 		res.Body.Close()
 		slowest = max(slowest, time.Since(start))
+		if res.StatusCode != http.StatusOK {
+			// Unhealthy only once every pass has failed for a minute.
+			t.Errorf("/healthz answered %d %s into the outage", res.StatusCode, time.Since(frozen).Round(time.Second))
+		}
 	}
 	after := f.LiveDirs()
 	for dir := range before {
