@@ -261,7 +261,10 @@ func classifyLive(f facts, p policy) verdict {
 		// Idle as far as the last listing knows; its job, if it took
 		// one since (its agent may already have stopped it and failed
 		// it), is re-run all the same: the forge finds none otherwise.
-		return verdict{state: StateStopping, retire: "machine is being taken back: " + f.preempted.Reason, lost: true, memory: mem}
+		// Said in the log, since a listing can lag behind a job taken
+		// just before the notice.
+		return verdict{state: StateStopping, retire: "machine is being taken back: " + f.preempted.Reason,
+			lost: true, note: "machine taken back; its runner's job, if it ran one, is re-run", memory: mem}
 	case status == forge.StatusBusy:
 		return verdict{state: StateBusy, memory: mem}
 	case status == forge.StatusOffline && p.bootstrapTimeout > 0 && age > p.bootstrapTimeout:

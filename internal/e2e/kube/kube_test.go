@@ -245,10 +245,11 @@ func TestKubeEvictedPodIsLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Seen terminating, or, by a pass that came once the pod had ended
+	// Seen terminating (by a listing that knew of the job, or one that
+	// lagged behind it), or, by a pass that came once the pod had ended
 	// or gone (a loaded machine), dead or vanished: each is the job
 	// reported lost.
-	lost := []string{"taken back while it runs a job", "died while running a job", "vanished while it ran a job"}
+	lost := []string{"taken back while it runs a job", "taken back; its runner's job", "died while running a job", "vanished while it ran a job"}
 	harness.Eventually(t, time.Minute, "the job reported lost", func() bool { return len(harness.LogLines(f.LogPath, lost...)) > 0 })
 	t.Logf("job reported lost %s after the eviction: %s", time.Since(evicted).Round(100*time.Millisecond),
 		strings.Join(harness.LogLines(f.LogPath, lost...), ""))
