@@ -22,6 +22,10 @@ demo:
 # go-nvml's DGX H200 mock. NVML's header marks some calls deprecated.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 TEST_PARALLEL ?= 3
+# go test starts packages in the order they are named: the longest first,
+# so that none of them starts last and runs on alone (testsum's summary
+# gives each package's time).
+SLOWEST_FIRST = ./internal/e2e/chaoscloud ./internal/e2e/aws ./internal/e2e/chaos ./internal/e2e/kube
 TEST_JSON ?= /dev/null
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
@@ -31,7 +35,7 @@ test: deps
 	go vet -tags nvml ./gpu
 	go test -race -tags nvml ./gpu
 	go build -o bin/testsum ./internal/testbed/testsum
-	go test -race -count=1 -timeout 50m -p $(TEST_PARALLEL) -json ./... | tee $(TEST_JSON) | bin/testsum
+	go test -race -count=1 -timeout 50m -p $(TEST_PARALLEL) -json $(SLOWEST_FIRST) ./... | tee $(TEST_JSON) | bin/testsum
 
 # Test images are built FROM scratch (no registry is needed) out of static
 # binaries from Debian's bash-static and busybox-static packages; the status

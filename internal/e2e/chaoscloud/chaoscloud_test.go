@@ -1,0 +1,40 @@
+package chaoscloud
+
+import (
+	"testing"
+
+	"github.com/runfleet/runfleet/internal/testbed/harness"
+)
+
+// TestChaosKube and TestChaosAWS are internal/e2e/chaos's test for the
+// pools of CML's clouds (--cloud=kubernetes, --cloud=aws), in a package of
+// their own so that no two of them run at once, while the host providers'
+// run beside them. A cloud provider added later adds itself here.
+//
+// TestChaosKube: a pool of pods, where a manager killed between
+// creating a pod and its Secret, or while pods end and are deleted, leaves
+// nothing that the next one does not adopt or remove.
+func TestChaosKube(t *testing.T) {
+	img := harness.NeedKube(t)
+	opt := harness.ChaosOptions("")
+	opt.Kube = harness.KubeSection(img, "")
+	f := harness.NewFleet(t, "chaoskube", opt)
+	harness.RunChaos(t, f)
+}
+
+// TestChaosAWS: a pool of EC2 instances on the stand-in,
+// without the recycling by max_lifetime, which an instance enforces on
+// itself as its deadline (a job past it is killed): a manager killed
+// between RunInstances and the first describe that lists the instance, or
+// while instances end, leaves nothing the next one does not adopt by its
+// tags or terminate. It found instances powering themselves off at the
+// pool's idle timeout just as Gitea handed them a job, which was lost: an
+// instance now waits a minute longer than the manager (aws.IdleGrace).
+func TestChaosAWS(t *testing.T) {
+	sim := harness.NeedEC2(t)
+	opt := harness.ChaosOptions("")
+	opt.Extra = "    idle_timeout: 3s\n"
+	opt.EC2, opt.AWS = sim, "      instance_types: [t3.medium]\n      spot: true\n      poll_interval: 1s\n"
+	f := harness.NewFleet(t, "chaosaws", opt)
+	harness.RunChaos(t, f)
+}

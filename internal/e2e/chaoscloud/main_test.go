@@ -1,0 +1,9 @@
+package chaoscloud
+
+import (
+	"testing"
+
+	"github.com/runfleet/runfleet/internal/testbed/harness"
+)
+
+func TestMain(m *testing.M) { harness.Main(m) }
