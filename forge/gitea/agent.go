@@ -49,6 +49,14 @@ type Agent struct {
 // sooner shows within this time, which is what RemoveRunner waits for.
 const FetchTimeout = 5 * time.Second
 
+// ReportCloseTimeout bounds each attempt of the runner's last reports of a
+// job (its log, then its result), each retried for three times as long.
+// A job that ends while Gitea is away is failed if neither lands before
+// Gitea's return: at gitea-runner's 10 s that is a 30-s outage, at a
+// minute three minutes, which a deploy or a database failover of the
+// forge fits in.
+const ReportCloseTimeout = time.Minute
+
 // ConfigFile is the config file written next to the registration.
 const ConfigFile = "runner.yaml"
 
@@ -77,9 +85,10 @@ func (g Agent) Spec(r agent.Runner, cred forge.Credential) (provider.Spec, error
 			"fetch_interval":     fetch.String(),
 			"fetch_interval_max": fetch.String(),
 			// RemoveRunner's settle time is derived from it.
-			"fetch_timeout": FetchTimeout.String(),
-			"labels":        labels,
-			"timeout":       "24h",
+			"fetch_timeout":        FetchTimeout.String(),
+			"report_close_timeout": ReportCloseTimeout.String(),
+			"labels":               labels,
+			"timeout":              "24h",
 		},
 		// The built-in cache server would listen on a port of the host
 		// shared by every runner; off until a pool asks for it.

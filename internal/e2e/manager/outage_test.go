@@ -12,8 +12,9 @@ import (
 // answers nothing, as a hung forge does) for 60 s in the middle of a
 // burst. While it is away nothing is removed and the manager keeps
 // answering, healthy (a minute of failed passes is its bar); after it
-// returns every job succeeds, and the pool is back to size (no job
-// waiting for a runner, the warm runners idle) within 10 s.
+// returns every job succeeds (those that ended while it was away report
+// on its return), and the pool is back to size (no job waiting for a
+// runner, the warm runners idle) within 10 s.
 func TestForgeOutage(t *testing.T) {
 	const name = "outage"
 	top, hooks, status := harness.Listeners(t)

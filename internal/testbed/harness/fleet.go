@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -371,7 +372,7 @@ func (f *Fleet) Kill9() {
 func (f *Fleet) dumpLogs() {
 	for i := 1; i <= f.StartCnt; i++ {
 		b, _ := os.ReadFile(filepath.Join(f.Dir, fmt.Sprintf("manager-%d.log", i)))
-		f.T.Logf("manager log %d:\n%s", i, TailString(string(b), 6000))
+		f.T.Logf("manager log %d, less its per-pass lines:\n%s", i, TailString(withoutPassLines(string(b)), 16000))
 	}
 	logs, _ := filepath.Glob(filepath.Join(f.State, "logs", "*.log"))
 	for _, l := range logs {
@@ -384,6 +385,17 @@ func (f *Fleet) dumpLogs() {
 		b, _ := os.ReadFile(l)
 		f.T.Logf("agent log %s:\n%s", filepath.Base(l), TailString(string(b), 1500))
 	}
+}
+
+// withoutPassLines drops the debug lines every pass writes for each slot
+// and each pool's demand, which would crowd out of a failed test's output
+// what the manager did.
+func withoutPassLines(log string) string {
+	lines := strings.SplitAfter(log, "\n")
+	lines = slices.DeleteFunc(lines, func(l string) bool {
+		return strings.Contains(l, "level=DEBUG msg=slot ") || strings.Contains(l, "level=DEBUG msg=demand ")
+	})
+	return strings.Join(lines, "")
 }
 
 func TailString(s string, n int) string {
