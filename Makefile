@@ -25,7 +25,7 @@ TEST_PARALLEL ?= 3
 # go test starts packages in the order they are named: the longest first,
 # so that none of them starts last and runs on alone (testsum's summary
 # gives each package's time).
-SLOWEST_FIRST = ./internal/e2e/chaoscloud ./internal/e2e/aws ./internal/e2e/chaos ./internal/e2e/kube
+SLOWEST_FIRST = ./internal/e2e/aws ./internal/e2e/kube ./internal/e2e/chaoscloud ./internal/e2e/chaos ./internal/e2e/gitlab
 TEST_JSON ?= /dev/null
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
