@@ -17,7 +17,10 @@ demo:
 # testsum shows each package's output as it ends, then the wall time of
 # every package and the ten slowest tests. TEST_JSON keeps go test's own
 # record. -count=1: go test's cache cannot see Gitea, Docker or the
-# simulators' builds, so a cached pass would be no test at all.
+# simulators' builds, so a cached pass would be no test at all. The
+# end-to-end packages share one runfleet binary, built here, static so
+# that the cloud stand-ins' images take it too (each would link its own:
+# a tenth of the run's CPU on two cores).
 # The NVML reader is behind the nvml build tag (cgo); its tests run over
 # go-nvml's DGX H200 mock. NVML's header marks some calls deprecated.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
@@ -35,7 +38,9 @@ test: deps
 	go vet -tags nvml ./gpu
 	go test -race -tags nvml ./gpu
 	go build -o bin/testsum ./internal/testbed/testsum
-	go test -race -count=1 -timeout 50m -p $(TEST_PARALLEL) -json $(SLOWEST_FIRST) ./... | tee $(TEST_JSON) | bin/testsum
+	CGO_ENABLED=0 go build -o bin/runfleet-e2e ./cmd/runfleet
+	RUNFLEET_E2E_BINARY=$(CURDIR)/bin/runfleet-e2e \
+		go test -race -count=1 -timeout 50m -p $(TEST_PARALLEL) -json $(SLOWEST_FIRST) ./... | tee $(TEST_JSON) | bin/testsum
 
 # Test images are built FROM scratch (no registry is needed) out of static
 # binaries from Debian's bash-static and busybox-static packages; the status

@@ -39,12 +39,15 @@ func NeedEC2(t testing.TB) *ec2sim.Server {
 	NeedDocker(t)
 	gh := needGitHubRunner(t)
 	ec2Once.Do(func() {
-		staticBin = filepath.Join(filepath.Dir(FleetBin), "runfleet-static")
-		cmd := exec.Command("go", "build", "-o", staticBin, "github.com/runfleet/runfleet/cmd/runfleet")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			ec2Err = errors.New("build a static runfleet: " + err.Error() + "\n" + string(out))
-			return
+		staticBin = os.Getenv(E2EBinaryEnv) // static already
+		if staticBin == "" {
+			staticBin = filepath.Join(filepath.Dir(FleetBin), "runfleet-static")
+			cmd := exec.Command("go", "build", "-o", staticBin, "github.com/runfleet/runfleet/cmd/runfleet")
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				ec2Err = errors.New("build a static runfleet: " + err.Error() + "\n" + string(out))
+				return
+			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
@@ -195,7 +198,7 @@ func exportedFiles(t testing.TB, id string) map[string][]byte {
 func (f *Fleet) Runfleet(args ...string) string {
 	f.T.Helper()
 	cmd := exec.Command(FleetBin, args...)
-	cmd.Env = append(append(os.Environ(), "E2E_GITEA_TOKEN="+Gitea.Token), f.Env...)
+	cmd.Env = f.env()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		f.T.Fatalf("runfleet %s: %v\n%s", strings.Join(args, " "), err, out)

@@ -35,8 +35,9 @@ var (
 )
 
 var (
-	setupOnce sync.Once
-	binDir    string
+	binOnce, giteaOnce sync.Once
+	binErr             error
+	binDir             string
 )
 
 // Main runs a package's end-to-end tests; call it from TestMain. The peers
@@ -60,32 +61,41 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-// setup builds runfleet and gitea-runner and starts this package's Gitea.
-func setup() {
-	ctx := context.Background()
-	progress := os.Stderr
-	binDir, setupErr = os.MkdirTemp("", "runfleet-e2e-bin-")
-	if setupErr != nil {
+// E2EBinaryEnv names a runfleet binary built without cgo (so that it also
+// runs in FROM scratch images) that the end-to-end packages share: make
+// test builds it once, where each package would otherwise link its own.
+const E2EBinaryEnv = "RUNFLEET_E2E_BINARY"
+
+// buildBinaries finds or builds runfleet and builds gitea-runner.
+func buildBinaries() {
+	if binDir, binErr = os.MkdirTemp("", "runfleet-e2e-bin-"); binErr != nil {
 		return
 	}
-	FleetBin = filepath.Join(binDir, "runfleet")
-	args := []string{"build", "-o", FleetBin}
-	if os.Getenv("E2E_RACE") != "" {
-		// The manager itself under the race detector; a report in its
-		// log fails the test (see cleanup).
-		args = append(args, "-race")
-	}
-	out, err := exec.Command("go", append(args, "github.com/runfleet/runfleet/cmd/runfleet")...).CombinedOutput()
-	if err != nil {
-		setupErr = fmt.Errorf("build runfleet: %v\n%s", err, out)
+	FleetBin = os.Getenv(E2EBinaryEnv)
+	if FleetBin == "" || os.Getenv("E2E_RACE") != "" {
+		FleetBin = filepath.Join(binDir, "runfleet")
+		args := []string{"build", "-o", FleetBin}
+		if os.Getenv("E2E_RACE") != "" {
+			// The manager itself under the race detector; a report in
+			// its log fails the test (see cleanup).
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, "github.com/runfleet/runfleet/cmd/runfleet")...).CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("build runfleet: %v\n%s", err, out)
+			return
+		}
+	} else if _, binErr = os.Stat(FleetBin); binErr != nil {
+		binErr = fmt.Errorf("%s: %w", E2EBinaryEnv, binErr)
 		return
 	}
-	if runnerBin, setupErr = peers.RunnerBinary(ctx, progress); setupErr != nil {
-		return
-	}
-	// On all addresses, so that runner containers reach it through the
-	// bridge.
-	Gitea, setupErr = peers.StartGitea(ctx, peers.GiteaOptions{Progress: progress, ListenAddr: "0.0.0.0"})
+	runnerBin, binErr = peers.RunnerBinary(context.Background(), os.Stderr)
+}
+
+// startGitea starts this package's Gitea, on all addresses, so that runner
+// containers reach it through the bridge.
+func startGitea() {
+	Gitea, setupErr = peers.StartGitea(context.Background(), peers.GiteaOptions{Progress: os.Stderr, ListenAddr: "0.0.0.0"})
 }
 
 // RepoRoot is the module's root, where deploy/ and gpu/testdata are.
@@ -98,11 +108,20 @@ func RepoRoot() string {
 // in CI, where they must be.
 func Need(t testing.TB) {
 	t.Helper()
+	NeedBinaries(t)
+	giteaOnce.Do(startGitea)
+	peers.Need(t, "Gitea", setupErr)
+}
+
+// NeedBinaries is Need for the tests of the forges' simulators, which use
+// runfleet and gitea-runner (in the instance image) but not Gitea.
+func NeedBinaries(t testing.TB) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("end-to-end test: skipped with -short")
 	}
-	setupOnce.Do(setup)
-	peers.Need(t, "Gitea, gitea-runner and the runfleet binary", setupErr)
+	binOnce.Do(buildBinaries)
+	peers.Need(t, "gitea-runner and the runfleet binary", binErr)
 }
 
 // Fleet is one test's manager setup: a repository, a config, a state dir.
@@ -273,8 +292,7 @@ func (f *Fleet) Start() {
 		f.T.Fatal(err)
 	}
 	f.Cmd = exec.Command(FleetBin, "serve", "-c", f.Config, "--log-level", "debug")
-	f.Cmd.Env = append(os.Environ(), "E2E_GITEA_TOKEN="+Gitea.Token, "E2E_GITHUB_TOKEN="+GHToken)
-	f.Cmd.Env = append(f.Cmd.Env, f.Env...)
+	f.Cmd.Env = append(f.env(), "E2E_GITHUB_TOKEN="+GHToken)
 	f.Cmd.Stdout, f.Cmd.Stderr = logf, logf
 	if err := f.Cmd.Start(); err != nil {
 		f.T.Fatal(err)
@@ -593,11 +611,21 @@ type StatusDoc struct {
 	} `json:"pools"`
 }
 
+// env is the environment of a runfleet command of this fleet: the forge's
+// token (the simulators' fleets have no Gitea) and the fleet's own.
+func (f *Fleet) env() []string {
+	env := os.Environ()
+	if Gitea != nil {
+		env = append(env, "E2E_GITEA_TOKEN="+Gitea.Token)
+	}
+	return append(env, f.Env...)
+}
+
 // Status runs `runfleet status -o json`.
 func (f *Fleet) Status() StatusDoc {
 	f.T.Helper()
 	cmd := exec.Command(FleetBin, "status", "-c", f.Config, "-o", "json")
-	cmd.Env = append(append(os.Environ(), "E2E_GITEA_TOKEN="+Gitea.Token), f.Env...)
+	cmd.Env = f.env()
 	out, err := cmd.Output()
 	if err != nil {
 		f.T.Fatalf("status: %v\n%s", err, out)
@@ -612,7 +640,7 @@ func (f *Fleet) Status() StatusDoc {
 func (f *Fleet) StatusTable() string {
 	f.T.Helper()
 	cmd := exec.Command(FleetBin, "status", "-c", f.Config)
-	cmd.Env = append(append(os.Environ(), "E2E_GITEA_TOKEN="+Gitea.Token), f.Env...)
+	cmd.Env = f.env()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		f.T.Fatalf("status: %v\n%s", err, out)
@@ -680,7 +708,5 @@ func CountJobs(f *Fleet, status string) int {
 
 func NeedBinary(t *testing.T) {
 	t.Helper()
-	if FleetBin == "" {
-		Need(t)
-	}
+	NeedBinaries(t)
 }

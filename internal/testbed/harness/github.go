@@ -49,7 +49,7 @@ type StandIn struct {
 // scratch image).
 func (s *StandIn) bin(t testing.TB) string {
 	t.Helper()
-	Need(t)
+	NeedBinaries(t)
 	s.once.Do(func() {
 		dir, err := os.MkdirTemp("", "runfleet-standin-")
 		if err != nil {
