@@ -28,8 +28,13 @@ func TestDockerGPUsOnePerRunner(t *testing.T) {
 	})
 	sim := f.GH
 	f.Start()
-	harness.Eventually(t, time.Minute, "4 idle runners, one per GPU", func() bool { return harness.IdleGitHub(sim) == 4 })
-	held := f.GpusOf()
+	// A runner's agent can be online before the engine lists its
+	// container as running (it records the start after the process runs).
+	var held map[string][]string
+	harness.Eventually(t, time.Minute, "4 idle runners, one per GPU", func() bool {
+		held = f.GpusOf()
+		return harness.IdleGitHub(sim) == 4 && len(held) == 4
+	})
 	t.Logf("4 containers, device requests: %v", held)
 	harness.SplitsFourGPUs(t, held, 4, 1)
 	for _, r := range sim.Runners() {
