@@ -1,7 +1,7 @@
 // Package e2e holds no code: its subpackages test runfleet end to end, one
 // package per area (gitea, manager, github, gitlab, docker, kube, aws,
-// chaos), so that `go test ./...` runs the areas side by side. Each
-// package starts its own Gitea and, where its tests need them, its own
-// Docker engine with fake GPUs or Kubernetes control plane; what they
-// share is in internal/testbed/harness.
+// chaos, chaoscloud), so that `go test ./...` runs the areas side by side.
+// A package whose tests use Gitea starts its own and, where its tests need
+// them, its own Docker engine with fake GPUs or Kubernetes control plane;
+// what they share is in internal/testbed/harness.
 package e2e

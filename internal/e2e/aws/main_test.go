@@ -1,3 +1,6 @@
+// Package aws tests EC2 instances end to end against the EC2 stand-in: spot
+// interruptions, a manager killed mid-job, no capacity, and the burst
+// benchmark.
 package aws
 
 import (

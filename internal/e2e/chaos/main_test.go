@@ -1,3 +1,6 @@
+// Package chaos kills and drains managers of host processes and Docker
+// containers at seeded random moments, on the real Gitea; its tests run one
+// at a time.
 package chaos
 
 import (

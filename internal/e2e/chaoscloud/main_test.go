@@ -1,3 +1,5 @@
+// Package chaoscloud kills and drains managers of Kubernetes pods and EC2
+// instances at seeded random moments; its tests run one at a time.
 package chaoscloud
 
 import (

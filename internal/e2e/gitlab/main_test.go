@@ -1,3 +1,6 @@
+// Package gitlab tests the GitLab driver end to end against the GitLab
+// stand-in: a runner per job, crashes, kill -9 at random moments, an outage,
+// re-runs on timeout, `runfleet runner`.
 package gitlab
 
 import (

@@ -1,3 +1,6 @@
+// Package kube tests the Kubernetes provider end to end on a real control
+// plane with stand-in nodes: pods, adoption, eviction, failover, deploy, the
+// scale benchmark.
 package kube
 
 import (

@@ -1,3 +1,6 @@
+// Package manager tests the manager's own conduct end to end: backoff from
+// an unreachable forge, a bad config, a forge outage, reload, `runfleet
+// runner`.
 package manager
 
 import (
