@@ -13,10 +13,15 @@ import (
 //
 // TestChaosKube: a pool of pods, where a manager killed between
 // creating a pod and its Secret, or while pods end and are deleted, leaves
-// nothing that the next one does not adopt or remove.
+// nothing that the next one does not adopt or remove. Its idle pods are
+// recycled every 30 s, not 10: a pod takes longer to come up than a
+// process or a container (scheduler, node, Secret, container), and with
+// the packages beside it starting at once it took over 10 s, so a pool
+// recycling at 10 s never had its 4 runners ready together.
 func TestChaosKube(t *testing.T) {
 	img := harness.NeedKube(t)
 	opt := harness.ChaosOptions("")
+	opt.Extra = "    idle_timeout: 3s\n    max_lifetime: 30s\n"
 	opt.Kube = harness.KubeSection(img, "")
 	f := harness.NewFleet(t, "chaoskube", opt)
 	harness.RunChaos(t, f)

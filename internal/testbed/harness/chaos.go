@@ -41,7 +41,8 @@ func plan() ChaosPlan {
 // bursts end: a runner may take a job the moment the pool decides to
 // remove it. The lifetime, 10 s, is twice what a runner takes to come up
 // on a loaded two-core machine with other test packages running beside
-// (5 s seen), or the pool could never hold its warm runners at once.
+// (5 s seen), or the pool could never hold its warm runners at once
+// (pods take longer: TestChaosKube sets its own).
 func ChaosOptions(dockerSection string) FleetOptions {
 	return FleetOptions{
 		Size: 4, Max: 8,
@@ -70,7 +71,7 @@ func RunChaos(t *testing.T, f *Fleet) {
 		}
 	})
 	f.Start()
-	Eventually(t, 2*time.Minute, "4 warm runners", func() bool { return cf.ready() == 4 })
+	Eventually(t, 2*time.Minute, "4 warm runners", func() bool { return cf.ready() >= 4 })
 
 	pushed, kills, drains, burst := 0, 0, 0, 0
 	start := time.Now()
@@ -104,7 +105,7 @@ func RunChaos(t *testing.T, f *Fleet) {
 	jobs := cf.wait(pushed, 4*time.Minute)
 	t.Logf("all %d jobs completed %s after the first push", len(jobs), time.Since(start).Round(time.Second))
 	checkEnded(t, jobs)
-	// The pool keeps recycling idle runners (max_lifetime 10 s, and each
+	// The pool keeps recycling idle runners (max_lifetime, and each
 	// removal waits out the runner's fetch timeout), so some may be on
 	// their way out, disabled: the 4 that count are those ready for a job.
 	Eventually(t, 2*time.Minute, "the pool back at 4 ready runners", func() bool { return cf.ready() == 4 })
