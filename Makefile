@@ -9,8 +9,9 @@ demo:
 	go run ./internal/testbed/demo
 
 # The end-to-end tests build Gitea, gitea-runner and a Kubernetes control
-# plane on first use (about 20 minutes on two cores, cached in
-# ~/.cache/runfleet afterwards, one build at a time under a lock), hence
+# plane on first use (about 25 minutes on two cores with Go's build cache
+# empty, cached in ~/.cache/runfleet afterwards, one build at a time under
+# a lock), hence
 # the long timeout. The end-to-end packages (internal/e2e/*) mostly wait on
 # jobs, so up to TEST_PARALLEL test packages run side by side (three: at
 # six, two cores ran at a load of 20 and container starts took 20 s);
