@@ -217,8 +217,8 @@ func TestKubePendingReplacedWithReason(t *testing.T) {
 }
 
 // A pod evicted while its runner runs a job is a lost machine: the pool
-// reports the job lost, a replacement starts, and nothing is left of the
-// evicted pod or its registration.
+// reports the job lost, a replacement starts, the job is re-run once and
+// passes, and nothing is left of the evicted pod or its registration.
 func TestKubeEvictedPodIsLost(t *testing.T) {
 	img := harness.NeedKube(t)
 	f := harness.NewFleet(t, "kevict", harness.FleetOptions{Size: 1, Max: 2, Kube: harness.KubeSection(img, "")})
@@ -261,8 +261,9 @@ func TestKubeEvictedPodIsLost(t *testing.T) {
 		}
 		return f.IdleOnline() == 1 && f.LivePods() == 1
 	})
-	// Gitea re-runs nothing: it fails the job once its runner has been
-	// silent for its zombie timeout, and then lets the registration go.
+	// Gitea fails the job once its runner has been silent for its zombie
+	// timeout, and then lets the registration go; the manager re-runs the
+	// run's failed jobs once the run has ended.
 	harness.Eventually(t, 3*time.Minute, "the lost registration removed once Gitea let go of the job", func() bool {
 		for _, r := range f.Runners() {
 			if r.ID == victimReg {
@@ -273,6 +274,15 @@ func TestKubeEvictedPodIsLost(t *testing.T) {
 	})
 	if n := len(harness.LogLines(f.LogPath, "asking again later")); n > 8 {
 		t.Errorf("the removal of the lost registration was asked %d times", n)
+	}
+	// The user's view: the job re-run once, on another runner, and passed
+	// (and the drain below has no job to wait for).
+	harness.Eventually(t, 4*time.Minute, "the evicted job re-run and passed on another runner", func() bool {
+		jobs := f.Jobs()
+		return len(jobs) == 1 && jobs[0].Status == "completed" && jobs[0].Conclusion == "success" && jobs[0].RunnerID != victimReg
+	})
+	if n := len(harness.LogLines(f.LogPath, "re-ran the failed jobs of a run whose runner was lost")); n != 1 {
+		t.Errorf("the job was re-run %d times, want once", n)
 	}
 	f.StopLeavesNothing()
 }
