@@ -11,20 +11,20 @@ demo:
 # The end-to-end tests build Gitea, gitea-runner and a Kubernetes control
 # plane on first use (about 25 minutes on two cores with Go's build cache
 # empty, cached in ~/.cache/runfleet afterwards, one build at a time under
-# a lock), hence
-# the long timeout. The end-to-end packages (internal/e2e/*) mostly wait on
-# jobs, so up to TEST_PARALLEL test packages run side by side (three: at
-# six, two cores ran at a load of 20 and container starts took 20 s);
-# testsum shows each package's output as it ends, then the wall time of
-# every package and the ten slowest tests. TEST_JSON keeps go test's own
-# record. -count=1: go test's cache cannot see Gitea, Docker or the
-# simulators' builds, so a cached pass would be no test at all. The
-# end-to-end packages share one runfleet binary, built here, static so
-# that the cloud stand-ins' images take it too (each would link its own:
-# a tenth of the run's CPU on two cores). go vet compiles what it checks
-# with cgo off too, so that on a cold build cache the static binary reuses
-# its work rather than compiling everything once more (no file of ours
-# needs cgo but the NVML reader's, which is vetted with it on).
+# a lock), hence the long timeout. The end-to-end packages
+# (internal/e2e/*) mostly wait on jobs, so up to TEST_PARALLEL test
+# packages run side by side (three: at six, two cores ran at a load of 20
+# and container starts took 20 s); testsum shows each package's output as
+# it ends, then the wall time of every package and the ten slowest tests.
+# TEST_JSON keeps go test's own record. -count=1: go test's cache cannot
+# see Gitea, Docker or the simulators' builds, so a cached pass would be
+# no test at all. The end-to-end packages share one runfleet binary, built
+# here, static so that the cloud stand-ins' images take it too (each would
+# link its own: a tenth of the run's CPU on two cores). go vet compiles
+# what it checks with cgo off too, so that on a cold build cache the
+# static binary reuses its work rather than compiling everything once more
+# (no file of ours needs cgo but the NVML reader's, which is vetted with
+# it on).
 # The NVML reader is behind the nvml build tag (cgo); its tests run over
 # go-nvml's DGX H200 mock. NVML's header marks some calls deprecated.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations

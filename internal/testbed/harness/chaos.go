@@ -121,7 +121,9 @@ func RunChaos(t *testing.T, f *Fleet) {
 type ChaosForge struct {
 	// push queues n jobs of burst b, each sleeping for sleep seconds.
 	push func(n, b, sleep int)
-	// wait waits for the n jobs pushed to end and returns them.
+	// wait waits for the n jobs pushed to end and returns them; it fails
+	// the test once no job has ended for timeout (a pool that stopped, or
+	// a job lost), not when a loaded machine works through them slowly.
 	wait func(n int, timeout time.Duration) []EndedJob
 	// ready counts the runners ready for a job.
 	ready func() int
@@ -198,9 +200,10 @@ func (f *Fleet) removals() string {
 
 // waitAllJobs waits for the n jobs pushed to complete, and fails naming
 // those that did not once none has completed for timeout: a job lost with
-// its runner stays in progress at Gitea. Once every job Gitea lists is complete, a shortfall (Gitea made
-// fewer jobs than were pushed, which no runner manager causes) is logged
-// after a grace period rather than waited on for ever.
+// its runner stays in progress at Gitea. Once every job Gitea lists is
+// complete, a shortfall (Gitea made fewer jobs than were pushed, which no
+// runner manager causes) is logged after a grace period rather than
+// waited on for ever.
 func (f *Fleet) waitAllJobs(n int, timeout time.Duration) []*sdk.ActionWorkflowJob {
 	f.T.Helper()
 	var jobs []*sdk.ActionWorkflowJob

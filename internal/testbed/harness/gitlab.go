@@ -219,6 +219,7 @@ func (f *Fleet) gitLabChaos() ChaosForge {
 		},
 		wait: func(n int, timeout time.Duration) []EndedJob {
 			var open []string
+			done := 0
 			for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(time.Second) {
 				jobs, ended := sim.Jobs(), []EndedJob{}
 				open = nil
@@ -233,8 +234,11 @@ func (f *Fleet) gitLabChaos() ChaosForge {
 				if len(open) == 0 && len(ended) >= n {
 					return ended
 				}
+				if len(ended) > done { // progress: the timeout starts again
+					done, deadline = len(ended), time.Now().Add(timeout)
+				}
 			}
-			f.T.Fatalf("after %s, jobs not completed: %v", timeout, open)
+			f.T.Fatalf("no job completed for %s, %d done; not completed: %v", timeout, done, open)
 			return nil
 		},
 		ready: func() int { return IdleGitLab(sim) },

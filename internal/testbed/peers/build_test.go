@@ -37,9 +37,7 @@ func TestCachedBuildsOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	outs := make([]string, 4)
 	for i := range outs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestCachedBuildsOnce$")
 			cmd.Env = append(os.Environ(), "PEERS_TEST_CHILD="+log, "RUNFLEET_CACHE="+cache)
 			out, err := cmd.CombinedOutput()
@@ -47,7 +45,7 @@ func TestCachedBuildsOnce(t *testing.T) {
 				t.Errorf("process %d: %v\n%s", i, err, out)
 			}
 			outs[i] = string(out)
-		}()
+		})
 	}
 	wg.Wait()
 	b, _ := os.ReadFile(filepath.Join(log, "builds"))
