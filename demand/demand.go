@@ -59,6 +59,11 @@ type Pool struct {
 	// Labels the pool's runners have, the forge's implicit ones
 	// included (GitHub adds self-hosted, linux and x64).
 	Labels []string
+	// Meets decides whether runners with Labels meet a job's labels,
+	// for forges whose jobs say more than label names
+	// (forge.DemandMatcher); nil: every job label is among Labels,
+	// case-insensitively.
+	Meets func(labels, want []string) bool
 }
 
 // Event is what a report changed, for metrics and logs.
@@ -118,7 +123,8 @@ func (t *Tracker) SetPools(pools []Pool) {
 
 // Match returns the pool that serves a job: the first, in config order,
 // of the job's forge whose labels include all of the job's labels
-// (case-insensitively, as both forges compare them); "" for none.
+// (case-insensitively, as the forges compare them) or, where the forge
+// says how, meet them; "" for none.
 func (t *Tracker) Match(j Job) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -127,7 +133,11 @@ func (t *Tracker) Match(j Job) string {
 
 func (t *Tracker) match(j Job) string {
 	for _, p := range t.pools {
-		if p.Forge == j.Forge && covers(p.Labels, j.Labels) {
+		meets := covers
+		if p.Meets != nil {
+			meets = p.Meets
+		}
+		if p.Forge == j.Forge && meets(p.Labels, j.Labels) {
 			return p.Name
 		}
 	}

@@ -165,3 +165,30 @@ func TestUnservedCountsEndedJobsRunner(t *testing.T) {
 		t.Fatalf("unserved %d, want 1 (job 2): runner 31's job is accounted for by its end", n)
 	}
 }
+
+// A pool of a forge that says how its jobs' labels are met is matched by
+// that, not by names.
+func TestMatchByForgeRule(t *testing.T) {
+	prefix := func(labels, want []string) bool { // a job label is met by a pool label it begins
+		for _, w := range want {
+			found := false
+			for _, l := range labels {
+				found = found || len(w) >= len(l) && w[:len(l)] == l
+			}
+			if !found {
+				return false
+			}
+		}
+		return true
+	}
+	tr := New([]Pool{
+		{Name: "gpu", Forge: "az", Labels: []string{"gpu"}, Meets: prefix},
+		{Name: "named", Forge: "gh", Labels: []string{"gpu"}},
+	}, nil)
+	if got := tr.Match(Job{Forge: "az", Labels: []string{"gpu -equals a100"}}); got != "gpu" {
+		t.Errorf("matched %q, want the pool by its forge's rule", got)
+	}
+	if got := tr.Match(Job{Forge: "gh", Labels: []string{"gpu -equals a100"}}); got != "" {
+		t.Errorf("matched %q, want none by names", got)
+	}
+}

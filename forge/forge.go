@@ -64,6 +64,9 @@ type Runner struct {
 	Name   string
 	Status Status
 	Labels []string
+	// Cordoned is set when the forge gives the runner no further job
+	// (Cordoner): it ran one, and once that ends it is done.
+	Cordoned bool
 }
 
 // JobStatus is where a job is in its life. A job only moves forward
@@ -207,6 +210,30 @@ type Demander interface {
 	// no runner has taken yet. took are the registrations of runners seen
 	// taking a job lately, whose start the forge may not have reported.
 	Unserved(took []int64) int
+}
+
+// Cordoner is implemented by forges whose runner agents cannot be trusted
+// to stop after one job: Azure Pipelines' agent, whose `run --once` has
+// taken a second job and has stayed registered after its first in the
+// field, and Bitbucket's runner, which has no single-job mode at all. The
+// pool cordons such a runner as soon as it sees it take a job, so that the
+// forge hands it no other, and retires it as soon as its agent says the
+// job ended (or the forge lists it cordoned and idle), without waiting for
+// the agent to exit.
+type Cordoner interface {
+	// Cordon stops the forge from giving the runner another job; the
+	// job it runs goes on. Cordoning a cordoned runner is no error; a
+	// runner that is gone is ErrNotFound.
+	Cordon(ctx context.Context, id int64) error
+}
+
+// DemandMatcher is implemented by forges whose jobs ask for runners by more
+// than label names (Azure Pipelines' demands: "cuda" for a capability that
+// exists, "gpu -equals a100" for one with a value): it decides whether a
+// pool whose runners have the labels meets a job's. A forge that does not
+// implement it is matched by name: every job label among the pool's.
+type DemandMatcher interface {
+	Meets(labels, demands []string) bool
 }
 
 // StatsReporter is implemented by forges that count their API calls.

@@ -46,6 +46,10 @@ type Config struct {
 // Env is what a connection gets from the manager that opens it.
 type Env struct {
 	Version string // runfleet's version, for user agents
+	// Manager is the id of the manager that opens the connection, for
+	// forges that mark the runners they register with it, so that a
+	// manager lists only its own.
+	Manager string
 	Logger  *slog.Logger
 	// Budget paces the connection's API calls (see Budgeted); nil is
 	// no budget.

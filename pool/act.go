@@ -235,3 +235,27 @@ func (p *Pool) removeRegistration(ctx context.Context, r forge.Runner) {
 		}
 	})
 }
+
+// cordon asks the forge, in the background, to give a runner that took a
+// job no other (forge.Cordoner). A failure is logged and forgotten, so
+// that the next pass asks again. Called with p.mu held.
+func (p *Pool) cordon(ctx context.Context, name string, id int64) {
+	c, ok := p.forge.(forge.Cordoner)
+	if !ok {
+		return
+	}
+	p.wg.Go(func() {
+		err := c.Cordon(ctx, id)
+		if err == nil || errors.Is(err, forge.ErrNotFound) {
+			return
+		}
+		p.log.Warn("cordon runner failed; the next pass asks again", "runner", name, "registration", id, "err", err)
+		p.mu.Lock()
+		if m, ok := p.memory[name]; ok && m.cordoned == id {
+			m.cordoned = 0
+			p.memory[name] = m
+		}
+		p.mu.Unlock()
+		p.Trigger()
+	})
+}

@@ -3,6 +3,7 @@ package pool
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"slices"
@@ -303,5 +304,107 @@ func TestRunnerDoneAtItsFirstListingCountsAsTaken(t *testing.T) {
 	h.settle()
 	if n := len(h.prov.running()); n != 1 {
 		t.Fatalf("%d runners after gpu-1 ran the job, want 1 (the refill): none for a job already run", n)
+	}
+}
+
+// cordoningForge is a forge whose agents may take a second job: it
+// records cordons, and gives a cordoned runner no job.
+type cordoningForge struct {
+	*fakeForge
+	cordons []string
+	failing error // every Cordon fails with it
+}
+
+func (f *cordoningForge) Cordon(_ context.Context, id int64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.failing != nil {
+		return f.failing
+	}
+	r, ok := f.runners[id]
+	if !ok {
+		return forge.ErrNotFound
+	}
+	r.Cordoned = true
+	f.cordons = append(f.cordons, r.Name)
+	return nil
+}
+
+func newCordonHarness(t *testing.T) (*capHarness, *cordoningForge) {
+	h := newCapHarness(t, Config{Size: 1})
+	cf := &cordoningForge{fakeForge: h.forge.fakeForge}
+	h.pool = New(h.pool.cfg, cf, h.out, reportingAgent{}, WithClock(h.clk.Now), WithLogger(slog.New(slog.DiscardHandler)))
+	h.pool.watch(context.Background())
+	return h, cf
+}
+
+// A runner of a forge whose agents may take a second job is cordoned once
+// when it takes a job, and retired (registration, then machine) as soon as
+// its agent says the job ended, while the agent still runs.
+func TestCordonedOnceAndRetiredWhenItsJobEnds(t *testing.T) {
+	h, cf := newCordonHarness(t)
+	h.settle()
+	h.out.print("gpu-1", "ready")
+	h.online()
+	h.settle()
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.out.print("gpu-1", "busy")
+	h.settle()
+	h.settle()
+	h.settle()
+	if !slices.Equal(cf.cordons, []string{"gpu-1"}) {
+		t.Fatalf("cordons %v, want gpu-1 once", cf.cordons)
+	}
+	if len(h.forge.removed) != 0 {
+		t.Fatalf("a busy runner was removed: %v", h.forge.removed)
+	}
+	h.forge.set("gpu-1", forge.StatusIdle)
+	h.out.print("gpu-1", "done")
+	h.settle()
+	if !slices.Contains(h.forge.removed, "gpu-1") || !slices.Contains(h.prov.deleted, "gpu-1") {
+		t.Fatalf("removed %v, deleted %v: want gpu-1's registration and machine gone though its agent still runs", h.forge.removed, h.prov.deleted)
+	}
+	if h.prov.created != 2 {
+		t.Fatalf("created %d, want the slot refilled", h.prov.created)
+	}
+}
+
+// Without the agent's word (a provider that keeps no output), the forge's
+// listing tells: a cordoned runner that no longer runs a job has run it.
+func TestCordonedAndIdleIsRetired(t *testing.T) {
+	h, cf := newCordonHarness(t)
+	h.settle()
+	h.online()
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.settle()
+	h.settle()
+	if len(cf.cordons) != 1 {
+		t.Fatalf("cordons %v, want gpu-1", cf.cordons)
+	}
+	h.forge.set("gpu-1", forge.StatusIdle)
+	h.settle()
+	if !slices.Contains(h.forge.removed, "gpu-1") {
+		t.Fatalf("a cordoned runner whose job ended was kept: removed %v", h.forge.removed)
+	}
+}
+
+// A cordon the forge did not take is asked for again at the next pass.
+func TestFailedCordonIsRetried(t *testing.T) {
+	h, cf := newCordonHarness(t)
+	h.settle()
+	h.online()
+	h.forge.set("gpu-1", forge.StatusBusy)
+	cf.mu.Lock()
+	cf.failing = errors.New("503")
+	cf.mu.Unlock()
+	h.settle()
+	cf.mu.Lock()
+	cf.failing = nil
+	cf.mu.Unlock()
+	h.settle()
+	h.settle()
+	if len(cf.cordons) != 1 {
+		t.Fatalf("cordons %v, want gpu-1 once the forge answers", cf.cordons)
 	}
 }

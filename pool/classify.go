@@ -78,6 +78,9 @@ type memory struct {
 	// machine: a machine taken back after its runner's registration
 	// went (its agent stopped, its job failed) still names it.
 	regID int64
+	// cordoned is the registration the pool cordoned (forge.Cordoner),
+	// so that it is asked once.
+	cordoned int64
 }
 
 // policy is the pool's settings that classify applies.
@@ -90,6 +93,10 @@ type policy struct {
 	// canEnd is set when the forge learns of an ended runner without a
 	// call (forge.EndObserver).
 	canEnd bool
+	// cordons is set when the forge's agents may take a second job
+	// (forge.Cordoner): a runner is cordoned once it takes a job, and
+	// retired as soon as that job ends.
+	cordons bool
 	// phases is set when the agents' output tells their phase: only then
 	// can an agent that ended without a job be told from one that did.
 	phases bool
@@ -116,6 +123,8 @@ type verdict struct {
 	// crashed is set when the agent ended without taking a job (a broken
 	// image, a wrong path): the pool backs off before starting more.
 	crashed bool
+	// cordon asks the forge to give the busy runner no further job.
+	cordon bool
 	// memory is what to note of the slot for the next pass.
 	memory memory
 }
@@ -245,6 +254,10 @@ func classifyLive(f facts, p policy) verdict {
 	case agent.PhaseBusy:
 		status = forge.StatusBusy
 	case agent.PhaseDone:
+		if p.cordons {
+			// Not trusted to exit: it goes before it can take another.
+			return verdict{state: StateStopping, retire: "its job ended"}
+		}
 		return verdict{state: StateStopping} // it exits by itself
 	case agent.PhaseReady:
 		if status == forge.StatusOffline {
@@ -252,6 +265,11 @@ func classifyLive(f facts, p policy) verdict {
 		}
 	}
 	mem := memory{regID: f.reg.ID}
+	if p.cordons && f.preempted == nil {
+		if v, done := classifyCordoned(f, status, mem); done {
+			return v
+		}
+	}
 	switch {
 	case f.preempted != nil && status == forge.StatusBusy:
 		// Its job goes with the machine: the forge re-runs it, and a
@@ -285,4 +303,22 @@ func classifyLive(f facts, p policy) verdict {
 		since = p.now
 	}
 	return verdict{state: StateIdle, memory: memory{idleSince: since, regID: f.reg.ID}}
+}
+
+// classifyCordoned applies a Cordoner forge's rules to a live runner: a
+// runner that runs a job is cordoned once, and one the forge lists
+// cordoned and idle has run its job and goes. It reports whether the
+// verdict is final.
+func classifyCordoned(f facts, status forge.Status, mem memory) (verdict, bool) {
+	mem.cordoned = f.cordoned
+	switch {
+	case f.reg.Cordoned && status != forge.StatusBusy:
+		return verdict{state: StateStopping, retire: "its job ended (cordoned)"}, true
+	case status == forge.StatusBusy && !f.reg.Cordoned && f.cordoned != f.reg.ID:
+		mem.cordoned = f.reg.ID
+		return verdict{state: StateBusy, cordon: true, memory: mem}, true
+	case status == forge.StatusBusy:
+		return verdict{state: StateBusy, memory: mem}, true
+	}
+	return verdict{}, false
 }

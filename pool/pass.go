@@ -106,6 +106,9 @@ func (p *Pool) apply(ctx context.Context, s *slot, debug bool) {
 	if v.lost && p.reportLost(ctx, s, cmp.Or(regID(s.reg), v.memory.regID)) && v.note != "" {
 		p.log.Warn(v.note, "runner", s.name, "registration", cmp.Or(regID(s.reg), v.memory.regID), "machine", p.machineOf(s))
 	}
+	if v.cordon {
+		p.cordon(ctx, s.name, s.reg.ID)
+	}
 	if v.retire != "" && s.inst == nil && s.reg != nil && p.now().Before(p.refused[s.reg.ID].until) {
 		// The forge refused this removal lately: it holds the job that
 		// went with the machine. Asked again after a backoff.

@@ -355,6 +355,15 @@ func (p *Pool) Runners() []Runner {
 	return slices.Clone(p.view)
 }
 
+// Created returns how many runners the pool has started (or is starting)
+// since it began: with Once, a pool whose runners are all gone and that
+// has started some is done, however briefly they ran.
+func (p *Pool) Created() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.created
+}
+
 // LastError returns the error of the last pass, nil if it succeeded.
 func (p *Pool) LastError() error {
 	p.mu.Lock()

@@ -187,6 +187,7 @@ func (p *Pool) remember(snap snapshot) {
 // policy is what classify applies. Called with p.mu held.
 func (p *Pool) policy() policy {
 	_, canEnd := p.forge.(forge.EndObserver)
+	_, cordons := p.forge.(forge.Cordoner)
 	_, rep := p.agent.(agent.Reporter)
 	_, out := p.prov.(provider.OutputReader)
 	return policy{
@@ -197,6 +198,7 @@ func (p *Pool) policy() policy {
 		orphanGrace:      p.cfg.OrphanGrace,
 		draining:         p.draining,
 		canEnd:           canEnd,
+		cordons:          cordons,
 	}
 }
 

@@ -122,15 +122,13 @@ type Driver struct {
 	waits     atomic.Int64 // waits for a rate-limit reset
 	remaining atomic.Int64 // X-RateLimit-Remaining of the last answer, -1 before one
 
-	listMu   sync.Mutex // one listing at a time
-	mu       sync.Mutex
-	cache    []forge.Runner
-	cachedAt time.Time
-	changes  int64 // registrations made, found busy or ended here, counted
-	noJIT    bool
-	reruns   map[int64]bool    // runs whose failed jobs were re-run
-	losing   forge.Following   // lost runners being followed
-	seen     map[int64]runSeen // runs listed by polls, by id
+	listMu sync.Mutex // one listing at a time
+	kept   forge.Kept // the listing of registrations, between reads
+	mu     sync.Mutex
+	noJIT  bool
+	reruns map[int64]bool    // runs whose failed jobs were re-run
+	losing forge.Following   // lost runners being followed
+	seen   map[int64]runSeen // runs listed by polls, by id
 }
 
 // New returns a driver. It makes no network call.
@@ -417,35 +415,25 @@ func (d *Driver) registerJIT(ctx context.Context, req forge.RunnerRequest) (forg
 // dropListing stops reuse of the kept list, and of any listing under
 // way, after a change whose outcome is unknown: the next call reads
 // GitHub.
-func (d *Driver) dropListing() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.changes++
-	d.cachedAt = time.Time{}
-}
+func (d *Driver) dropListing() { d.kept.Drop() }
 
 // remember adds a registration the driver made to the kept list.
 func (d *Driver) remember(r forge.Runner) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.changes++
-	if !d.cachedAt.IsZero() {
-		d.cache = slices.DeleteFunc(d.cache, func(x forge.Runner) bool { return x.Name == r.Name || x.ID == r.ID })
-		d.cache = append(d.cache, r)
-	}
+	d.kept.Change(r.ID, func(list []forge.Runner, _ int) []forge.Runner {
+		list = slices.DeleteFunc(list, func(x forge.Runner) bool { return x.Name == r.Name || x.ID == r.ID })
+		return append(list, r)
+	})
 }
 
 // markBusy notes in the kept list that the forge refused to remove a
 // runner running a job.
 func (d *Driver) markBusy(id int64) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.changes++
-	for i := range d.cache {
-		if d.cache[i].ID == id {
-			d.cache[i].Status = forge.StatusBusy
+	d.kept.Change(id, func(list []forge.Runner, i int) []forge.Runner {
+		if i >= 0 {
+			list[i].Status = forge.StatusBusy
 		}
-	}
+		return list
+	})
 }
 
 // nameTaken tells GitHub's answer to a JIT request for a name in use.
@@ -524,16 +512,12 @@ func (d *Driver) registrationToken(ctx context.Context) (string, error) {
 func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 	d.listMu.Lock()
 	defer d.listMu.Unlock()
-	d.mu.Lock()
-	if !d.cachedAt.IsZero() && time.Since(d.cachedAt) < d.cfg.CacheTTL {
-		out := slices.Clone(d.cache)
-		d.mu.Unlock()
+	out, ok, stamp := d.kept.Get(d.cfg.CacheTTL)
+	if ok {
 		return out, nil
 	}
-	changes := d.changes
-	d.mu.Unlock()
 	start := time.Now()
-	var out []forge.Runner
+	out = nil
 	opt := &gh.ListRunnersOptions{ListOptions: gh.ListOptions{PerPage: 100}}
 	for {
 		var (
@@ -579,16 +563,10 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 		}
 		opt.Page = next
 	}
-	d.mu.Lock()
-	if d.changes == changes {
-		d.cache, d.cachedAt = slices.Clone(out), start
-	} else {
-		// A registration made or ended while GitHub was read may be
-		// missing from (or still in) this listing: kept, it would hide
-		// the change for a whole cache_ttl. The next call reads again.
-		d.cachedAt = time.Time{}
-	}
-	d.mu.Unlock()
+	// A registration made or ended while GitHub was read may be missing
+	// from (or still in) this listing: kept, it would hide the change for
+	// a whole cache_ttl. Kept does not keep it then.
+	d.kept.Keep(out, stamp, start, true)
 	return out, nil
 }
 
@@ -622,12 +600,7 @@ func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 	}
 }
 
-func (d *Driver) forget(id int64) {
-	d.mu.Lock()
-	d.changes++
-	d.cache = slices.DeleteFunc(d.cache, func(r forge.Runner) bool { return r.ID == id })
-	d.mu.Unlock()
-}
+func (d *Driver) forget(id int64) { d.kept.Forget(id) }
 
 // Ended tells the driver that a runner's agent finished its job: GitHub
 // deletes an ephemeral runner then, so the kept list drops it without a

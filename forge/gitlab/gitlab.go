@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,13 +80,11 @@ type Driver struct {
 	log   *slog.Logger
 	calls atomic.Int64
 
-	mu       sync.Mutex
-	scopeID  int64 // the project's or group's id, once resolved
-	cache    []forge.Runner
-	cachedAt time.Time
-	changes  int64           // runners made, paused or deleted here, counted
-	losing   forge.Following // runners whose lost job is being re-run
-	retried  map[int64]bool  // jobs retried already
+	kept    forge.Kept // the listing of runners, between reads
+	mu      sync.Mutex
+	scopeID int64           // the project's or group's id, once resolved
+	losing  forge.Following // runners whose lost job is being re-run
+	retried map[int64]bool  // jobs retried already
 	// timedOut holds the project of each job a hook reported timed out,
 	// for RerunJob outside a project scope; at most maxTimedOut.
 	timedOut map[int64]int64
@@ -266,48 +263,20 @@ func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.C
 		// Sent but unanswered (cancelled by a drain, timed out, a 5xx):
 		// GitLab may have made the runner. The kept listing would hide
 		// it for a whole cache_ttl, and a drain would end with it left.
-		d.dropListing()
+		d.kept.Drop()
 		return forge.Credential{}, err
 	}
 	if run.ID == 0 || !strings.HasPrefix(run.Token, "glrt-") {
 		return forge.Credential{}, fmt.Errorf("gitlab create runner %s: the answer has no runner token", req.Name)
 	}
-	d.update(run.ID, func(list []forge.Runner, i int) []forge.Runner {
+	d.kept.Change(run.ID, func(list []forge.Runner, i int) []forge.Runner {
 		return append(list, forge.Runner{ID: run.ID, Name: req.Name, Status: forge.StatusOffline, Labels: req.Labels})
 	})
 	return forge.Credential{RunnerID: run.ID, Env: map[string]string{EnvURL: d.cfg.RunnerURL, EnvToken: run.Token}}, nil
 }
 
-// update changes the kept listing, if there is one, through f, given the
-// index of the runner id in it (-1 when absent).
-func (d *Driver) update(id int64, f func(list []forge.Runner, i int) []forge.Runner) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.changes++
-	if d.cachedAt.IsZero() {
-		return
-	}
-	d.cache = f(d.cache, slices.IndexFunc(d.cache, func(r forge.Runner) bool { return r.ID == id }))
-}
-
-// dropListing stops reuse of the kept listing, and of any listing under
-// way, after a change whose outcome is unknown: the next call reads GitLab.
-func (d *Driver) dropListing() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.changes++
-	d.cachedAt = time.Time{}
-}
-
 // forget drops a removed runner from the kept listing.
-func (d *Driver) forget(id int64) {
-	d.update(id, func(list []forge.Runner, i int) []forge.Runner {
-		if i < 0 {
-			return list
-		}
-		return slices.Delete(list, i, i+1)
-	})
-}
+func (d *Driver) forget(id int64) { d.kept.Forget(id) }
 
 // retryUnsent retries a request GitLab did not take: rate limited (429,
 // which GitLab answers before doing anything), or refused before it was
@@ -330,30 +299,19 @@ var _ retryablehttp.CheckRetry = retryUnsent
 // offline as far as the listing tells, and RemoveRunner still refuses a
 // busy one.
 func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
-	d.mu.Lock()
-	if !d.cachedAt.IsZero() && time.Since(d.cachedAt) < d.cfg.CacheTTL {
-		list := slices.Clone(d.cache)
-		d.mu.Unlock()
+	list, ok, stamp := d.kept.Get(d.cfg.CacheTTL)
+	if ok {
 		return list, nil
 	}
-	changes := d.changes
-	d.mu.Unlock()
 	list, err := d.listRunners(ctx)
 	if err != nil {
 		return nil, err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	switch {
-	case d.changes != changes:
-		// A runner made or deleted while GitLab was read may be missing
-		// from (or still in) this listing: kept, it would hide the change
-		// for a whole cache_ttl, long enough for the pool to take a new
-		// runner's machine for an orphan. The next call reads again.
-		d.cachedAt = time.Time{}
-	case d.cfg.CacheTTL > 0:
-		d.cache, d.cachedAt = slices.Clone(list), time.Now()
-	}
+	// A runner made or deleted while GitLab was read may be missing from
+	// (or still in) this listing: kept, it would hide the change for a
+	// whole cache_ttl, long enough for the pool to take a new runner's
+	// machine for an orphan. Kept does not keep it then.
+	d.kept.Keep(list, stamp, time.Now(), d.cfg.CacheTTL > 0)
 	return list, nil
 }
 
@@ -474,7 +432,7 @@ func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 	case err != nil:
 		return err
 	case len(running) > 0:
-		d.update(id, func(list []forge.Runner, i int) []forge.Runner {
+		d.kept.Change(id, func(list []forge.Runner, i int) []forge.Runner {
 			if i >= 0 {
 				list[i].Status = forge.StatusBusy
 			}

@@ -4,6 +4,7 @@ package cli
 // or provider registry. A new driver is added here, and nowhere else
 // outside its own package.
 import (
+	_ "github.com/runfleet/runfleet/forge/azurepipelines"
 	_ "github.com/runfleet/runfleet/forge/gitea"
 	_ "github.com/runfleet/runfleet/forge/github"
 	_ "github.com/runfleet/runfleet/forge/gitlab"

@@ -72,12 +72,12 @@ var cmlFlags = []cmlFlag{
 	{"reuse-idle", []string{"CML_RUNNER_REUSE_IDLE"}, "start nothing if an idle online runner has the same name or overlapping labels", "bool", ""},
 	{"no-retry", []string{"CML_RUNNER_NO_RETRY", "RUNNER_NO_RETRY"}, "do not re-run a job whose runner's machine went away mid-job", "bool", ""},
 	{"docker-volumes", []string{"CML_RUNNER_DOCKER_VOLUMES"}, "volumes for the runner's container, src:dst[:ro|rw] (read-only unless :rw), with --docker", "list", ""},
-	{"driver", []string{"CML_RUNNER_DRIVER", "RUNNER_DRIVER"}, "forge of the repository: github, gitea or gitlab (inferred from --repo or the CI environment when absent)", "string", ""},
+	{"driver", []string{"CML_RUNNER_DRIVER", "RUNNER_DRIVER"}, "forge of the repository: github, gitea, gitlab or azure-pipelines (inferred from --repo or the CI environment when absent)", "string", ""},
 	{"repo", []string{"CML_RUNNER_REPO", "RUNNER_REPO"}, "repository (or organisation) URL to register the runner with (default: GITHUB_REPOSITORY, CI_PROJECT_URL, or the git remote)", "string", ""},
 	{"token", []string{"CML_RUNNER_TOKEN", "REPO_TOKEN", "repo_token", "GITHUB_TOKEN", "GITLAB_TOKEN"}, "personal access token (prefer the REPO_TOKEN variable: a flag shows in process listings)", "string", ""},
 	{"log", []string{"CML_RUNNER_LOG"}, "log level: error, warn, info or debug (default: --log-level)", "string", ""},
 	{"docker", []string{"CML_RUNNER_DOCKER"}, "run each job's runner in a fresh container of this image instead of on this machine", "string", ""},
-	{"agent", []string{"CML_RUNNER_AGENT"}, "the forge's runner agent: GitHub's run.sh, gitea-runner or gitlab-runner (found in PATH; in the image with --docker)", "string", ""},
+	{"agent", []string{"CML_RUNNER_AGENT"}, "the forge's runner agent: GitHub's run.sh, gitea-runner, gitlab-runner or the Azure Pipelines agent's run.sh (found in PATH; in the image with --docker)", "string", ""},
 	{"cloud", []string{"CML_RUNNER_CLOUD"}, "cloud to start the runner in: aws or kubernetes (azure and gcp not in this build yet)", "string", ""},
 	{"cloud-region", []string{"CML_RUNNER_CLOUD_REGION"}, "cloud region", "string", ""},
 	{"cloud-type", []string{"CML_RUNNER_CLOUD_TYPE"}, "instance type", "string", ""},
@@ -502,7 +502,9 @@ func watchRunner(ctx context.Context, stop context.CancelFunc, p *pool.Pool, s r
 		case <-t.C:
 		}
 		rs := p.Runners()
-		sawRunner = sawRunner || len(rs) > 0
+		// A runner whose job took less than a tick is never seen: the
+		// pool's count of runners started tells.
+		sawRunner = sawRunner || len(rs) > 0 || p.Created() > 0
 		now := map[string]bool{}
 		for _, r := range rs {
 			if r.Machine != "" {

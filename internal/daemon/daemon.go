@@ -100,7 +100,7 @@ func openForges(cfg *config.Config, log *slog.Logger) (map[string]forge.Forge, e
 			errs = append(errs, fmt.Errorf("%s.type: %q is not in this build (known: %s)", field, fc.Type, strings.Join(forge.Types(), ", ")))
 			continue
 		}
-		conn, err := d.Open(fc.Driver(), forge.Env{Version: Version, Logger: log.With("forge", fc.Name), Budget: fc.Budget()})
+		conn, err := d.Open(fc.Driver(), forge.Env{Version: Version, Manager: cfg.ID, Logger: log.With("forge", fc.Name), Budget: fc.Budget()})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", field, err))
 			continue

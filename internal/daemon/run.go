@@ -188,7 +188,16 @@ func (f *Fleet) PollOnce(ctx context.Context, forgeName string) error {
 // wakes the pool that serves it.
 func (f *Fleet) jobChanged(e demand.Event) {
 	if e.Pool == "" {
-		if e.New && e.Job.Status == demand.Queued {
+		if !e.New || e.Job.Status != demand.Queued {
+			return
+		}
+		// A forge whose jobs carry demands queues them for this
+		// manager's agent pool: a job that none of its pools meets
+		// waits for ever, and the user must hear of it. Elsewhere a job
+		// may be another runner's (GitHub's hosted ones).
+		if _, ok := f.conns[e.Job.Forge].(forge.DemandMatcher); ok {
+			f.log.Warn("queued job: no pool meets its demands; it starts no runner", "forge", e.Job.Forge, "job", e.Job.ID, "name", e.Job.Name, "demands", e.Job.Labels)
+		} else {
 			f.log.Debug("queued job matches no pool", "forge", e.Job.Forge, "job", e.Job.ID, "labels", e.Job.Labels)
 		}
 		return
@@ -246,7 +255,11 @@ func (f *Fleet) demandPools(cfg *config.Config) []demand.Pool {
 			}
 			labels = append(labels, fmt.Sprintf("gpus-%d", n))
 		}
-		out = append(out, demand.Pool{Name: pc.Name, Forge: pc.Forge, Labels: labels})
+		dp := demand.Pool{Name: pc.Name, Forge: pc.Forge, Labels: labels}
+		if m, ok := f.conns[pc.Forge].(forge.DemandMatcher); ok {
+			dp.Meets = m.Meets
+		}
+		out = append(out, dp)
 	}
 	return out
 }

@@ -143,6 +143,9 @@ func (f *Fleet) ChaosForge() ChaosForge {
 	if f.GL != nil {
 		return f.gitLabChaos()
 	}
+	if f.AZ != nil {
+		return f.azureChaos()
+	}
 	c := f.Client()
 	return ChaosForge{
 		push: func(n, b, sleep int) {

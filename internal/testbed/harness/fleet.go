@@ -21,6 +21,7 @@ import (
 	sdk "code.gitea.io/sdk/gitea"
 	"github.com/moby/moby/client"
 	giteadrv "github.com/runfleet/runfleet/forge/gitea"
+	"github.com/runfleet/runfleet/internal/testbed/azsim"
 	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
 	"github.com/runfleet/runfleet/internal/testbed/ghsim"
 	"github.com/runfleet/runfleet/internal/testbed/glsim"
@@ -148,6 +149,7 @@ type Fleet struct {
 	engine *client.Client
 	Env    []string
 	EC2    *ec2sim.Server // an EC2 fleet's stand-in
+	AZ     *azsim.Server  // an Azure Pipelines fleet's simulator
 }
 
 type FleetOptions struct {
@@ -350,6 +352,15 @@ func (f *Fleet) StopLeavesNothing() {
 	} else if f.GL != nil {
 		if r := f.GL.Runners(); len(r) != 0 {
 			f.T.Errorf("%d runners left at GitLab after shutdown: %+v", len(r), r)
+		}
+	} else if f.AZ != nil {
+		if a := f.AZ.Agents(); len(a) != 0 {
+			f.T.Errorf("%d agents left at Azure DevOps after shutdown: %+v", len(a), a)
+		}
+		for _, a := range f.AZ.AllAgents() {
+			if a.DeletedBusy {
+				f.T.Errorf("agent %s was deleted while it ran a job", a.Name)
+			}
 		}
 	} else if r := f.Runners(); len(r) != 0 {
 		f.T.Errorf("%d registrations left after shutdown", len(r))

@@ -225,6 +225,9 @@ func (f *Fleet) CheckNoSecretOnDisk() {
 		if bytes.Contains(b, []byte(GLToken)) {
 			f.T.Errorf("the GitLab token is in %s", path)
 		}
+		if bytes.Contains(b, []byte(AZToken)) {
+			f.T.Errorf("the Azure DevOps PAT is in %s", path)
+		}
 		return nil
 	})
 }
