@@ -216,15 +216,27 @@ type Demander interface {
 // to stop after one job: Azure Pipelines' agent, whose `run --once` has
 // taken a second job and has stayed registered after its first in the
 // field, and Bitbucket's runner, which has no single-job mode at all. The
-// pool cordons such a runner as soon as it sees it take a job, so that the
-// forge hands it no other, and retires it as soon as its agent says the
-// job ended (or the forge lists it cordoned and idle), without waiting for
-// the agent to exit.
+// pool cordons such a runner as soon as it sees it take a job (or, at the
+// latest, its agent say the job ended), so that the forge hands it no
+// other, and retires it once the forge lists it cordoned and idle, or its
+// agent exits, whichever comes first.
 type Cordoner interface {
 	// Cordon stops the forge from giving the runner another job; the
 	// job it runs goes on. Cordoning a cordoned runner is no error; a
 	// runner that is gone is ErrNotFound.
 	Cordon(ctx context.Context, id int64) error
+}
+
+// ExitedRemover is implemented by forges whose RemoveRunner guards a live
+// runner with calls that an exited one does not need (Azure Pipelines
+// disables an agent and reads its request before it deletes it, so that
+// no job comes to it meanwhile): the pool removes the registration of a
+// runner whose agent has exited, or whose machine is gone, with
+// RemoveExited. An agent that no
+// longer runs takes no job; one that held a job as it died has lost it
+// already, and the forge fails it.
+type ExitedRemover interface {
+	RemoveExited(ctx context.Context, id int64) error
 }
 
 // DemandMatcher is implemented by forges whose jobs ask for runners by more

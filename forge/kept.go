@@ -58,6 +58,14 @@ func (k *Kept) Change(id int64, f func(list []Runner, i int) []Runner) int64 {
 	return k.changes
 }
 
+// Changes returns the count of changes the driver made so far: a read
+// begun after a change has a count at least the one Change returned.
+func (k *Kept) Changes() int64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.changes
+}
+
 // Drop counts a change whose outcome is unknown and stops reuse of the
 // kept listing, and of any listing under way.
 func (k *Kept) Drop() {

@@ -204,7 +204,12 @@ const (
 // without a machine (gone) that the forge refuses is asked for again only
 // after a backoff.
 func (p *Pool) removeRegistrationFirst(ctx context.Context, name string, id int64, exited, gone bool, why string) bool {
-	err := p.forge.RemoveRunner(ctx, id)
+	remove := p.forge.RemoveRunner
+	if e, ok := p.forge.(forge.ExitedRemover); ok && (exited || gone) {
+		// No agent runs: it exited, or its machine is gone.
+		remove = e.RemoveExited
+	}
+	err := remove(ctx, id)
 	switch {
 	case errors.Is(err, forge.ErrBusy) && gone:
 		p.mu.Lock()

@@ -408,3 +408,41 @@ func TestFailedCordonIsRetried(t *testing.T) {
 		t.Fatalf("cordons %v, want gpu-1 once the forge answers", cf.cordons)
 	}
 }
+
+// A forge that removes an exited runner's registration more cheaply is
+// asked that way for a runner whose agent exited, and the usual way for a
+// live one.
+func TestExitedRunnerRemovedAsExited(t *testing.T) {
+	h, cf := newCordonHarness(t)
+	ef := &exitedForge{cordoningForge: cf}
+	h.pool = New(h.pool.cfg, ef, h.out, reportingAgent{}, WithClock(h.clk.Now), WithLogger(slog.New(slog.DiscardHandler)))
+	h.pool.watch(context.Background())
+	h.settle()
+	h.online()
+	h.out.print("gpu-1", "ready")
+	h.out.print("gpu-1", "done")
+	h.prov.exit("gpu-1")
+	h.settle()
+	if !slices.Equal(ef.exited, []int64{1}) || len(h.forge.removed) != 0 {
+		t.Fatalf("RemoveExited %v, RemoveRunner %v: want the exited runner's registration removed as exited", ef.exited, h.forge.removed)
+	}
+	if h.prov.created != 2 {
+		t.Fatalf("created %d, want the slot refilled", h.prov.created)
+	}
+}
+
+type exitedForge struct {
+	*cordoningForge
+	exited []int64
+}
+
+func (f *exitedForge) RemoveExited(_ context.Context, id int64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.exited = append(f.exited, id)
+	if _, ok := f.runners[id]; !ok {
+		return forge.ErrNotFound
+	}
+	delete(f.runners, id)
+	return nil
+}

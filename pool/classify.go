@@ -255,8 +255,7 @@ func classifyLive(f facts, p policy) verdict {
 		status = forge.StatusBusy
 	case agent.PhaseDone:
 		if p.cordons {
-			// Not trusted to exit: it goes before it can take another.
-			return verdict{state: StateStopping, retire: "its job ended"}
+			return classifyDone(f)
 		}
 		return verdict{state: StateStopping} // it exits by itself
 	case agent.PhaseReady:
@@ -303,6 +302,23 @@ func classifyLive(f facts, p policy) verdict {
 		since = p.now
 	}
 	return verdict{state: StateIdle, memory: memory{idleSince: since, regID: f.reg.ID}}
+}
+
+// classifyDone applies a Cordoner forge's rules to a live runner whose
+// agent says its job ended: one the forge lists cordoned and idle goes now,
+// exited or not (an agent that does not stop after its job); one not yet
+// cordoned is, so that no job comes to it; any other goes when its agent
+// exits, with one call.
+func classifyDone(f facts) verdict {
+	mem := memory{regID: f.reg.ID, cordoned: f.cordoned}
+	switch {
+	case f.reg.Cordoned && f.reg.Status != forge.StatusBusy:
+		return verdict{state: StateStopping, retire: "its job ended"}
+	case !f.reg.Cordoned && f.cordoned != f.reg.ID:
+		mem.cordoned = f.reg.ID
+		return verdict{state: StateStopping, cordon: true, memory: mem}
+	}
+	return verdict{state: StateStopping, memory: mem}
 }
 
 // classifyCordoned applies a Cordoner forge's rules to a live runner: a

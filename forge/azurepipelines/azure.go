@@ -107,9 +107,10 @@ type Driver struct {
 	cordoned map[int64]int64
 	// idle holds the agents a listing begun after their cordon showed
 	// without a request: their job has ended.
-	idle  map[int64]bool
-	owner map[int64]int // agent -> the build of the request it was last seen running
-	rerun map[int]bool  // builds re-run for a lost job
+	idle map[int64]bool
+	// noFilter is set once the server refused the demands filter of
+	// the agents' listing.
+	noFilter bool
 }
 
 // New returns a driver. It makes no call.
@@ -138,7 +139,7 @@ func New(cfg Config) (*Driver, error) {
 		cfg.RunnerURL = cfg.URL
 	}
 	d := &Driver{cfg: cfg, log: cfg.Logger, poolID: cfg.PoolID,
-		cordoned: map[int64]int64{}, idle: map[int64]bool{}, owner: map[int64]int{}, rerun: map[int]bool{}}
+		cordoned: map[int64]int64{}, idle: map[int64]bool{}}
 	d.rl = &limits{remaining: -1}
 	hc := &http.Client{}
 	if cfg.HTTPClient != nil {
@@ -287,9 +288,6 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 		if at, ok := d.cordoned[r.ID]; ok && stamp >= at && r.Status != forge.StatusBusy {
 			d.idle[r.ID] = true
 		}
-		if a.AssignedRequest != nil && a.AssignedRequest.Owner != nil && a.AssignedRequest.Owner.Id != nil {
-			d.owner[r.ID] = *a.AssignedRequest.Owner.Id
-		}
 	}
 	d.mu.Unlock()
 	d.kept.Keep(list, stamp, time.Now(), d.cfg.CacheTTL > 0)
@@ -304,16 +302,30 @@ func (d *Driver) listAgents(ctx context.Context) ([]taskagent.TaskAgent, error) 
 	if err != nil {
 		return nil, err
 	}
-	var agents *[]taskagent.TaskAgent
-	err = d.call(ctx, "list agents", func(ctx context.Context) (err error) {
-		agents, err = api.GetAgents(ctx, taskagent.GetAgentsArgs{
-			PoolId:                 &id,
-			IncludeCapabilities:    new(true),
-			IncludeAssignedRequest: new(true),
-			Demands:                &[]string{CapManager + " -equals " + d.cfg.Manager},
+	list := func(filter bool) (agents *[]taskagent.TaskAgent, err error) {
+		args := taskagent.GetAgentsArgs{PoolId: &id, IncludeCapabilities: new(true), IncludeAssignedRequest: new(true)}
+		if filter {
+			args.Demands = &[]string{CapManager + " -equals " + d.cfg.Manager}
+		}
+		err = d.call(ctx, "list agents", func(ctx context.Context) (err error) {
+			agents, err = api.GetAgents(ctx, args)
+			return err
 		})
-		return err
-	})
+		return agents, err
+	}
+	d.mu.Lock()
+	filter := !d.noFilter
+	d.mu.Unlock()
+	agents, err := list(filter)
+	if filter && status(err) == http.StatusBadRequest {
+		// A server that does not take the demands filter: the agents
+		// are filtered here alone, from now on.
+		d.log.Warn("azure-pipelines: the server refused the demands filter of the agent listing; filtering the agents here", "err", err)
+		d.mu.Lock()
+		d.noFilter = true
+		d.mu.Unlock()
+		agents, err = list(false)
+	}
 	if err != nil {
 		return nil, rejectDefinitive(err)
 	}

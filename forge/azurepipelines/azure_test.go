@@ -143,6 +143,34 @@ func TestRunnersAreTheManagersOwn(t *testing.T) {
 	}
 }
 
+// A server that refuses the listing's demands filter is listed whole, and
+// the agents filtered here: still only the manager's own.
+func TestRunnersWithoutTheServersFilter(t *testing.T) {
+	sim := newSim(t, azsim.Options{NoDemandsFilter: true})
+	mine, theirs := newDriver(t, sim, "m1"), newDriver(t, sim, "m2")
+	ctx := context.Background()
+	for d, name := range map[*Driver]string{mine: "gpu-1", theirs: "gpu-2"} {
+		if _, err := d.Register(ctx, forge.RunnerRequest{Name: name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		list, err := mine.Runners(ctx)
+		if err != nil || len(list) != 1 || list[0].Name != "gpu-1" {
+			t.Fatalf("runners %+v, %v: want gpu-1 alone", list, err)
+		}
+	}
+	refused := 0
+	for _, c := range sim.Calls() {
+		if c.Route == "/_apis/distributedtask/pools/{poolId}/agents" && c.Method == "GET" && c.Status == 400 {
+			refused++
+		}
+	}
+	if refused != 1 {
+		t.Errorf("the filter was refused %d times, want once and then not sent", refused)
+	}
+}
+
 // A busy agent is never deleted: RemoveRunner disables it (so that it takes
 // no other job), finds its request and refuses; once its job ends, it goes
 // with one call. An idle one is disabled, read and deleted.
@@ -190,6 +218,44 @@ func TestRemoveRunner(t *testing.T) {
 	}
 	if err := d.RemoveRunner(ctx, idle.id); !errors.Is(err, forge.ErrNotFound) {
 		t.Errorf("removing a deleted agent: %v, want ErrNotFound", err)
+	}
+	// An agent whose process exited takes no job: one call.
+	gone := connect(t, sim, d, "gpu-3")
+	before = len(sim.Calls())
+	if err := d.RemoveExited(ctx, gone.id); err != nil {
+		t.Fatal(err)
+	}
+	if calls := sim.Calls()[before:]; len(calls) != 1 || calls[0].Method != "DELETE" {
+		t.Errorf("removing an exited agent took %v, want one DELETE", calls)
+	}
+}
+
+// A poll of the job requests that shows a cordoned agent running none has
+// seen its job end: the agent is deleted with one call.
+func TestPollSeesACordonedAgentsJobEnd(t *testing.T) {
+	sim := newSim(t, azsim.Options{})
+	d := newDriver(t, sim, "m1")
+	ctx := context.Background()
+	a := connect(t, sim, d, "gpu-1")
+	if _, err := sim.QueueRun("gpu", azsim.JobSpec{Name: "train"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Cordon(ctx, a.id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Jobs(ctx, forge.JobQueued); err != nil { // still running: nothing learnt
+		t.Fatal(err)
+	}
+	a.finish(t, "succeeded")
+	if _, err := d.Jobs(ctx, forge.JobQueued); err != nil {
+		t.Fatal(err)
+	}
+	before := len(sim.Calls())
+	if err := d.RemoveRunner(ctx, a.id); err != nil {
+		t.Fatal(err)
+	}
+	if calls := sim.Calls()[before:]; len(calls) != 1 || calls[0].Method != "DELETE" {
+		t.Errorf("removing an agent whose job a poll saw end took %v, want one DELETE", calls)
 	}
 }
 

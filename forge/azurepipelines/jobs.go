@@ -33,10 +33,10 @@ const maxRequestPages = 5
 // authentication) and the driver's HTTP client (budget, counting, rate
 // limits), following the continuation token the server sends while there
 // are more.
-func (d *Driver) jobRequests(ctx context.Context) ([]taskagent.TaskAgentJobRequest, error) {
+func (d *Driver) jobRequests(ctx context.Context) (reqs []taskagent.TaskAgentJobRequest, complete bool, err error) {
 	_, poolID, err := d.pool(ctx)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	d.mu.Lock()
 	raw := d.raw
@@ -59,15 +59,15 @@ func (d *Driver) jobRequests(ctx context.Context) ([]taskagent.TaskAgentJobReque
 			return raw.UnmarshalCollectionBody(resp, &page)
 		})
 		if err != nil {
-			return nil, rejectDefinitive(err)
+			return nil, false, rejectDefinitive(err)
 		}
 		out = append(out, page...)
 		if token == "" {
-			return out, nil
+			return out, true, nil
 		}
 	}
 	d.log.Warn("job requests: more pages than are read; the rest waits for the next poll", "pages", maxRequestPages)
-	return out, nil
+	return out, false, nil
 }
 
 // Jobs lists the pool's job requests in a status: queued ones wait for an
@@ -76,15 +76,20 @@ func (d *Driver) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, err
 	if st != forge.JobQueued && st != forge.JobInProgress {
 		return nil, fmt.Errorf("azure-pipelines jobs %s: %w", st, errors.ErrUnsupported)
 	}
-	reqs, err := d.jobRequests(ctx)
+	stamp := d.kept.Changes()
+	reqs, complete, err := d.jobRequests(ctx)
 	if err != nil {
 		return nil, err
 	}
+	running := map[int64]bool{}
 	var out []forge.Job
 	for _, r := range reqs {
 		j, ok := job(r)
 		if !ok {
 			continue
+		}
+		if j.RunnerID != 0 && j.Status != forge.JobCompleted {
+			running[j.RunnerID] = true
 		}
 		// An agent of ours given a job is busy from now on: the kept
 		// listing says so at once, so that the pass this poll wakes
@@ -95,6 +100,9 @@ func (d *Driver) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, err
 		if j.Status == st {
 			out = append(out, j)
 		}
+	}
+	if complete { // a request left unread may be one of ours
+		d.noteEnded(stamp, running)
 	}
 	return out, nil
 }
@@ -168,4 +176,17 @@ func timeOf(t *azuredevops.Time) time.Time {
 		return time.Time{}
 	}
 	return t.Time
+}
+
+// noteEnded marks the agents cordoned before a listing of the unfinished
+// job requests began, and running none of them, as done with their job:
+// a cordoned agent gets no other, so RemoveRunner deletes it at once.
+func (d *Driver) noteEnded(stamp int64, running map[int64]bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for id, at := range d.cordoned {
+		if stamp >= at && !running[id] {
+			d.idle[id] = true
+		}
+	}
 }

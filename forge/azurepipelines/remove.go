@@ -17,9 +17,11 @@ func (d *Driver) Cordon(ctx context.Context, id int64) error {
 	if err := d.disable(ctx, id); err != nil {
 		return err
 	}
+	// Cordoned because it took a job: the kept listing counts it busy
+	// until a listing read from now shows its job over.
 	at := d.kept.Change(id, func(list []forge.Runner, i int) []forge.Runner {
 		if i >= 0 {
-			list[i].Cordoned = true
+			list[i].Cordoned, list[i].Status = true, forge.StatusBusy
 		}
 		return list
 	})
@@ -75,6 +77,15 @@ func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 			return fmt.Errorf("azure-pipelines agent %d runs request %d: %w", id, busy, forge.ErrBusy)
 		}
 	}
+	return d.delete(ctx, id)
+}
+
+// RemoveExited deletes an agent whose process has exited: it takes no job
+// any more, so neither disabling it nor reading its request is needed
+// (forge.ExitedRemover).
+func (d *Driver) RemoveExited(ctx context.Context, id int64) error { return d.delete(ctx, id) }
+
+func (d *Driver) delete(ctx context.Context, id int64) error {
 	api, poolID, err := d.pool(ctx)
 	if err != nil {
 		return err

@@ -67,6 +67,9 @@ type Options struct {
 	// LockTimeout is how long a job request's lock lasts without
 	// renewal before the job fails (5m when 0, as the service's).
 	LockTimeout time.Duration
+	// NoDemandsFilter answers 400 to a listing of agents filtered by
+	// demands, as a server that does not take the filter would.
+	NoDemandsFilter bool
 }
 
 // Agent is an agent in a pool.

@@ -238,6 +238,10 @@ func (s *Server) listAgents(w http.ResponseWriter, r *http.Request) {
 	}
 	var demands []string
 	if d := r.URL.Query().Get("demands"); d != "" {
+		if s.opt.NoDemandsFilter {
+			fail(w, http.StatusBadRequest, "ArgumentException", "The parameter demands is not supported.")
+			return
+		}
 		demands = strings.Split(d, ",")
 	}
 	name := r.URL.Query().Get("agentName")
