@@ -232,9 +232,8 @@ type Cordoner interface {
 // disables an agent and reads its request before it deletes it, so that
 // no job comes to it meanwhile): the pool removes the registration of a
 // runner whose agent has exited, or whose machine is gone, with
-// RemoveExited. An agent that no
-// longer runs takes no job; one that held a job as it died has lost it
-// already, and the forge fails it.
+// RemoveExited. An agent that no longer runs takes no job; one that held a
+// job as it died has lost it already, and the forge fails it.
 type ExitedRemover interface {
 	RemoveExited(ctx context.Context, id int64) error
 }

@@ -95,7 +95,7 @@ type policy struct {
 	canEnd bool
 	// cordons is set when the forge's agents may take a second job
 	// (forge.Cordoner): a runner is cordoned once it takes a job, and
-	// retired as soon as that job ends.
+	// retired once that job is over (classifyCordoned).
 	cordons bool
 	// phases is set when the agents' output tells their phase: only then
 	// can an agent that ended without a job be told from one that did.
@@ -255,7 +255,8 @@ func classifyLive(f facts, p policy) verdict {
 		status = forge.StatusBusy
 	case agent.PhaseDone:
 		if p.cordons {
-			return classifyDone(f)
+			v, _ := classifyCordoned(f, status, true)
+			return v
 		}
 		return verdict{state: StateStopping} // it exits by itself
 	case agent.PhaseReady:
@@ -265,7 +266,7 @@ func classifyLive(f facts, p policy) verdict {
 	}
 	mem := memory{regID: f.reg.ID}
 	if p.cordons && f.preempted == nil {
-		if v, done := classifyCordoned(f, status, mem); done {
+		if v, ok := classifyCordoned(f, status, false); ok {
 			return v
 		}
 	}
@@ -304,37 +305,26 @@ func classifyLive(f facts, p policy) verdict {
 	return verdict{state: StateIdle, memory: memory{idleSince: since, regID: f.reg.ID}}
 }
 
-// classifyDone applies a Cordoner forge's rules to a live runner whose
-// agent says its job ended: one the forge lists cordoned and idle goes now,
-// exited or not (an agent that does not stop after its job); one not yet
-// cordoned is, so that no job comes to it; any other goes when its agent
-// exits, with one call.
-func classifyDone(f facts) verdict {
+// classifyCordoned applies a Cordoner forge's rules to a live runner that
+// runs a job (status), or whose agent says its job ended (done): one the
+// forge lists cordoned and idle has run its job and goes, exited or not
+// (an agent that does not stop after its job); one not yet cordoned is,
+// once, so that no other job comes to it; a done one otherwise goes when
+// its agent exits, with one call. It reports whether the rules decide.
+func classifyCordoned(f facts, status forge.Status, done bool) (verdict, bool) {
 	mem := memory{regID: f.reg.ID, cordoned: f.cordoned}
-	switch {
-	case f.reg.Cordoned && f.reg.Status != forge.StatusBusy:
-		return verdict{state: StateStopping, retire: "its job ended"}
-	case !f.reg.Cordoned && f.cordoned != f.reg.ID:
-		mem.cordoned = f.reg.ID
-		return verdict{state: StateStopping, cordon: true, memory: mem}
+	state := StateBusy
+	if done {
+		state = StateStopping
 	}
-	return verdict{state: StateStopping, memory: mem}
-}
-
-// classifyCordoned applies a Cordoner forge's rules to a live runner: a
-// runner that runs a job is cordoned once, and one the forge lists
-// cordoned and idle has run its job and goes. It reports whether the
-// verdict is final.
-func classifyCordoned(f facts, status forge.Status, mem memory) (verdict, bool) {
-	mem.cordoned = f.cordoned
 	switch {
 	case f.reg.Cordoned && status != forge.StatusBusy:
-		return verdict{state: StateStopping, retire: "its job ended (cordoned)"}, true
-	case status == forge.StatusBusy && !f.reg.Cordoned && f.cordoned != f.reg.ID:
+		return verdict{state: StateStopping, retire: "its job ended"}, true
+	case status != forge.StatusBusy && !done:
+		return verdict{}, false
+	case !f.reg.Cordoned && f.cordoned != f.reg.ID:
 		mem.cordoned = f.reg.ID
-		return verdict{state: StateBusy, cordon: true, memory: mem}, true
-	case status == forge.StatusBusy:
-		return verdict{state: StateBusy, memory: mem}, true
+		return verdict{state: state, cordon: true, memory: mem}, true
 	}
-	return verdict{}, false
+	return verdict{state: state, memory: mem}, true
 }

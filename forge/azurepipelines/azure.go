@@ -105,8 +105,8 @@ type Driver struct {
 	// the kept listing's changes at the time: a listing read after it
 	// that shows the agent without a request shows its job ended.
 	cordoned map[int64]int64
-	// idle holds the agents a listing begun after their cordon showed
-	// without a request: their job has ended.
+	// idle holds the agents a read begun after their cordon showed
+	// without a request (noteEnded): their job has ended.
 	idle map[int64]bool
 	// noFilter is set once the server refused the demands filter of
 	// the agents' listing.
@@ -281,15 +281,13 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 		return nil, err
 	}
 	list = make([]forge.Runner, 0, len(agents))
-	d.mu.Lock()
+	running := map[int64]bool{}
 	for _, a := range agents {
 		r := runner(a)
 		list = append(list, r)
-		if at, ok := d.cordoned[r.ID]; ok && stamp >= at && r.Status != forge.StatusBusy {
-			d.idle[r.ID] = true
-		}
+		running[r.ID] = r.Status == forge.StatusBusy
 	}
-	d.mu.Unlock()
+	d.noteEnded(stamp, running)
 	d.kept.Keep(list, stamp, time.Now(), d.cfg.CacheTTL > 0)
 	return list, nil
 }
@@ -380,4 +378,4 @@ func (d *Driver) ImplicitLabels() []string {
 
 // Meets matches a job's demands to a pool's labels as capabilities
 // (forge.DemandMatcher).
-func (d *Driver) Meets(labels, demands []string) bool { return Meets(Capabilities(labels), demands) }
+func (d *Driver) Meets(labels, demands []string) bool { return meets(capabilities(labels), demands) }

@@ -315,6 +315,30 @@ func TestRefusals(t *testing.T) {
 	}
 }
 
+// While the service answers 503 every call fails, and none is taken for
+// a refusal (the pool retries rather than halts); once it is back, the
+// calls work.
+func TestOutageIsNoRefusal(t *testing.T) {
+	sim := newSim(t, azsim.Options{})
+	d := newDriver(t, sim, "m1")
+	ctx := context.Background()
+	if _, err := d.Runners(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sim.SetDown(true)
+	_, lerr := d.Runners(ctx)
+	_, rerr := d.Register(ctx, forge.RunnerRequest{Name: "gpu-1"})
+	for what, err := range map[string]error{"listing": lerr, "register": rerr} {
+		if err == nil || errors.Is(err, forge.ErrRejected) {
+			t.Errorf("%s during the outage: %v, want an error that is no refusal", what, err)
+		}
+	}
+	sim.SetDown(false)
+	if _, err := d.Register(ctx, forge.RunnerRequest{Name: "gpu-1"}); err != nil {
+		t.Fatalf("register after the outage: %v", err)
+	}
+}
+
 // 429 answers are waited out (Retry-After) and the request sent again;
 // the waits are counted.
 func TestRateLimitIsObeyed(t *testing.T) {
@@ -381,7 +405,7 @@ func TestOnlyDocumentedCalls(t *testing.T) {
 }
 
 func TestParseDemands(t *testing.T) {
-	caps := Capabilities([]string{"cuda", "gpu=A100", "Agent.Version=4.275.0"})
+	caps := capabilities([]string{"cuda", "gpu=A100", "Agent.Version=4.275.0"})
 	for _, tt := range []struct {
 		demands []string
 		want    bool
@@ -397,8 +421,8 @@ func TestParseDemands(t *testing.T) {
 		{[]string{"gpu -like a*"}, false},
 		{nil, true},
 	} {
-		if got := Meets(caps, tt.demands); got != tt.want {
-			t.Errorf("Meets(%v) = %v, want %v", tt.demands, got, tt.want)
+		if got := meets(caps, tt.demands); got != tt.want {
+			t.Errorf("meets(%v) = %v, want %v", tt.demands, got, tt.want)
 		}
 	}
 }

@@ -15,8 +15,8 @@ import (
 // gives: Azure DevOps keeps a value for every capability.
 const capTrue = "true"
 
-// Capabilities turns labels into user capabilities.
-func Capabilities(labels []string) map[string]string {
+// capabilities turns labels into user capabilities.
+func capabilities(labels []string) map[string]string {
 	caps := make(map[string]string, len(labels))
 	for _, l := range labels {
 		k, v, ok := strings.Cut(l, "=")
@@ -36,56 +36,49 @@ func label(k, v string) string {
 	return k + "=" + v
 }
 
-// Demand is one of a job's demands, as the server writes it: a capability
+// demand is one of a job's demands, as the server writes it: a capability
 // name alone (it must exist), or with an operator and a value.
-type Demand struct {
+type demand struct {
 	Name  string
 	Op    string // "" (exists), "equals" or "gtVersion"
 	Value string
 }
 
-// ParseDemand reads a demand string ("cuda", "Agent.OS -equals Linux",
+// parseDemand reads a demand string ("cuda", "Agent.OS -equals Linux",
 // "Agent.Version -gtVersion 2.163.1").
-func ParseDemand(s string) (Demand, bool) {
+func parseDemand(s string) (demand, bool) {
 	s = strings.TrimSpace(s)
 	name, rest, found := strings.Cut(s, " ")
 	if name == "" {
-		return Demand{}, false
+		return demand{}, false
 	}
 	if !found {
-		return Demand{Name: name}, true
+		return demand{Name: name}, true
 	}
 	rest = strings.TrimSpace(rest)
 	op, value, _ := strings.Cut(rest, " ")
 	if !strings.HasPrefix(op, "-") {
-		return Demand{}, false
+		return demand{}, false
 	}
 	op = op[1:]
 	value = strings.TrimSpace(value)
 	switch {
 	case strings.EqualFold(op, "equals"):
-		return Demand{Name: name, Op: "equals", Value: value}, true
+		return demand{Name: name, Op: "equals", Value: value}, true
 	case strings.EqualFold(op, "gtVersion"):
-		return Demand{Name: name, Op: "gtVersion", Value: value}, true
+		return demand{Name: name, Op: "gtVersion", Value: value}, true
 	case strings.EqualFold(op, "exists") && value == "":
-		return Demand{Name: name}, true
+		return demand{Name: name}, true
 	}
-	return Demand{}, false
+	return demand{}, false
 }
 
-func (d Demand) String() string {
-	if d.Op == "" {
-		return d.Name
-	}
-	return d.Name + " -" + d.Op + " " + d.Value
-}
-
-// Meets reports whether capabilities meet every demand, as the server
+// meets reports whether capabilities meet every demand, as the server
 // decides whether an agent may take a job: names compare without regard
 // to case, as do equal values; a demand it cannot read is not met.
-func Meets(caps map[string]string, demands []string) bool {
+func meets(caps map[string]string, demands []string) bool {
 	for _, s := range demands {
-		d, ok := ParseDemand(s)
+		d, ok := parseDemand(s)
 		if !ok {
 			return false
 		}

@@ -77,14 +77,14 @@ func decode(c forge.Config) (section, error) {
 	}
 	if s.AgentVersion == "" {
 		s.AgentVersion = DefaultAgentVersion
-	} else if !versionRE(s.AgentVersion) {
+	} else if !isVersion(s.AgentVersion) {
 		bad("agent_version", "%q is not a version (4.275.0)", s.AgentVersion)
 	}
 	return s, errors.Join(errs...)
 }
 
-// versionRE reports whether v is a dotted version of two to four numbers.
-func versionRE(v string) bool {
+// isVersion reports whether v is a dotted version of two to four numbers.
+func isVersion(v string) bool {
 	parts := strings.Split(v, ".")
 	if len(parts) < 2 || len(parts) > 4 {
 		return false

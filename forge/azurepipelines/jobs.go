@@ -178,9 +178,10 @@ func timeOf(t *azuredevops.Time) time.Time {
 	return t.Time
 }
 
-// noteEnded marks the agents cordoned before a listing of the unfinished
-// job requests began, and running none of them, as done with their job:
-// a cordoned agent gets no other, so RemoveRunner deletes it at once.
+// noteEnded marks the agents cordoned before a complete read began (of the
+// agents, or of the unfinished job requests) that it showed running no
+// job as done with their job: a cordoned agent gets no other, so
+// RemoveRunner deletes it at once.
 func (d *Driver) noteEnded(stamp int64, running map[int64]bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

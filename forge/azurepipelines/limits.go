@@ -33,7 +33,6 @@ type limits struct {
 	until     time.Time // send nothing before then
 	remaining int64     // X-RateLimit-Remaining of the last answer, -1 before one
 	waits     int64
-	now       func() time.Time
 }
 
 // Remaining returns the last X-RateLimit-Remaining, -1 before any.
@@ -48,13 +47,6 @@ func (l *limits) Waits() int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.waits
-}
-
-func (l *limits) clock() time.Time {
-	if l.now != nil {
-		return l.now()
-	}
-	return time.Now()
 }
 
 func (l *limits) transport(next http.RoundTripper) http.RoundTripper {
@@ -107,7 +99,7 @@ func (t limitedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // wait longer than ctx allows is not begun: the call fails at once.
 func (l *limits) hold(ctx context.Context) error {
 	l.mu.Lock()
-	d := l.until.Sub(l.clock())
+	d := l.until.Sub(time.Now())
 	if d > 0 {
 		l.waits++
 	}
@@ -137,7 +129,7 @@ func (l *limits) note(resp *http.Response) {
 			l.mu.Unlock()
 			if n <= 0 {
 				if reset, err := strconv.ParseInt(resp.Header.Get("X-RateLimit-Reset"), 10, 64); err == nil {
-					l.setHold(time.Unix(reset, 0).Sub(l.clock()))
+					l.setHold(time.Unix(reset, 0).Sub(time.Now()))
 				}
 			}
 		}
@@ -157,7 +149,7 @@ func (l *limits) holdFor(resp *http.Response) bool {
 		return true
 	}
 	if t, err := http.ParseTime(v); err == nil {
-		l.setHold(t.Sub(l.clock()))
+		l.setHold(t.Sub(time.Now()))
 		return true
 	}
 	return false
@@ -170,7 +162,7 @@ func (l *limits) setHold(d time.Duration) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if until := l.clock().Add(d); until.After(l.until) {
+	if until := time.Now().Add(d); until.After(l.until) {
 		l.until = until
 	}
 }

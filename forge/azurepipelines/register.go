@@ -41,7 +41,7 @@ func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.C
 	if err != nil {
 		return forge.Credential{}, fmt.Errorf("azure-pipelines: agent key: %w", err)
 	}
-	caps := Capabilities(req.Labels)
+	caps := capabilities(req.Labels)
 	caps[CapManager] = d.cfg.Manager
 	caps[CapPool] = poolOf(req.Name)
 	exp := big.NewInt(int64(key.E)).Bytes()

@@ -426,11 +426,8 @@ func (s *Server) deleteAgent(w http.ResponseWriter, r *http.Request) {
 		a.DeletedBusy = true
 		s.finishRequest(req, "abandoned", false)
 	}
-	for id, sess := range s.sessions {
-		if sess.agentID == a.ID {
-			delete(s.sessions, id)
-			close(sess.wake)
-		}
+	if sess := s.sessionOfAgent(a.ID); sess != nil {
+		s.offline(sess)
 	}
 	for tok, id := range s.tokens {
 		if id == a.ID {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/moby/client"
+
 	"github.com/runfleet/runfleet/internal/testbed/azsim"
 	"github.com/runfleet/runfleet/internal/testbed/peers"
 )
@@ -26,8 +28,6 @@ var (
 	azInstallOnce sync.Once
 	azInstall     string
 	azInstallErr  error
-	azImage       string
-	azImageMu     sync.Mutex
 )
 
 // NeedAzureAgent lays out an agent installation (the stand-in's run.sh and
@@ -48,26 +48,24 @@ func NeedAzureAgent(t testing.TB) string {
 	return azInstall
 }
 
-// needAzureImage builds an image with the agent installed at /azp, as
-// images/azure-pipelines-agent installs the real one.
-func needAzureImage(t testing.TB) string {
+// azureImage builds, on an engine, an image with the stand-in agent
+// installed at /azp, as images/azure-pipelines-agent installs the real
+// one, and extra files. BuildImage tags it by its content: one built
+// already is reused.
+func azureImage(t testing.TB, cli *client.Client, repo string, extra ...peers.ImageFile) string {
 	t.Helper()
 	bin := azStandIn.bin(t)
-	NeedDocker(t)
-	azImageMu.Lock()
-	defer azImageMu.Unlock()
-	if azImage == "" {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		img, err := peers.BuildImage(ctx, DockerCli, "runfleet-test/azure-pipelines-agent",
-			peers.ImageFile{Path: "azp/bin/Agent.Listener", From: bin, Mode: 0o755},
-			peers.ImageFile{Path: "azp/run.sh", Data: []byte(azsim.RunScript), Mode: 0o755})
-		if err != nil {
-			t.Fatal(err)
-		}
-		azImage = img
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	files := append([]peers.ImageFile{
+		{Path: "azp/bin/Agent.Listener", From: bin, Mode: 0o755},
+		{Path: "azp/run.sh", Data: []byte(azsim.RunScript), Mode: 0o755},
+	}, extra...)
+	img, err := peers.BuildImage(ctx, cli, repo, files...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return azImage
+	return img
 }
 
 type AzureOptions struct {
@@ -99,11 +97,12 @@ func NewAzureFleet(t testing.TB, name string, opt AzureOptions) *Fleet {
 	image := ""
 	switch {
 	case opt.Engine != nil:
-		image = needAzureImageOn(t, opt.Engine)
+		image = azureImage(t, opt.Engine.cli, "runfleet-test/azure-pipelines-agent")
 		opt.Sim.RunnerHost = "127.0.0.1" // host networking
 		opt.Docker = true
 	case opt.Docker:
-		image = needAzureImage(t)
+		NeedDocker(t)
+		image = azureImage(t, DockerCli, "runfleet-test/azure-pipelines-agent")
 		opt.Sim.RunnerHost = "host.docker.internal"
 	}
 	opt.Sim.Token = AZToken
@@ -166,22 +165,6 @@ forges:
 	}
 	t.Cleanup(f.Cleanup)
 	return f
-}
-
-// needAzureImageOn builds the agent's image on a private engine (the GPU
-// engine has images of its own).
-func needAzureImageOn(t testing.TB, e *GPUEngine) string {
-	t.Helper()
-	bin := azStandIn.bin(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	img, err := peers.BuildImage(ctx, e.cli, "runfleet-test/azure-pipelines-agent",
-		peers.ImageFile{Path: "azp/bin/Agent.Listener", From: bin, Mode: 0o755},
-		peers.ImageFile{Path: "azp/run.sh", Data: []byte(azsim.RunScript), Mode: 0o755})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return img
 }
 
 // IdleAzure counts the agents online, enabled and without a job.
@@ -293,11 +276,7 @@ func (f *Fleet) azureChaos() ChaosForge {
 			}
 		},
 		wait: func(n int, timeout time.Duration) []EndedJob {
-			var open []string
-			done := 0
-			for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(time.Second) {
-				ended := []EndedJob{}
-				open = nil
+			return waitEnded(f.T, n, timeout, func() (ended []EndedJob, open []string) {
 				for _, r := range sim.Requests() {
 					if r.Result == "" {
 						open = append(open, fmt.Sprintf("%d %s (on %q)", r.ID, r.Name, r.AgentName))
@@ -309,15 +288,8 @@ func (f *Fleet) azureChaos() ChaosForge {
 					}
 					ended = append(ended, EndedJob{ID: r.ID, Run: int64(r.BuildID), RunnerID: int64(r.AgentID), Name: r.Name, Runner: r.AgentName, Conclusion: c})
 				}
-				if len(open) == 0 && len(ended) >= n {
-					return ended
-				}
-				if len(ended) > done {
-					done, deadline = len(ended), time.Now().Add(timeout)
-				}
-			}
-			f.T.Fatalf("no job completed for %s, %d done; not completed: %v", timeout, done, open)
-			return nil
+				return ended, open
+			})
 		},
 		ready: func() int { return IdleAzure(sim) },
 		names: func() ([]string, error) {
@@ -335,19 +307,10 @@ func (f *Fleet) azureChaos() ChaosForge {
 // FROM nvidia/cuda:<version> differ.
 func AzureCUDAImages(t testing.TB, e *GPUEngine, versions ...string) []string {
 	t.Helper()
-	bin := azStandIn.bin(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
 	var out []string
 	for _, v := range versions {
-		img, err := peers.BuildImage(ctx, e.cli, "runfleet-test/azure-pipelines-agent-cuda",
-			peers.ImageFile{Path: "azp/bin/Agent.Listener", From: bin, Mode: 0o755},
-			peers.ImageFile{Path: "azp/run.sh", Data: []byte(azsim.RunScript), Mode: 0o755},
-			peers.ImageFile{Path: "etc/cuda-version", Data: []byte(v + "\n"), Mode: 0o644})
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, img)
+		out = append(out, azureImage(t, e.cli, "runfleet-test/azure-pipelines-agent-cuda",
+			peers.ImageFile{Path: "etc/cuda-version", Data: []byte(v + "\n"), Mode: 0o644}))
 	}
 	return out
 }

@@ -167,6 +167,27 @@ func (f *Fleet) ChaosForge() ChaosForge {
 	}
 }
 
+// waitEnded is ChaosForge.wait for a simulated forge: it reads the jobs
+// every second until all n have ended, and fails the test once none has
+// ended for timeout.
+func waitEnded(t testing.TB, n int, timeout time.Duration, read func() (ended []EndedJob, open []string)) []EndedJob {
+	t.Helper()
+	var open []string
+	done := 0
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(time.Second) {
+		var ended []EndedJob
+		ended, open = read()
+		if len(open) == 0 && len(ended) >= n {
+			return ended
+		}
+		if len(ended) > done { // progress: the timeout starts again
+			done, deadline = len(ended), time.Now().Add(timeout)
+		}
+	}
+	t.Fatalf("no job completed for %s, %d done; not completed: %v", timeout, done, open)
+	return nil
+}
+
 func giteaEnded(jobs []*sdk.ActionWorkflowJob) []EndedJob {
 	out := make([]EndedJob, len(jobs))
 	for i, j := range jobs {

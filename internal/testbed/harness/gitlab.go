@@ -218,12 +218,8 @@ func (f *Fleet) gitLabChaos() ChaosForge {
 			}
 		},
 		wait: func(n int, timeout time.Duration) []EndedJob {
-			var open []string
-			done := 0
-			for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(time.Second) {
-				jobs, ended := sim.Jobs(), []EndedJob{}
-				open = nil
-				for _, j := range jobs {
+			return waitEnded(f.T, n, timeout, func() (ended []EndedJob, open []string) {
+				for _, j := range sim.Jobs() {
 					if !j.Finished() {
 						open = append(open, fmt.Sprintf("%d %s (%s on %q)", j.ID, j.Name, j.Status, j.RunnerDescription))
 						continue
@@ -231,15 +227,8 @@ func (f *Fleet) gitLabChaos() ChaosForge {
 					c := map[string]string{"success": "success", "failed": "failure", "canceled": "cancelled"}[j.Status]
 					ended = append(ended, EndedJob{ID: j.ID, Run: j.PipelineID, RunnerID: j.RunnerID, Name: j.Name, Runner: j.RunnerDescription, Conclusion: c})
 				}
-				if len(open) == 0 && len(ended) >= n {
-					return ended
-				}
-				if len(ended) > done { // progress: the timeout starts again
-					done, deadline = len(ended), time.Now().Add(timeout)
-				}
-			}
-			f.T.Fatalf("no job completed for %s, %d done; not completed: %v", timeout, done, open)
-			return nil
+				return ended, open
+			})
 		},
 		ready: func() int { return IdleGitLab(sim) },
 		names: func() ([]string, error) {

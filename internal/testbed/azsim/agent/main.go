@@ -139,25 +139,20 @@ func run(ctx context.Context, once bool) error {
 // load reads the three files from the root, as the agent's
 // ConfigurationStore and RSAFileKeyManager do.
 func (a *agent) load() error {
-	read := func(name string, v any, exact bool) error {
+	read := func(name string, v any) error {
 		b, err := os.ReadFile(filepath.Join(a.root, name))
 		if err != nil {
 			return fmt.Errorf("not configured (%v): run config.sh to configure the agent", err)
 		}
-		if exact {
-			d := json.NewDecoder(bytes.NewReader(b))
-			d.DisallowUnknownFields()
-			return d.Decode(v)
-		}
 		return json.Unmarshal(b, v) // Newtonsoft, like encoding/json, matches names in any case
 	}
-	if err := read(".agent", &a.s, false); err != nil {
+	if err := read(".agent", &a.s); err != nil {
 		return fmt.Errorf(".agent: %w", err)
 	}
 	if a.s.AgentID == 0 || a.s.AgentName == "" || a.s.PoolID == 0 || a.s.ServerURL == "" {
 		return fmt.Errorf(".agent: agentId, agentName, poolId and serverUrl are required")
 	}
-	if err := read(".credentials", &a.c, false); err != nil {
+	if err := read(".credentials", &a.c); err != nil {
 		return fmt.Errorf(".credentials: %w", err)
 	}
 	if a.c.Scheme != "OAuth" || a.c.Data["clientId"] == "" || a.c.Data["authorizationUrl"] == "" {
@@ -165,7 +160,7 @@ func (a *agent) load() error {
 	}
 	var p struct{ D, DP, DQ, Exponent, InverseQ, Modulus, P, Q []byte }
 	raw := map[string]json.RawMessage{}
-	if err := read(".credentials_rsaparams", &raw, false); err != nil {
+	if err := read(".credentials_rsaparams", &raw); err != nil {
 		return fmt.Errorf(".credentials_rsaparams: %w", err)
 	}
 	// SerializationInfo.GetValue finds members by their exact names.
