@@ -230,7 +230,7 @@ type Cordoner interface {
 // ExitedRemover is implemented by forges whose RemoveRunner guards a live
 // runner with calls that an exited one does not need (Azure Pipelines
 // disables an agent and reads its request before it deletes it, so that
-// no job comes to it meanwhile): the pool removes the registration of a
+// no job comes to it meanwhile; Bitbucket does the same with a runner): the pool removes the registration of a
 // runner whose agent has exited, or whose machine is gone, with
 // RemoveExited. An agent that no longer runs takes no job; one that held a
 // job as it died has lost it already, and the forge fails it.

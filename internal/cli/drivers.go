@@ -5,6 +5,7 @@ package cli
 // outside its own package.
 import (
 	_ "github.com/runfleet/runfleet/forge/azurepipelines"
+	_ "github.com/runfleet/runfleet/forge/bitbucket"
 	_ "github.com/runfleet/runfleet/forge/gitea"
 	_ "github.com/runfleet/runfleet/forge/github"
 	_ "github.com/runfleet/runfleet/forge/gitlab"

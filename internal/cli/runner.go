@@ -72,7 +72,7 @@ var cmlFlags = []cmlFlag{
 	{"reuse-idle", []string{"CML_RUNNER_REUSE_IDLE"}, "start nothing if an idle online runner has the same name or overlapping labels", "bool", ""},
 	{"no-retry", []string{"CML_RUNNER_NO_RETRY", "RUNNER_NO_RETRY"}, "do not re-run a job whose runner's machine went away mid-job", "bool", ""},
 	{"docker-volumes", []string{"CML_RUNNER_DOCKER_VOLUMES"}, "volumes for the runner's container, src:dst[:ro|rw] (read-only unless :rw), with --docker", "list", ""},
-	{"driver", []string{"CML_RUNNER_DRIVER", "RUNNER_DRIVER"}, "forge of the repository: github, gitea, gitlab or azure-pipelines (inferred from --repo or the CI environment when absent)", "string", ""},
+	{"driver", []string{"CML_RUNNER_DRIVER", "RUNNER_DRIVER"}, "forge of the repository: github, gitea, gitlab, azure-pipelines or bitbucket (inferred from --repo or the CI environment when absent)", "string", ""},
 	{"repo", []string{"CML_RUNNER_REPO", "RUNNER_REPO"}, "repository (or organisation) URL to register the runner with (default: GITHUB_REPOSITORY, CI_PROJECT_URL, or the git remote)", "string", ""},
 	{"token", []string{"CML_RUNNER_TOKEN", "REPO_TOKEN", "repo_token", "GITHUB_TOKEN", "GITLAB_TOKEN"}, "personal access token (prefer the REPO_TOKEN variable: a flag shows in process listings)", "string", ""},
 	{"log", []string{"CML_RUNNER_LOG"}, "log level: error, warn, info or debug (default: --log-level)", "string", ""},

@@ -95,8 +95,8 @@ func TestRunnerBadInput(t *testing.T) {
 		{[]string{"--cloud", "azure", "--repo", "https://github.com/a/b", "--token", "tok-secret-123"}, `--cloud: "azure" is not in this build`},
 		{[]string{"--cloud", "aws", "--repo", "https://github.com/a/b", "--token", "tok-secret-123"}, `--cloud-image: is required with --cloud=aws`},
 		{[]string{"--cloud", "aws", "--cloud-image", "ami-0123456789abcdef0", "--cloud-type", "m+h100", "--repo", "https://github.com/a/b", "--token", "tok-secret-123"}, `--cloud-type: "m+h100" is not one of CML's sizes`},
-		{[]string{"--repo", "https://example.com/a/b", "--token", "tok-secret-123"}, "--driver: cannot tell the forge of https://example.com/a/b; pass --driver (azure-pipelines, gitea, github or gitlab)"},
-		{[]string{"--repo", "https://example.com/a/b", "--token", "tok-secret-123", "--driver", "bitbucket"}, "--driver: bitbucket is not supported by this build yet (azure-pipelines, gitea, github, gitlab)"},
+		{[]string{"--repo", "https://example.com/a/b", "--token", "tok-secret-123"}, "--driver: cannot tell the forge of https://example.com/a/b; pass --driver (azure-pipelines, bitbucket, gitea, github or gitlab)"},
+		{[]string{"--repo", "https://example.com/a/b", "--token", "tok-secret-123", "--driver", "bitbucket-server"}, "--driver: bitbucket-server is not supported by this build yet (azure-pipelines, bitbucket, gitea, github, gitlab)"},
 		// GitLab told by its host; its agent is looked for in PATH.
 		{[]string{"--repo", "https://gitlab.com/a/b", "--token", "tok-secret-123", "--agent", "no-such-gitlab-runner"}, `agent.path: "no-such-gitlab-runner"`},
 		{[]string{"--repo", "https://github.com/a/b", "--token", "tok-secret-123", "--docker-volumes", "/a:/a"}, "--docker-volumes: needs --docker"},

@@ -146,6 +146,9 @@ func (f *Fleet) ChaosForge() ChaosForge {
 	if f.AZ != nil {
 		return f.azureChaos()
 	}
+	if f.BB != nil {
+		return f.bitbucketChaos()
+	}
 	c := f.Client()
 	return ChaosForge{
 		push: func(n, b, sleep int) {

@@ -22,6 +22,7 @@ import (
 	"github.com/moby/moby/client"
 	giteadrv "github.com/runfleet/runfleet/forge/gitea"
 	"github.com/runfleet/runfleet/internal/testbed/azsim"
+	"github.com/runfleet/runfleet/internal/testbed/bbsim"
 	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
 	"github.com/runfleet/runfleet/internal/testbed/ghsim"
 	"github.com/runfleet/runfleet/internal/testbed/glsim"
@@ -150,6 +151,7 @@ type Fleet struct {
 	Env    []string
 	EC2    *ec2sim.Server // an EC2 fleet's stand-in
 	AZ     *azsim.Server  // an Azure Pipelines fleet's simulator
+	BB     *bbsim.Server  // a Bitbucket fleet's simulator
 }
 
 type FleetOptions struct {
@@ -362,6 +364,8 @@ func (f *Fleet) StopLeavesNothing() {
 				f.T.Errorf("agent %s was deleted while it ran a job", a.Name)
 			}
 		}
+	} else if f.BB != nil {
+		checkBitbucketLeftNothing(f.T, f.BB)
 	} else if r := f.Runners(); len(r) != 0 {
 		f.T.Errorf("%d registrations left after shutdown", len(r))
 	}

@@ -1,0 +1,174 @@
+package bitbucket
+
+import (
+	"encoding/base64"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/internal/testbed/bbsim"
+	"github.com/runfleet/runfleet/internal/testbed/harness"
+)
+
+// managerCalls counts the calls the manager made (the runners' own are
+// left out).
+func managerCalls(sim *bbsim.Server) (n int, by map[string]int) {
+	by = map[string]int{}
+	for _, c := range sim.Calls() {
+		if !c.Runner {
+			n++
+			by[c.Method+" "+c.Route]++
+		}
+	}
+	return n, by
+}
+
+// TestBitbucketPool runs 10 steps through a pool of 2 runners, as host
+// processes and as containers: each step on a fresh runner (its own OAuth
+// client, deleted once its step is done), no runner given a second step,
+// names within <manager>.<pool>-1 … -2, no secret where it does not
+// belong; steady-state calls per step are counted; after SIGTERM no
+// runner, process or container is left.
+func TestBitbucketPool(t *testing.T) {
+	for _, mode := range []string{"process", "docker"} {
+		t.Run(mode, func(t *testing.T) {
+			name := "bb" + mode[:4]
+			f := harness.NewBitbucketFleet(t, name, harness.BitbucketOptions{Size: 2, Docker: mode == "docker", Forge: "    poll_interval: 5s\n"})
+			sim := f.BB
+			f.Start()
+			harness.Eventually(t, time.Minute, "2 idle runners online", func() bool { return harness.IdleBitbucket(sim) == 2 })
+			before, _ := managerCalls(sim)
+			start := time.Now()
+			if _, err := sim.RunPipeline(name, harness.BBSteps(10, harness.JobScript, name)...); err != nil {
+				t.Fatal(err)
+			}
+			harness.Eventually(t, 2*time.Minute, "10 steps done", func() bool { done, _ := harness.BBCompleted(sim); return done == 10 })
+			took := time.Since(start)
+			harness.Eventually(t, time.Minute, "the pool refilled", func() bool { return harness.IdleBitbucket(sim) == 2 && len(sim.Runners()) == 2 })
+			after, by := managerCalls(sim)
+			t.Logf("%s: 10 steps in %s; Bitbucket calls per step in steady state: %.2f (%d calls; all the manager's calls by route: %v)",
+				mode, took.Round(time.Millisecond), float64(after-before)/10, after-before, by)
+			runners := map[string]bool{}
+			for _, s := range sim.Steps() {
+				if s.Result != "SUCCESSFUL" {
+					t.Errorf("step %s: %s on %s\n%s", s.Name, s.Result, s.Runner, harness.TailString(string(s.Log), 2000))
+				}
+				runners[s.Runner] = true
+			}
+			if len(runners) != 10 {
+				t.Errorf("10 steps ran on %d distinct runners, want 10", len(runners))
+			}
+			most := 0
+			for _, r := range sim.AllRunners() {
+				most = max(most, r.Steps)
+			}
+			t.Logf("at most %d step per runner (the simulator counts each runner's steps)", most)
+			harness.RunnerNamesWithin(t, sim, "e2e-"+name, name, 2)
+			harness.CheckBitbucketSecrets(t, f)
+			f.StopLeavesNothing()
+		})
+	}
+}
+
+// TestBitbucketCrashAdopts kills the manager with -9 while 2 steps run and
+// starts it again: both steps finish once, and after the drain no runner,
+// process or record is left.
+func TestBitbucketCrashAdopts(t *testing.T) {
+	f := harness.NewBitbucketFleet(t, "bbcrash", harness.BitbucketOptions{Size: 2, Max: 3, Forge: "    poll_interval: 2s\n"})
+	sim := f.BB
+	f.Start()
+	harness.Eventually(t, time.Minute, "2 idle runners online", func() bool { return harness.IdleBitbucket(sim) == 2 })
+	if _, err := sim.RunPipeline("bbcrash", harness.BBSteps(2, "echo started; sleep 10; echo finished", "bbcrash")...); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, time.Minute, "2 steps running", func() bool { return harness.BBRunning(sim) == 2 })
+	f.Kill9()
+	time.Sleep(2 * time.Second)
+	f.Start()
+	harness.Eventually(t, 2*time.Minute, "both steps done", func() bool { done, _ := harness.BBCompleted(sim); return done == 2 })
+	steps := sim.Steps()
+	for _, s := range steps {
+		if s.Result != "SUCCESSFUL" || !strings.Contains(string(s.Log), "finished") {
+			t.Errorf("step %s: %s\n%s", s.Name, s.Result, harness.TailString(string(s.Log), 1500))
+		}
+	}
+	harness.Eventually(t, time.Minute, "the pool back at 2 idle runners", func() bool { return harness.IdleBitbucket(sim) == 2 && len(sim.Runners()) == 2 })
+	t.Logf("both steps succeeded across the crash; %d runners created in all, %d now", len(sim.AllRunners()), len(sim.Runners()))
+	f.StopLeavesNothing()
+}
+
+// TestBitbucketScaleFromZero scales a pool of size 0 (max 2) on the steps
+// its repository's pipelines wait with: three steps run, and the pool
+// shrinks back to zero. A step for other labels starts nothing.
+func TestBitbucketScaleFromZero(t *testing.T) {
+	f := harness.NewBitbucketFleet(t, "bbzero", harness.BitbucketOptions{Size: 0, Max: 2,
+		Labels: []string{"bbzero", "gpu"}, Forge: "    poll_interval: 2s\n", Pool: "    idle_timeout: 5s\n"})
+	sim := f.BB
+	f.Start()
+	if _, err := sim.RunPipeline("bbzero", bbsim.StepSpec{Name: "needs an h100", RunsOn: []string{"self.hosted", "h100"}, Script: "true"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(6 * time.Second) // three polls
+	if n := len(sim.AllRunners()); n != 0 {
+		t.Fatalf("%d runners for a step no pool meets", n)
+	}
+	start := time.Now()
+	if _, err := sim.RunPipeline("bbzero", harness.BBSteps(3, "sleep 1", "gpu")...); err != nil {
+		t.Fatal(err)
+	}
+	most := 0
+	harness.Eventually(t, 2*time.Minute, "3 steps done", func() bool {
+		most = max(most, len(sim.Runners()))
+		done, _ := harness.BBCompleted(sim)
+		return done == 3
+	})
+	_, ok := harness.BBCompleted(sim)
+	t.Logf("3 steps from zero: %d succeeded in %s, at most %d runners at once", ok, time.Since(start).Round(time.Millisecond), most)
+	if ok != 3 || most > 2 {
+		t.Errorf("%d of 3 succeeded, %d runners at once (max 2)", ok, most)
+	}
+	harness.Eventually(t, 45*time.Second, "no runner after idle_timeout", func() bool { return len(sim.Runners()) == 0 })
+	f.StopLeavesNothing()
+}
+
+// TestChaosBitbucket is the chaos test for a pool of Bitbucket runners: a
+// manager killed between creating a runner and starting it, or while
+// runners are disabled and deleted after their steps, leaves nothing the
+// next one does not adopt or delete.
+func TestChaosBitbucket(t *testing.T) {
+	f := harness.NewBitbucketFleet(t, "chaosbb", harness.BitbucketOptions{Size: 4, Max: 8,
+		Forge: "    poll_interval: 2s\n", Pool: "    idle_timeout: 3s\n    max_lifetime: 10s\n"})
+	harness.RunChaos(t, f)
+}
+
+// TestRunnerBitbucketSingle: `runfleet runner --driver bitbucket --single`,
+// with CML's REPO_TOKEN (base64 of user:app password) and the repository
+// URL, runs one step and leaves no runner registered.
+func TestRunnerBitbucketSingle(t *testing.T) {
+	bin := harness.NeedBitbucketRunner(t)
+	sim := bbsim.New(bbsim.Options{Token: harness.BBToken, User: "ci-bot", Password: harness.BBToken, Repos: []string{"models"}})
+	t.Cleanup(sim.Close)
+	if _, err := sim.RunPipeline("models", bbsim.StepSpec{Name: "train", RunsOn: []string{"self.hosted", "cml"}, Script: "echo trained on $(hostname)"}); err != nil {
+		t.Fatal(err)
+	}
+	repoToken := base64.StdEncoding.EncodeToString([]byte("ci-bot:" + harness.BBToken))
+	cmd, out := harness.StartRunner(t, []string{"REPO_TOKEN=" + repoToken},
+		"runner", "--driver", "bitbucket", "--repo", sim.URL+"/acme/models", "--single", "--labels", "cml", "--agent", bin, "--log", "debug")
+	took := harness.WaitExit(t, cmd, 2*time.Minute)
+	steps := sim.Steps()
+	if len(steps) != 1 || steps[0].Result != "SUCCESSFUL" {
+		t.Fatalf("steps %+v\n%s", steps, out)
+	}
+	if r := sim.Runners(); len(r) != 0 {
+		t.Errorf("%d runners left: %+v", len(r), r)
+	}
+	for _, r := range sim.AllRunners() {
+		if strings.Contains(out.String(), r.Secret) {
+			t.Error("runfleet runner's output shows the runner's OAuth secret")
+		}
+	}
+	if strings.Contains(out.String(), harness.BBToken) || strings.Contains(out.String(), repoToken) {
+		t.Error("runfleet runner's output shows the token")
+	}
+	t.Logf("one step (%s) on runner %s, exited after %s, %d runner created, none left", steps[0].Result, steps[0].Runner, took.Round(time.Millisecond), len(sim.AllRunners()))
+}
