@@ -49,12 +49,14 @@ type Agent struct {
 	Local bool
 }
 
-// script makes the working directory and runs the runner, $1, with its
+// script makes the working directory and runs the runner, $1, from its
+// own directory (the runner image's entrypoint expects it), with its
 // output read line by line: each line passed on, the runner stopped at
 // the first "Waiting for next step". It holds no secret.
 const script = `export WORKING_DIRECTORY="${WORKING_DIRECTORY:-$PWD/work}"
 mkdir -p "$WORKING_DIRECTORY" || exit 2
 pidfile="$PWD/.runner.pid"
+cd "$(dirname "$1")" || exit 2
 stop() { kill -TERM "$(cat "$pidfile" 2>/dev/null)" 2>/dev/null; }
 trap 'stop; exit 143' TERM INT
 { sh -c 'echo $$ > "$0" && exec "$1"' "$pidfile" "$1" 2>&1; echo "runfleet: the runner exited ($?)"; } |

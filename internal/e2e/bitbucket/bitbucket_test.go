@@ -63,6 +63,9 @@ func TestBitbucketPool(t *testing.T) {
 				most = max(most, r.Steps)
 			}
 			t.Logf("at most %d step per runner (the simulator counts each runner's steps)", most)
+			for _, u := range sim.Unexpected() {
+				t.Errorf("the manager sent %s", u)
+			}
 			harness.RunnerNamesWithin(t, sim, "e2e-"+name, name, 2)
 			harness.CheckBitbucketSecrets(t, f)
 			f.StopLeavesNothing()

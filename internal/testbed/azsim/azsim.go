@@ -35,7 +35,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -44,6 +43,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/runfleet/runfleet/internal/testbed/simserve"
 )
 
 // Options configures a Server.
@@ -211,20 +212,9 @@ func New(opt Options) *Server {
 	mux := http.NewServeMux()
 	s.restRoutes(mux)
 	s.agentRoutes(mux)
-	s.ts = httptest.NewUnstartedServer(mux)
-	if opt.RunnerHost != "" {
-		l, err := net.Listen("tcp", "0.0.0.0:0")
-		if err != nil {
-			panic("azsim: listen: " + err.Error())
-		}
-		s.ts.Listener = l
-	}
-	_, port, _ := net.SplitHostPort(s.ts.Listener.Addr().String())
-	s.URL = "http://127.0.0.1:" + port + "/" + opt.Org
-	s.runnerURL = s.URL
-	if opt.RunnerHost != "" {
-		s.runnerURL = "http://" + opt.RunnerHost + ":" + port + "/" + opt.Org
-	}
+	s.ts, s.URL, s.runnerURL = simserve.New(mux, opt.RunnerHost)
+	s.URL += "/" + opt.Org
+	s.runnerURL += "/" + opt.Org
 	s.ts.Start()
 	s.stopped.Go(s.expireLocks)
 	return s

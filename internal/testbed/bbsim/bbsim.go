@@ -35,13 +35,14 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/runfleet/runfleet/internal/testbed/simserve"
 )
 
 // Options configures a Server.
@@ -176,20 +177,7 @@ func New(opt Options) *Server {
 	mux := http.NewServeMux()
 	s.restRoutes(mux)
 	s.runnerRoutes(mux)
-	s.ts = httptest.NewUnstartedServer(mux)
-	if opt.RunnerHost != "" {
-		l, err := net.Listen("tcp", "0.0.0.0:0")
-		if err != nil {
-			panic("bbsim: listen: " + err.Error())
-		}
-		s.ts.Listener = l
-	}
-	_, port, _ := net.SplitHostPort(s.ts.Listener.Addr().String())
-	s.URL = "http://127.0.0.1:" + port
-	s.runnerURL = s.URL
-	if opt.RunnerHost != "" {
-		s.runnerURL = "http://" + opt.RunnerHost + ":" + port
-	}
+	s.ts, s.URL, s.runnerURL = simserve.New(mux, opt.RunnerHost)
 	s.ts.Start()
 	s.stopped.Go(s.expire)
 	return s

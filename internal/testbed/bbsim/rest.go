@@ -28,7 +28,10 @@ func (s *Server) handle(mux *http.ServeMux, pattern string, runner bool, h func(
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		rec := &recorder{ResponseWriter: w, status: http.StatusOK}
 		defer func() {
-			_, route, _ := strings.Cut(pattern, " ")
+			route := pattern
+			if _, r, ok := strings.Cut(pattern, " "); ok {
+				route = r
+			}
 			s.mu.Lock()
 			s.calls = append(s.calls, Call{Method: r.Method, Route: route, Body: string(body), Status: rec.status, Runner: runner})
 			s.mu.Unlock()
@@ -442,4 +445,36 @@ func (s *Server) setState(w http.ResponseWriter, r *http.Request, body []byte) {
 	}
 	rn.Enabled = req.Status == "ENABLED"
 	writeJSON(w, http.StatusOK, s.runnerJSON(rn, time.Now(), false))
+}
+
+// Unexpected describes each call of the manager's that is not one of the
+// calls a manager may make (a route of its own, the autoscaler's runner
+// calls, the documented reads) with the body it takes: none for GET and
+// DELETE, {"status":"DISABLED"} to disable, a name and labels alone to
+// create a runner.
+func (s *Server) Unexpected() []string {
+	var out []string
+	for _, c := range s.Calls() {
+		if c.Runner {
+			continue
+		}
+		bad := ""
+		switch {
+		case c.Route == "/":
+			bad = "no such call"
+		case (c.Method == http.MethodGet || c.Method == http.MethodDelete) && c.Body != "":
+			bad = "a body"
+		case c.Method == http.MethodPut && c.Body != `{"status":"DISABLED"}`:
+			bad = "a state other than DISABLED"
+		case c.Method == http.MethodPost:
+			var body map[string]json.RawMessage
+			if json.Unmarshal([]byte(c.Body), &body) != nil || len(body) != 2 || body["name"] == nil || body["labels"] == nil {
+				bad = "a body other than a name and labels"
+			}
+		}
+		if bad != "" {
+			out = append(out, fmt.Sprintf("%s %s with %s: %q", c.Method, c.Route, bad, c.Body))
+		}
+	}
+	return out
 }

@@ -31,7 +31,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -42,6 +41,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v4"
+
+	"github.com/runfleet/runfleet/internal/testbed/simserve"
 )
 
 // Options configures a Server.
@@ -226,21 +227,8 @@ func New(opt Options) *Server {
 	mux.HandleFunc("POST /_runner/acquire", s.runnerAcquire)
 	mux.HandleFunc("POST /_runner/heartbeat", s.runnerHeartbeat)
 	mux.HandleFunc("POST /_runner/complete", s.runnerComplete)
-	s.ts = httptest.NewUnstartedServer(mux)
-	if opt.RunnerHost != "" {
-		l, err := net.Listen("tcp", "0.0.0.0:0")
-		if err != nil {
-			panic("ghsim: listen: " + err.Error())
-		}
-		s.ts.Listener = l
-	}
 	// The addresses are set before the server starts: handlers read them.
-	_, port, _ := net.SplitHostPort(s.ts.Listener.Addr().String())
-	s.URL = "http://127.0.0.1:" + port
-	s.runnerURL = s.URL
-	if opt.RunnerHost != "" {
-		s.runnerURL = "http://" + opt.RunnerHost + ":" + port
-	}
+	s.ts, s.URL, s.runnerURL = simserve.New(mux, opt.RunnerHost)
 	s.ts.Start()
 	go s.reap()
 	return s
