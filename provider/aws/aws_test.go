@@ -14,6 +14,7 @@ import (
 	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/aws"
+	"github.com/runfleet/runfleet/provider/vm"
 )
 
 const ami = "ami-0123456789abcdef0"
@@ -86,7 +87,7 @@ func TestCreateListDelete(t *testing.T) {
 		t.Errorf("instance spot=%v shutdown=%s tokens=%s type=%s", in.Spot, in.Shutdown, in.HTTPTokens, in.Type)
 	}
 	ud := string(in.UserData)
-	if !strings.HasPrefix(ud, "#!/bin/sh\n") || !strings.Contains(ud, "exec 'runfleet' agent --plan "+aws.PlanPath) {
+	if !strings.HasPrefix(ud, "#!/bin/sh\n") || !strings.Contains(ud, "exec 'runfleet' agent --plan "+vm.PlanPath) {
 		t.Errorf("user data:\n%s", ud)
 	}
 	// Another manager's instances are not this one's.

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/provider/vm"
 )
 
 func section(t *testing.T, y string) json.RawMessage {
@@ -108,7 +109,7 @@ func TestUserDataCarriesOnlyThePlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	u := string(ud)
-	for _, want := range []string{"#!/bin/sh\n", "umask 077", "base64 -d > " + PlanPath, "sh /var/lib/runfleet/startup.sh || off", "exec 'runfleet' agent --plan " + PlanPath} {
+	for _, want := range []string{"#!/bin/sh\n", "umask 077", "base64 -d > " + vm.PlanPath, "sh /var/lib/runfleet/startup.sh || off", "exec 'runfleet' agent --plan " + vm.PlanPath} {
 		if !strings.Contains(u, want) {
 			t.Errorf("user data lacks %q:\n%s", want, u)
 		}

@@ -2,13 +2,10 @@ package aws
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -18,9 +15,9 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/smithy-go/middleware"
-	"golang.org/x/crypto/ssh"
 
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/provider/vm"
 )
 
 func init() { provider.Register("aws", driver{}) }
@@ -163,104 +160,50 @@ func countAttempts(n *atomic.Int64) func(*middleware.Stack) error {
 	}
 }
 
-// cmlRegions are CML's region aliases, as the iterative provider maps
-// them on AWS.
-var cmlRegions = map[string]string{"us-east": "us-east-1", "us-west": "us-west-1", "eu-north": "eu-north-1", "eu-west": "eu-west-1"}
-
-// cmlTypes are CML's machine sizes on AWS, from the iterative provider's
-// table, except m+v100: the table says p3.xlarge, which AWS has never
+// cmlTables are CML's aliases on AWS, from the iterative provider's
+// tables, except m+v100: the table says p3.xlarge, which AWS has never
 // offered; p3.2xlarge is the one-V100 type.
-var cmlTypes = map[string]string{
-	"s": "t2.micro", "m": "m5.2xlarge", "l": "m5.8xlarge", "xl": "m5.16xlarge",
-	"m+t4":  "g4dn.xlarge",
-	"m+k80": "p2.xlarge", "l+k80": "p2.8xlarge", "xl+k80": "p2.16xlarge",
-	"m+v100": "p3.2xlarge", "l+v100": "p3.8xlarge", "xl+v100": "p3.16xlarge",
+var cmlTables = vm.Tables{
+	Cloud:         "AWS",
+	DefaultRegion: "us-west",
+	Regions:       map[string]string{"us-east": "us-east-1", "us-west": "us-west-1", "eu-north": "eu-north-1", "eu-west": "eu-west-1"},
+	Types: map[string]string{
+		"s": "t2.micro", "m": "m5.2xlarge", "l": "m5.8xlarge", "xl": "m5.16xlarge",
+		"m+t4":  "g4dn.xlarge",
+		"m+k80": "p2.xlarge", "l+k80": "p2.8xlarge", "xl+k80": "p2.16xlarge",
+		"m+v100": "p3.2xlarge", "l+v100": "p3.8xlarge", "xl+v100": "p3.16xlarge",
+	},
 }
 
-// CMLSection takes `--cloud=aws` as CML does: --cloud-region (CML's
-// aliases or a region), --cloud-type (CML's sizes, with --cloud-gpu or
-// +gpu, or an instance type), --cloud-hdd-size, --cloud-spot,
-// --cloud-spot-price, --cloud-startup-script (base64), --cloud-image
+// CMLSection takes `--cloud=aws` as CML does (vm.ParseCML): the region,
+// the type, the disk, spot and its price, the startup script, the image
 // (an AMI holding runfleet and the forge's agent), --cloud-permission-set
-// (an instance profile), --cloud-metadata (tags),
-// --cloud-aws-security-group, --cloud-aws-subnet and --cloud-ssh-private
-// (its public key is authorised on the instance; the private key stays
-// here). Credentials come from the SDK's standard chain.
+// (an instance profile), --cloud-metadata (tags), --cloud-ssh-private (its
+// public key is authorised on the instance; the private key stays here),
+// and AWS's own --cloud-aws-security-group and --cloud-aws-subnet.
+// Credentials come from the SDK's standard chain.
 func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 	c := o.Cloud
 	if c["cloud"] != "aws" {
 		return nil, false, nil
 	}
-	var errs []error
-	s := Section{Image: c["cloud-image"], Spot: c["cloud-spot"] == "true", SpotMaxPrice: c["cloud-spot-price"]}
-	if s.Image == "" {
+	cml, err := vm.ParseCML(c, cmlTables)
+	errs := []error{err}
+	if cml.Image == "" {
 		errs = append(errs, errors.New("--cloud-image: is required with --cloud=aws: an AMI holding runfleet and the forge's agent (images/ tells how to build one)"))
 	}
-	s.Region = or(c["cloud-region"], "us-west")
-	if r, ok := cmlRegions[s.Region]; ok {
-		s.Region = r
-	}
-	typ := or(c["cloud-type"], "m")
-	if g := c["cloud-gpu"]; g != "" && !strings.Contains(typ, "+") {
-		typ += "+" + g
-	}
-	if t, ok := cmlTypes[typ]; ok {
-		typ = t
-	} else if strings.Contains(typ, "+") {
-		errs = append(errs, fmt.Errorf("--cloud-type: %q is not one of CML's sizes on AWS (m, l, xl, m+t4, m+k80, l+k80, xl+k80, m+v100, l+v100, xl+v100) or an instance type", typ))
-	}
-	s.InstanceTypes = []string{typ}
-	if hdd := c["cloud-hdd-size"]; hdd != "" {
-		n, err := strconv.Atoi(hdd)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("--cloud-hdd-size: %q is not a number of GB", hdd))
-		}
-		s.RootVolume.SizeGB = n
-	}
-	if script := c["cloud-startup-script"]; script != "" {
-		b, err := decodeBase64(script)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("--cloud-startup-script: is not base64, as CML takes it: %v", err))
-		}
-		s.StartupScript = string(b)
-	}
-	s.InstanceProfile = c["cloud-permission-set"]
+	s := Section{Image: cml.Image, Region: cml.Region, InstanceTypes: []string{cml.Type}, Spot: cml.Spot, SpotMaxPrice: cml.SpotPrice,
+		StartupScript: cml.StartupScript, InstanceProfile: cml.PermissionSet, Tags: cml.Metadata, SSHPublicKey: cml.SSHPublicKey}
+	s.RootVolume.SizeGB = cml.HDDSizeGB
 	if sg := c["cloud-aws-security-group"]; sg != "" {
 		s.SecurityGroups = []string{sg}
 	}
 	if sub := c["cloud-aws-subnet"]; sub != "" {
 		s.Subnets = []string{sub}
 	}
-	if md := c["cloud-metadata"]; md != "" {
-		s.Tags = map[string]string{}
-		for kv := range strings.SplitSeq(md, ",") {
-			k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
-			if !ok || k == "" {
-				errs = append(errs, fmt.Errorf("--cloud-metadata: %q is not key=value", kv))
-				continue
-			}
-			s.Tags[k] = v
-		}
-	}
-	if key := c["cloud-ssh-private"]; key != "" {
-		signer, err := ssh.ParsePrivateKey([]byte(key))
-		if err != nil {
-			errs = append(errs, errors.New("--cloud-ssh-private: is not a private key in PEM or OpenSSH form"))
-		} else {
-			s.SSHPublicKey = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(signer.PublicKey())))
-		}
-	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, true, err
 	}
 	b, err := json.Marshal(s)
 	return b, true, err
-}
-
-func decodeBase64(s string) ([]byte, error) {
-	s = strings.TrimSpace(s)
-	if b, err := base64.StdEncoding.DecodeString(s); err == nil {
-		return b, nil
-	}
-	return base64.RawStdEncoding.DecodeString(s)
 }

@@ -1,0 +1,55 @@
+package vm
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/provider"
+)
+
+var tables = Tables{Cloud: "Test", DefaultRegion: "us-west",
+	Regions: map[string]string{"us-west": "west-1"}, Types: map[string]string{"m": "medium", "m+t4": "medium-t4"}}
+
+func TestParseCML(t *testing.T) {
+	c, err := ParseCML(map[string]string{"cloud-gpu": "t4", "cloud-hdd-size": "50", "cloud-spot": "true",
+		"cloud-startup-script": "ZWNobyBoaQ==", "cloud-metadata": "team=ml, cost=gpu"}, tables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Region != "west-1" || c.Type != "medium-t4" || c.HDDSizeGB != 50 || !c.Spot || c.StartupScript != "echo hi" ||
+		c.Metadata["team"] != "ml" || c.Metadata["cost"] != "gpu" {
+		t.Errorf("parsed %+v", c)
+	}
+	if c, _ := ParseCML(map[string]string{"cloud-region": "europe-west4", "cloud-type": "n1-standard-8"}, tables); c.Region != "europe-west4" || c.Type != "n1-standard-8" {
+		t.Errorf("the cloud's own names taken as given: %+v", c)
+	}
+	_, err = ParseCML(map[string]string{"cloud-type": "xl+a100", "cloud-hdd-size": "big", "cloud-startup-script": "%%%",
+		"cloud-metadata": "novalue", "cloud-ssh-private": "not a key"}, tables)
+	for _, want := range []string{`--cloud-type: "xl+a100" is not one of CML's sizes on Test (m, m+t4)`, "--cloud-hdd-size", "--cloud-startup-script", "--cloud-metadata", "--cloud-ssh-private"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v lacks %q", err, want)
+		}
+	}
+}
+
+func TestScript(t *testing.T) {
+	b := Boot{Cloud: "Test", Notices: "test", Limit: 4096, Runfleet: "runfleet", Workdir: "/w", StartupScript: "echo 'it''s'", Lifetime: time.Hour}
+	spec := provider.Spec{Name: "p-1", Manager: "m", Pool: "p", Command: "agent", Env: map[string]string{"TOKEN": "cred-6f1d2c"}}
+	out, err := b.Script(spec, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"#!/bin/sh\n", "umask 077", "base64 -d > " + PlanPath, "sh /var/lib/runfleet/startup.sh || off", "exec 'runfleet' agent --plan " + PlanPath} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("script lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(string(out), "cred-6f1d2c") {
+		t.Error("the credential is in the script in clear, not in the base64 plan")
+	}
+	spec.Files = map[string][]byte{"big": make([]byte, 8192)}
+	if _, err := b.Script(spec, time.Now()); err == nil || !strings.Contains(err.Error(), "over Test's 4096") {
+		t.Errorf("an oversized script: %v", err)
+	}
+}
