@@ -56,10 +56,9 @@ type Agent struct {
 const script = `export WORKING_DIRECTORY="${WORKING_DIRECTORY:-$PWD/work}"
 mkdir -p "$WORKING_DIRECTORY" || exit 2
 pidfile="$PWD/.runner.pid"
-cd "$(dirname "$1")" || exit 2
 stop() { kill -TERM "$(cat "$pidfile" 2>/dev/null)" 2>/dev/null; }
 trap 'stop; exit 143' TERM INT
-{ sh -c 'echo $$ > "$0" && exec "$1"' "$pidfile" "$1" 2>&1; echo "runfleet: the runner exited ($?)"; } |
+{ sh -c 'echo $$ > "$0" && cd "$(dirname "$1")" && exec "$1"' "$pidfile" "$1" 2>&1; echo "runfleet: the runner exited ($?)"; } |
 while IFS= read -r line; do
   printf '%s\n' "$line"
   case $line in *"Waiting for next step"*) stop ;; esac

@@ -107,6 +107,13 @@ type Driver struct {
 	ended    map[int64]bool
 	// pipelinesYML keeps each commit's runs-on per step name.
 	pipelinesYML map[string]map[string][]string
+	// steps holds the step each runner was last listed running, for
+	// the re-run of a lost one (kept after the runner goes: a lost
+	// runner may be deleted before the pool reports it); rerun the
+	// pipelines run again.
+	steps  map[int64]string
+	rerun  map[string]bool
+	losing forge.Following
 }
 
 // New returns a driver. It makes no call.
@@ -133,7 +140,7 @@ func New(cfg Config) (*Driver, error) {
 	}
 	d := &Driver{cfg: cfg, log: cfg.Logger, auth: authorization(cfg.Username, cfg.Token),
 		uuids: map[int64]string{}, cordoned: map[int64]bool{}, ended: map[int64]bool{},
-		pipelinesYML: map[string]map[string][]string{}}
+		pipelinesYML: map[string]map[string][]string{}, steps: map[int64]string{}, rerun: map[string]bool{}}
 	d.rl = &limits{}
 	hc := &http.Client{}
 	if cfg.HTTPClient != nil {

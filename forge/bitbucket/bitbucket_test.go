@@ -338,3 +338,42 @@ func TestUnexpectedCallsAreSeen(t *testing.T) {
 		t.Errorf("a stray call recorded as %v", u)
 	}
 }
+
+// TestLostStepReruns: a runner lost while it ran a step has the step's
+// pipeline run again once it ended, on the same target; once.
+func TestLostStepReruns(t *testing.T) {
+	rerunPoll = 50 * time.Millisecond
+	ctx := context.Background()
+	sim := newSim(t, bbsim.Options{})
+	d := newDriver(t, sim)
+	cred, err := d.Register(ctx, forge.RunnerRequest{Name: "gpu-1", Labels: []string{"gpu"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := runnerNamed(sim, "m1.gpu-1")
+	_ = sim.Connect(r.UUID)
+	steps, _ := sim.RunPipeline("models", bbsim.StepSpec{Name: "train", RunsOn: []string{"self.hosted", "gpu"}, Script: "true"})
+	sim.Take(r.UUID)
+	if _, err := d.Runners(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.Lost(ctx, forge.Runner{ID: cred.RunnerID, Name: "gpu-1"})
+	time.Sleep(200 * time.Millisecond)
+	if n := len(sim.Steps()); n != 1 {
+		t.Fatalf("%d steps while the lost step's pipeline runs, want 1 (no re-run before it ends)", n)
+	}
+	if err := sim.Finish(steps[0], "ERROR"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(sim.Steps()) < 2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	d.Lost(ctx, forge.Runner{ID: cred.RunnerID, Name: "gpu-1"})
+	time.Sleep(300 * time.Millisecond)
+	all := sim.Steps()
+	if len(all) != 2 || all[1].Name != "train" || all[1].State != "PENDING" || all[1].Build != 2 {
+		t.Fatalf("steps after the re-run %+v, want train once more, pending, in pipeline 2", all)
+	}
+	checkCalls(t, sim)
+}

@@ -32,6 +32,9 @@ const (
 	EnvAPI = "BITBUCKET_RUNNER_API_URL"
 )
 
+// maxKeptSteps bounds the steps kept for re-runs.
+const maxKeptSteps = 4096
+
 // runner is a runner as the API answers it.
 type runner struct {
 	UUID   string   `json:"uuid"`
@@ -173,6 +176,11 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 		list = append(list, fr)
 	}
 	d.mu.Unlock()
+	for _, r := range all {
+		if strings.HasPrefix(r.Name, d.prefix()) {
+			d.noteStep(idOf(r.UUID), r)
+		}
+	}
 	d.kept.Keep(list, stamp, time.Now(), d.cfg.CacheTTL > 0)
 	return list, nil
 }
@@ -210,7 +218,8 @@ func (d *Driver) Cordon(ctx context.Context, id int64) error {
 	if err != nil {
 		return err
 	}
-	err = d.call(ctx, "disable runner "+u, http.MethodPut, path+"/"+url.PathEscape(u)+"/state", map[string]string{"status": stateDisabled}, nil)
+	var r runner
+	err = d.call(ctx, "disable runner "+u, http.MethodPut, path+"/"+url.PathEscape(u)+"/state", map[string]string{"status": stateDisabled}, &r)
 	if status(err) == http.StatusNotFound {
 		d.forget(id)
 		return fmt.Errorf("%w: %w", forge.ErrNotFound, err)
@@ -229,7 +238,22 @@ func (d *Driver) Cordon(ctx context.Context, id int64) error {
 	d.mu.Lock()
 	d.cordoned[id] = true
 	d.mu.Unlock()
+	d.noteStep(id, r)
 	return nil
+}
+
+// noteStep keeps the step a runner runs, as an answer about it says, for
+// the re-run of a lost one.
+func (d *Driver) noteStep(id int64, r runner) {
+	if r.State.Step == nil || r.State.Step.UUID == "" {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.steps) >= maxKeptSteps {
+		clear(d.steps)
+	}
+	d.steps[id] = r.State.Step.UUID
 }
 
 // RemoveRunner deletes a runner unless it runs a step. One that a listing
@@ -280,6 +304,7 @@ func (d *Driver) read(ctx context.Context, id int64) (runner, error) {
 		d.forget(id)
 		return r, fmt.Errorf("%w: %w", forge.ErrNotFound, err)
 	}
+	d.noteStep(id, r)
 	return r, err
 }
 

@@ -2,7 +2,10 @@ package bitbucket
 
 import (
 	"encoding/base64"
+	"fmt"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -174,4 +177,45 @@ func TestRunnerBitbucketSingle(t *testing.T) {
 		t.Error("runfleet runner's output shows the token")
 	}
 	t.Logf("one step (%s) on runner %s, exited after %s, %d runner created, none left", steps[0].Result, steps[0].Runner, took.Round(time.Millisecond), len(sim.AllRunners()))
+}
+
+// TestBitbucketLostStepReruns kills a runner mid-step: Bitbucket fails the
+// step once the runner's heartbeat stops, and runfleet runs its pipeline
+// again once; the new step succeeds on a fresh runner.
+func TestBitbucketLostStepReruns(t *testing.T) {
+	name := "bblost"
+	f := harness.NewBitbucketFleet(t, name, harness.BitbucketOptions{Size: 1, Sim: bbsim.Options{Heartbeat: 3 * time.Second}, Forge: "    poll_interval: 2s\n"})
+	sim := f.BB
+	f.Start()
+	harness.Eventually(t, time.Minute, "an idle runner", func() bool { return harness.IdleBitbucket(sim) == 1 })
+	// The first run hangs until killed; the re-run finds the marker.
+	marker := filepath.Join(f.Dir, "attempted")
+	script := fmt.Sprintf("if [ -e %[1]s ]; then echo second run; exit 0; fi; touch %[1]s; sleep 600", marker)
+	if _, err := sim.RunPipeline(name, bbsim.StepSpec{Name: "train", RunsOn: []string{"self.hosted", name}, Script: script}); err != nil {
+		t.Fatal(err)
+	}
+	// Killed once the manager has seen it run the step (it disables the
+	// runner then), as a machine taken back mid-step is.
+	harness.Eventually(t, time.Minute, "the step running on a disabled runner", func() bool {
+		r := sim.Runners()
+		return harness.BBRunning(sim) == 1 && harness.FileExists(marker) && len(r) == 1 && !r[0].Enabled
+	})
+	killed := time.Now()
+	f.Killed = 1
+	for _, p := range f.RunnerPIDs() {
+		_ = syscall.Kill(-p, syscall.SIGKILL)
+	}
+	harness.Eventually(t, 2*time.Minute, "the pipeline run again and its step done", func() bool {
+		steps := sim.Steps()
+		return len(steps) == 2 && steps[1].State == "COMPLETED"
+	})
+	steps := sim.Steps()
+	for _, s := range steps {
+		t.Logf("step %s of pipeline %d: %s %s on %s", s.Name, s.Build, s.State, s.Result, s.Runner)
+	}
+	if steps[0].Result == "SUCCESSFUL" || steps[1].Result != "SUCCESSFUL" || !strings.Contains(string(steps[1].Log), "second run") {
+		t.Errorf("the lost step %s, its re-run %s:\n%s", steps[0].Result, steps[1].Result, steps[1].Log)
+	}
+	t.Logf("a step lost with its runner ran again in pipeline %d, done %s after the kill", steps[1].Build, steps[1].Completed.Sub(killed).Round(time.Millisecond))
+	f.StopLeavesNothing()
 }

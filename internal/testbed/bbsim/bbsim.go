@@ -125,6 +125,7 @@ type pipeline struct {
 	Commit  string
 	Created time.Time
 	Steps   []*Step
+	specs   []StepSpec // to run it again
 }
 
 // Call is one request the server answered.
@@ -227,16 +228,32 @@ func (s *Server) RunPipeline(repo string, steps ...StepSpec) ([]string, error) {
 	if _, ok := s.repos[repo]; !ok {
 		return nil, fmt.Errorf("bbsim: no repository %q", repo)
 	}
+	commit := randHex(20)
+	s.files[commit] = pipelinesYML(steps)
+	return s.start(repo, commit, steps), nil
+}
+
+// start starts a pipeline of steps at a commit. Called with s.mu held.
+func (s *Server) start(repo, commit string, steps []StepSpec) []string {
 	s.build++
-	p := &pipeline{UUID: newUUID(), Repo: repo, Build: s.build, Commit: randHex(20), Created: time.Now().UTC()}
-	var yml strings.Builder
-	yml.WriteString("image: atlassian/default-image:4\npipelines:\n  default:\n    - parallel:\n")
+	p := &pipeline{UUID: newUUID(), Repo: repo, Build: s.build, Commit: commit, Created: time.Now().UTC(), specs: slices.Clone(steps)}
 	var ids []string
 	for _, sp := range steps {
 		st := &Step{UUID: newUUID(), Pipeline: p.UUID, Repo: repo, Build: p.Build, Name: sp.Name,
 			RunsOn: slices.Clone(sp.RunsOn), Script: sp.Script, State: "PENDING", Queued: time.Now().UTC()}
 		p.Steps = append(p.Steps, st)
 		ids = append(ids, st.UUID)
+	}
+	s.pipelines = append(s.pipelines, p)
+	return ids
+}
+
+// pipelinesYML is a bitbucket-pipelines.yml whose default pipeline is
+// the steps, in one parallel group.
+func pipelinesYML(steps []StepSpec) string {
+	var yml strings.Builder
+	yml.WriteString("image: atlassian/default-image:4\npipelines:\n  default:\n    - parallel:\n")
+	for _, sp := range steps {
 		fmt.Fprintf(&yml, "        - step:\n            name: %q\n", sp.Name)
 		if len(sp.RunsOn) > 0 {
 			yml.WriteString("            runs-on:\n")
@@ -246,9 +263,7 @@ func (s *Server) RunPipeline(repo string, steps ...StepSpec) ([]string, error) {
 		}
 		yml.WriteString("            script:\n              - ./run.sh\n")
 	}
-	s.files[p.Commit] = yml.String()
-	s.pipelines = append(s.pipelines, p)
-	return ids, nil
+	return yml.String()
 }
 
 // Steps returns every step, oldest first.

@@ -83,6 +83,8 @@ func (s *Server) restRoutes(mux *http.ServeMux) {
 	s.handle(mux, "GET /2.0/workspaces/{workspace}", false, s.getWorkspace)
 	s.handle(mux, "GET /2.0/repositories/{workspace}/{repo}", false, s.getRepo)
 	s.handle(mux, "GET /2.0/repositories/{workspace}/{repo}/pipelines", false, s.listPipelines)
+	s.handle(mux, "POST /2.0/repositories/{workspace}/{repo}/pipelines", false, s.runPipeline)
+	s.handle(mux, "GET /2.0/repositories/{workspace}/{repo}/pipelines/{pipeline}", false, s.getPipeline)
 	s.handle(mux, "GET /2.0/repositories/{workspace}/{repo}/pipelines/{pipeline}/steps", false, s.listSteps)
 	s.handle(mux, "GET /2.0/repositories/{workspace}/{repo}/src/{commit}/{path...}", false, s.getFile)
 	for _, scope := range []string{"/internal/workspaces/{workspace}", "/internal/repositories/{workspace}/{repo}"} {
@@ -237,6 +239,61 @@ func (s *Server) listPipelines(w http.ResponseWriter, r *http.Request, _ []byte)
 		slices.Reverse(items)
 	}
 	s.paged(w, r, items)
+}
+
+func (s *Server) getPipeline(w http.ResponseWriter, r *http.Request, _ []byte) {
+	slug, _, ok := s.repo(w, r)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.pipelines {
+		if p.Repo == slug && p.UUID == r.PathValue("pipeline") {
+			writeJSON(w, http.StatusOK, s.pipelineJSON(p))
+			return
+		}
+	}
+	fail(w, http.StatusNotFound, "Pipeline not found")
+}
+
+// runPipeline runs a pipeline on a target ({"target": {"type":
+// "pipeline_ref_target", "ref_type", "ref_name", "commit": {"hash"}}}):
+// the steps of the commit's bitbucket-pipelines.yml, as the simulator
+// wrote it.
+func (s *Server) runPipeline(w http.ResponseWriter, r *http.Request, body []byte) {
+	slug, _, ok := s.repo(w, r)
+	if !ok {
+		return
+	}
+	var req struct {
+		Target struct {
+			Type    string `json:"type"`
+			RefType string `json:"ref_type"`
+			RefName string `json:"ref_name"`
+			Commit  struct {
+				Hash string `json:"hash"`
+			} `json:"commit"`
+		} `json:"target"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil || req.Target.Type != "pipeline_ref_target" || req.Target.RefName == "" {
+		fail(w, http.StatusBadRequest, "A pipeline target with a ref is required")
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var from *pipeline
+	for _, p := range s.pipelines {
+		if p.Repo == slug && p.Commit == req.Target.Commit.Hash {
+			from = p
+		}
+	}
+	if from == nil {
+		fail(w, http.StatusBadRequest, "Commit not found: "+req.Target.Commit.Hash)
+		return
+	}
+	s.start(slug, from.Commit, from.specs)
+	writeJSON(w, http.StatusCreated, s.pipelineJSON(s.pipelines[len(s.pipelines)-1]))
 }
 
 func (s *Server) listSteps(w http.ResponseWriter, r *http.Request, _ []byte) {
@@ -449,9 +506,9 @@ func (s *Server) setState(w http.ResponseWriter, r *http.Request, body []byte) {
 
 // Unexpected describes each call of the manager's that is not one of the
 // calls a manager may make (a route of its own, the autoscaler's runner
-// calls, the documented reads) with the body it takes: none for GET and
-// DELETE, {"status":"DISABLED"} to disable, a name and labels alone to
-// create a runner.
+// calls, the documented reads and "Run a pipeline") with the body it
+// takes: none for GET and DELETE, {"status":"DISABLED"} to disable, a name
+// and labels alone to create a runner, a target alone to run a pipeline.
 func (s *Server) Unexpected() []string {
 	var out []string
 	for _, c := range s.Calls() {
@@ -466,6 +523,11 @@ func (s *Server) Unexpected() []string {
 			bad = "a body"
 		case c.Method == http.MethodPut && c.Body != `{"status":"DISABLED"}`:
 			bad = "a state other than DISABLED"
+		case c.Method == http.MethodPost && strings.HasSuffix(c.Route, "/pipelines"):
+			var body map[string]json.RawMessage
+			if json.Unmarshal([]byte(c.Body), &body) != nil || len(body) != 1 || body["target"] == nil {
+				bad = "a body other than a target"
+			}
 		case c.Method == http.MethodPost:
 			var body map[string]json.RawMessage
 			if json.Unmarshal([]byte(c.Body), &body) != nil || len(body) != 2 || body["name"] == nil || body["labels"] == nil {
