@@ -377,3 +377,36 @@ func TestLostStepReruns(t *testing.T) {
 	}
 	checkCalls(t, sim)
 }
+
+// TestRunnerLimitIsNoRefusal: a scope at Bitbucket's 100 runners refuses
+// a creation with a 400 that is not a config error: the pool retries it
+// later instead of halting; a bad label is one.
+func TestRunnerLimitIsNoRefusal(t *testing.T) {
+	ctx := context.Background()
+	sim := newSim(t, bbsim.Options{})
+	d := newDriver(t, sim, func(c *Config) { c.Manager = "filler" })
+	for i := range 100 {
+		if _, err := d.Register(ctx, forge.RunnerRequest{Name: fmt.Sprintf("p-%d", i+1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := newDriver(t, sim).Register(ctx, forge.RunnerRequest{Name: "p-1"})
+	if err == nil || errors.Is(err, forge.ErrRejected) || status(err) != 400 {
+		t.Errorf("at the limit: %v, want a 400 that is no refusal", err)
+	}
+	sim2 := newSim(t, bbsim.Options{})
+	d2 := newDriver(t, sim2)
+	err = d2.call(ctx, "x", "POST", mustPath(t, d2), map[string]any{"name": "x", "labels": []string{"Bad!"}}, nil)
+	if status(err) != 400 || atRunnerLimit(err) {
+		t.Errorf("a bad label: %v, want a 400 that is a refusal", err)
+	}
+}
+
+func mustPath(t *testing.T, d *Driver) string {
+	t.Helper()
+	p, err := d.runnersPath(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

@@ -2,6 +2,7 @@ package bitbucket
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -98,6 +99,10 @@ func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.C
 	body := map[string]any{"name": d.prefix() + req.Name, "labels": Labels(req.Labels)}
 	err = d.call(ctx, "create runner "+req.Name, http.MethodPost, path, body, &r)
 	switch {
+	case atRunnerLimit(err):
+		// Bitbucket takes at most 100 runners in a scope: a condition
+		// that ends as runners go, not a request to refuse for good.
+		return forge.Credential{}, err
 	case status(err) == http.StatusBadRequest || status(err) == http.StatusUnauthorized || status(err) == http.StatusForbidden:
 		return forge.Credential{}, rejectDefinitive(err)
 	case err != nil:
@@ -131,6 +136,17 @@ func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.C
 		env[EnvAPI] = d.cfg.RunnerURL
 	}
 	return forge.Credential{RunnerID: id, Env: env}, nil
+}
+
+// atRunnerLimit reports a creation refused because the scope holds as
+// many runners as Bitbucket allows (a 400 saying so).
+func atRunnerLimit(err error) bool {
+	e, ok := errors.AsType[*apiError](err)
+	if !ok || e.Status != http.StatusBadRequest {
+		return false
+	}
+	m := strings.ToLower(e.Message)
+	return strings.Contains(m, "maximum") || strings.Contains(m, "limit")
 }
 
 // Runners lists the scope's runners that carry this manager's name, by
