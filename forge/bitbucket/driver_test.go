@@ -109,3 +109,19 @@ func TestAgentSpec(t *testing.T) {
 		}
 	}
 }
+
+func TestMeets(t *testing.T) {
+	d := &Driver{}
+	pool := []string{"gpu", "gpu-h100", "cuda-12.4"}
+	for runsOn, want := range map[string]bool{
+		"self.hosted gpu":                true,
+		"self.hosted linux gpu.h100":     true,
+		"self.hosted cuda.12.4 GPU.H100": true,
+		"self.hosted gpu.a100":           false,
+		"self.hosted windows":            false,
+	} {
+		if got := d.Meets(pool, strings.Fields(runsOn)); got != want {
+			t.Errorf("%s: %v, want %v", runsOn, got, want)
+		}
+	}
+}

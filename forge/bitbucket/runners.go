@@ -358,3 +358,16 @@ func (d *Driver) forget(id int64) {
 
 // ImplicitLabels are the labels Bitbucket gives every Linux runner.
 func (d *Driver) ImplicitLabels() []string { return []string{LabelSelfHosted, LabelLinux} }
+
+// Meets matches a step's runs-on to a pool's labels in the form its
+// runners carry them (forge.DemandMatcher): a hardware label gpu-h100 is
+// gpu.h100 on the runner, as a step names it.
+func (d *Driver) Meets(labels, runsOn []string) bool {
+	have := Labels(slices.Concat(labels, d.ImplicitLabels()))
+	for _, l := range runsOn {
+		if !slices.Contains(have, strings.ToLower(l)) {
+			return false
+		}
+	}
+	return true
+}

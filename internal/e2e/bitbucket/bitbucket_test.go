@@ -105,7 +105,8 @@ func TestBitbucketCrashAdopts(t *testing.T) {
 
 // TestBitbucketScaleFromZero scales a pool of size 0 (max 2) on the steps
 // its repository's pipelines wait with: three steps run, and the pool
-// shrinks back to zero. A step for other labels starts nothing.
+// shrinks back to zero. A step for other labels starts nothing, and the
+// manager says so.
 func TestBitbucketScaleFromZero(t *testing.T) {
 	f := harness.NewBitbucketFleet(t, "bbzero", harness.BitbucketOptions{Size: 0, Max: 2,
 		Labels: []string{"bbzero", "gpu"}, Forge: "    poll_interval: 2s\n", Pool: "    idle_timeout: 5s\n"})
@@ -114,7 +115,7 @@ func TestBitbucketScaleFromZero(t *testing.T) {
 	if _, err := sim.RunPipeline("bbzero", bbsim.StepSpec{Name: "needs an h100", RunsOn: []string{"self.hosted", "h100"}, Script: "true"}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(6 * time.Second) // three polls
+	harness.Eventually(t, 30*time.Second, "the unmet step reported", func() bool { return f.LogHas("no pool meets") })
 	if n := len(sim.AllRunners()); n != 0 {
 		t.Fatalf("%d runners for a step no pool meets", n)
 	}
