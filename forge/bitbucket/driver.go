@@ -18,7 +18,7 @@ func init() { forge.Register("bitbucket", driver{}) }
 type driver struct{}
 
 // section is what a bitbucket forge adds to the common fields. The forge's
-// url is the API (https://api.bitbucket.org when empty).
+// url is the API: https://api.bitbucket.org for Bitbucket Cloud.
 type section struct {
 	// Workspace is the workspace's slug (or {uuid}).
 	Workspace string `json:"workspace"`
