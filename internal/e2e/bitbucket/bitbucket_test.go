@@ -181,11 +181,12 @@ func TestRunnerBitbucketSingle(t *testing.T) {
 }
 
 // TestBitbucketLostStepReruns kills a runner mid-step: Bitbucket fails the
-// step once the runner's heartbeat stops, and runfleet runs its pipeline
-// again once; the new step succeeds on a fresh runner.
+// step (at once, as runfleet deletes the dead runner, or once its
+// heartbeat stops), and runfleet runs its pipeline again once; the new
+// step succeeds on a fresh runner.
 func TestBitbucketLostStepReruns(t *testing.T) {
 	name := "bblost"
-	f := harness.NewBitbucketFleet(t, name, harness.BitbucketOptions{Size: 1, Sim: bbsim.Options{Heartbeat: 3 * time.Second}, Forge: "    poll_interval: 2s\n"})
+	f := harness.NewBitbucketFleet(t, name, harness.BitbucketOptions{Size: 1, Sim: bbsim.Options{Heartbeat: 10 * time.Second}, Forge: "    poll_interval: 2s\n"})
 	sim := f.BB
 	f.Start()
 	harness.Eventually(t, time.Minute, "an idle runner", func() bool { return harness.IdleBitbucket(sim) == 1 })
@@ -216,6 +217,9 @@ func TestBitbucketLostStepReruns(t *testing.T) {
 	}
 	if steps[0].Result == "SUCCESSFUL" || steps[1].Result != "SUCCESSFUL" || !strings.Contains(string(steps[1].Log), "second run") {
 		t.Errorf("the lost step %s, its re-run %s:\n%s", steps[0].Result, steps[1].Result, steps[1].Log)
+	}
+	if !steps[0].Completed.After(killed) || !steps[1].Started.After(killed) {
+		t.Errorf("the first step ended at %s and the re-run started at %s, not after the kill at %s: the step was not lost by the kill", steps[0].Completed, steps[1].Started, killed)
 	}
 	t.Logf("a step lost with its runner ran again in pipeline %d, done %s after the kill", steps[1].Build, steps[1].Completed.Sub(killed).Round(time.Millisecond))
 	f.StopLeavesNothing()
