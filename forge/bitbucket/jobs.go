@@ -62,10 +62,7 @@ func (d *Driver) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, err
 	if st != forge.JobQueued && st != forge.JobInProgress {
 		return nil, fmt.Errorf("bitbucket jobs %s: %w", st, errors.ErrUnsupported)
 	}
-	repos := d.cfg.Repositories
-	if len(repos) == 0 && d.cfg.Repository != "" {
-		repos = []string{d.cfg.Repository}
-	}
+	repos := d.demandRepos()
 	if len(repos) == 0 {
 		return nil, fmt.Errorf("bitbucket jobs of workspace %s without repositories to read: %w", d.cfg.Workspace, errors.ErrUnsupported)
 	}
@@ -78,6 +75,15 @@ func (d *Driver) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, err
 		out = append(out, jobs...)
 	}
 	return out, nil
+}
+
+// demandRepos are the repositories whose pipelines are read: the scope's
+// own, or those configured for a workspace.
+func (d *Driver) demandRepos() []string {
+	if len(d.cfg.Repositories) == 0 && d.cfg.Repository != "" {
+		return []string{d.cfg.Repository}
+	}
+	return d.cfg.Repositories
 }
 
 func (d *Driver) repoJobs(ctx context.Context, repo string, st forge.JobStatus) ([]forge.Job, error) {

@@ -97,11 +97,7 @@ func rank(state string) int {
 // pipelineOf finds the pipeline of a step among the latest pipelines of
 // the repositories read for demand.
 func (d *Driver) pipelineOf(ctx context.Context, stepUUID string) (string, *fullPipeline, error) {
-	repos := d.cfg.Repositories
-	if len(repos) == 0 && d.cfg.Repository != "" {
-		repos = []string{d.cfg.Repository}
-	}
-	for _, repo := range repos {
+	for _, repo := range d.demandRepos() {
 		base := repoPath(d.cfg.Workspace, repo) + "/pipelines"
 		var p page[fullPipeline]
 		if err := d.call(ctx, "list pipelines of "+repo, http.MethodGet, base+"?sort=-created_on&pagelen=20", nil, &p); err != nil {

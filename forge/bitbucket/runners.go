@@ -189,14 +189,10 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 			}
 		}
 		d.uuids[fr.ID] = r.UUID
+		d.keepStep(fr.ID, r)
 		list = append(list, fr)
 	}
 	d.mu.Unlock()
-	for _, r := range all {
-		if strings.HasPrefix(r.Name, d.prefix()) {
-			d.noteStep(idOf(r.UUID), r)
-		}
-	}
 	d.kept.Keep(list, stamp, time.Now(), d.cfg.CacheTTL > 0)
 	return list, nil
 }
@@ -261,11 +257,16 @@ func (d *Driver) Cordon(ctx context.Context, id int64) error {
 // noteStep keeps the step a runner runs, as an answer about it says, for
 // the re-run of a lost one.
 func (d *Driver) noteStep(id int64, r runner) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.keepStep(id, r)
+}
+
+// keepStep is noteStep with d.mu held.
+func (d *Driver) keepStep(id int64, r runner) {
 	if r.State.Step == nil || r.State.Step.UUID == "" {
 		return
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	if len(d.steps) >= maxKeptSteps {
 		clear(d.steps)
 	}
