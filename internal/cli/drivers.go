@@ -11,6 +11,7 @@ import (
 	_ "github.com/runfleet/runfleet/forge/gitlab"
 	_ "github.com/runfleet/runfleet/provider/aws"
 	_ "github.com/runfleet/runfleet/provider/docker"
+	_ "github.com/runfleet/runfleet/provider/gcp"
 	_ "github.com/runfleet/runfleet/provider/kubernetes"
 	_ "github.com/runfleet/runfleet/provider/process"
 )

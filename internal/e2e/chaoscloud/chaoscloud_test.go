@@ -43,3 +43,16 @@ func TestChaosAWS(t *testing.T) {
 	f := harness.NewFleet(t, "chaosaws", opt)
 	harness.RunChaos(t, f)
 }
+
+// TestChaosGCP: a pool of Compute Engine instances on the stand-in, as
+// TestChaosAWS: a manager killed between an insert and the listing that
+// shows it, or while instances stop, leaves nothing the next one does not
+// adopt by its labels or delete, disks included.
+func TestChaosGCP(t *testing.T) {
+	sim := harness.NeedGCE(t)
+	opt := harness.ChaosOptions("")
+	opt.Extra = "    idle_timeout: 3s\n"
+	opt.GCE, opt.GCP = sim, "      spot: true\n      poll_interval: 1s\n"
+	f := harness.NewFleet(t, "chaosgcp", opt)
+	harness.RunChaos(t, f)
+}

@@ -1,21 +1,16 @@
 package ec2sim
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/runfleet/runfleet/internal/testbed/vmboot"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/moby/moby/api/types/container"
-	"github.com/moby/moby/client"
 )
 
 // Labels of an instance's container.
@@ -24,14 +19,9 @@ const (
 	LabelInstance = "ec2sim.instance"
 )
 
-// InitPath is the image's stand-in for cloud-init: it runs
-// /var/lib/cloud/instance/user-data.txt once, and the machine stays up
-// until something powers it off (PID 1 exits).
-const InitPath = "/sbin/ec2-init"
-
 // boot brings an instance up: a container of its AMI's image with its
-// user data and a metadata service of its own, or, without an image,
-// nothing but the state.
+// user data and a metadata service of its own (vmboot), or, without an
+// image, nothing but the state.
 func (s *Server) boot(in *Instance, image string) {
 	defer s.wg.Done()
 	if s.opt.Docker == nil || image == "" {
@@ -43,70 +33,53 @@ func (s *Server) boot(in *Instance, image string) {
 		s.mu.Unlock()
 		return
 	}
-	if err := s.start(in, image); err != nil {
+	m, err := s.start(in, image)
+	if err != nil {
 		s.opt.Logger.Error("ec2sim: instance did not boot", "id", in.ID, "err", err)
 		s.finish(in, "Server.InternalError", "Server.InternalError: Internal error on launch")
 		return
 	}
-	res := s.opt.Docker.ContainerWait(context.Background(), in.container, client.ContainerWaitOptions{Condition: container.WaitConditionNotRunning})
-	select {
-	case <-res.Result:
-	case <-res.Error:
-	}
+	m.Wait()
 	// An instance whose own shutdown ended it: terminated, as its
 	// shutdown behaviour says (the stand-in does not keep stopped ones).
 	s.finish(in, "Client.InstanceInitiatedShutdown", "Client.InstanceInitiatedShutdown: Instance initiated shutdown")
 }
 
-func (s *Server) start(in *Instance, image string) error {
+func (s *Server) start(in *Instance, image string) (*vmboot.Machine, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	md, err := s.serveMetadata(in)
-	if err != nil {
-		return err
-	}
-	s.mu.Lock()
-	in.imds = md
-	s.mu.Unlock()
-	created, err := s.opt.Docker.ContainerCreate(ctx, client.ContainerCreateOptions{
-		Name: "ec2sim-" + in.ID,
-		Config: &container.Config{
-			Image: image, Cmd: []string{InitPath}, Hostname: in.hostname,
-			Env:    []string{"AWS_EC2_METADATA_SERVICE_ENDPOINT=" + md.url},
-			Labels: map[string]string{LabelServer: s.id, LabelInstance: in.ID},
+	md := &metadata{tokens: map[string]time.Time{}}
+	m, err := vmboot.Create(ctx, vmboot.Options{
+		Docker: s.opt.Docker, HostAddr: s.opt.HostAddr, Name: "ec2sim-" + in.ID, Image: image, Hostname: in.hostname,
+		Labels: map[string]string{LabelServer: s.id, LabelInstance: in.ID}, Script: in.UserData,
+		Metadata: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.metadataAnswer(in, md, w, r) }),
+		Env: func(hostPort string) []string {
+			return []string{"AWS_EC2_METADATA_SERVICE_ENDPOINT=http://" + hostPort}
 		},
-		HostConfig: &container.HostConfig{ExtraHosts: []string{"host.docker.internal:host-gateway"}},
 	})
 	if err != nil {
-		return fmt.Errorf("create: %w", err)
+		return nil, err
 	}
 	s.mu.Lock()
-	in.container = created.ID
+	in.machine = m
+	stopping := in.State != "pending"
 	s.mu.Unlock()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, d := range []string{"var/", "var/lib/", "var/lib/cloud/", "var/lib/cloud/instance/"} {
-		_ = tw.WriteHeader(&tar.Header{Name: d, Typeflag: tar.TypeDir, Mode: 0o755})
+	if stopping { // terminated while it was being made
+		return m, nil
 	}
-	_ = tw.WriteHeader(&tar.Header{Name: "var/lib/cloud/instance/user-data.txt", Mode: 0o700, Size: int64(len(in.UserData))})
-	_, _ = tw.Write(in.UserData)
-	_ = tw.Close()
-	if _, err := s.opt.Docker.CopyToContainer(ctx, created.ID, client.CopyToContainerOptions{DestinationPath: "/", Content: &buf}); err != nil {
-		return fmt.Errorf("user data: %w", err)
-	}
-	if _, err := s.opt.Docker.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
-		return fmt.Errorf("start: %w", err)
+	if err := m.Start(ctx); err != nil {
+		return nil, err
 	}
 	s.mu.Lock()
 	if in.State == "pending" {
 		in.State = "running"
 	}
 	s.mu.Unlock()
-	return nil
+	return m, nil
 }
 
 // stopInstance shuts an instance down (a termination, an interruption):
-// its container is stopped, and its end is recorded by boot, or here
+// its machine is stopped, and its end is recorded by boot, or here
 // when nothing runs.
 func (s *Server) stopInstance(in *Instance, code, msg string) {
 	s.mu.Lock()
@@ -118,21 +91,18 @@ func (s *Server) stopInstance(in *Instance, code, msg string) {
 	if code != "" {
 		in.ReasonCode, in.ReasonMessage = code, msg
 	}
-	id := in.container
+	m := in.machine
 	s.mu.Unlock()
-	if id == "" || s.opt.Docker == nil {
+	if m == nil {
 		s.finish(in, code, msg)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	timeout := 2
-	_, _ = s.opt.Docker.ContainerStop(ctx, id, client.ContainerStopOptions{Timeout: &timeout})
+	m.Stop()
 }
 
 // finish records the end of an instance once: its console kept, its
-// container and metadata service gone, and only then terminated, as EC2
-// lists an instance terminated once it is gone.
+// machine gone, and only then terminated, as EC2 lists an instance
+// terminated once it is gone.
 func (s *Server) finish(in *Instance, code, msg string) {
 	s.mu.Lock()
 	if in.State == "terminated" || in.finishing {
@@ -144,21 +114,11 @@ func (s *Server) finish(in *Instance, code, msg string) {
 		in.ReasonCode, in.ReasonMessage = code, msg
 	}
 	in.shutDown()
-	id, md := in.container, in.imds
+	m := in.machine
 	s.mu.Unlock()
-	if md != nil {
-		_ = md.srv.Close()
-	}
 	var console string
-	if id != "" && s.opt.Docker != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if logs, err := s.opt.Docker.ContainerLogs(ctx, id, client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true, Tail: "500"}); err == nil {
-			b, _ := io.ReadAll(io.LimitReader(logs, 1<<20))
-			logs.Close()
-			console = string(b)
-		}
-		_, _ = s.opt.Docker.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true})
+	if m != nil {
+		console = m.Finish()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -213,7 +173,7 @@ func (s *Server) Instances() []Instance {
 	out := make([]Instance, 0, len(s.order))
 	for _, id := range s.order {
 		c := *s.instances[id]
-		c.action, c.imds = nil, nil
+		c.action, c.machine = nil, nil
 		out = append(out, c)
 	}
 	return out
@@ -223,8 +183,8 @@ func (s *Server) Instances() []Instance {
 func (s *Server) Container(id string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if in, ok := s.instances[id]; ok && in.State == "running" {
-		return in.container
+	if in, ok := s.instances[id]; ok && in.State == "running" && in.machine != nil {
+		return in.machine.Container
 	}
 	return ""
 }
@@ -234,24 +194,10 @@ type noticeDoc struct {
 	Time   string `json:"time"`
 }
 
-// metadata is an instance's metadata service, IMDSv2 only.
+// metadata is an instance's metadata service's sessions (IMDSv2).
 type metadata struct {
-	srv    *http.Server
-	url    string
 	mu     sync.Mutex
 	tokens map[string]time.Time
-}
-
-func (s *Server) serveMetadata(in *Instance) (*metadata, error) {
-	ln, err := net.Listen("tcp", "0.0.0.0:0")
-	if err != nil {
-		return nil, err
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	md := &metadata{url: "http://" + s.opt.HostAddr + ":" + strconv.Itoa(port), tokens: map[string]time.Time{}}
-	md.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.metadataAnswer(in, md, w, r) }), ReadHeaderTimeout: 10 * time.Second}
-	go md.srv.Serve(ln)
-	return md, nil
 }
 
 // metadataAnswer follows IMDSv2: PUT /latest/api/token with a TTL of 1 to

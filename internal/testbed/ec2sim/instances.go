@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/xml"
 	"fmt"
+	"github.com/runfleet/runfleet/internal/testbed/vmboot"
 	"maps"
 	"net/http"
 	"net/url"
@@ -33,8 +34,7 @@ type Instance struct {
 
 	action    *noticeDoc // spot/instance-action
 	rebalance *time.Time
-	container string
-	imds      *metadata
+	machine   *vmboot.Machine
 	hostname  string
 	finishing bool
 	// Console is what the instance printed (its container's log), kept

@@ -36,6 +36,20 @@ var (
 // local engine. Without Docker the test is skipped, or fails in CI.
 func NeedEC2(t testing.TB) *ec2sim.Server {
 	t.Helper()
+	image := needInstanceImage(t)
+	sim, err := ec2sim.New(ec2sim.Options{Docker: DockerCli})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	sim.AddImage(EC2AMI, image)
+	return sim
+}
+
+// needInstanceImage builds, once, the image the clouds' stand-ins boot
+// their instances from: runfleet (static) and the runners' agents.
+func needInstanceImage(t testing.TB) string {
+	t.Helper()
 	NeedDocker(t)
 	gh := needGitHubRunner(t)
 	ec2Once.Do(func() {
@@ -53,14 +67,8 @@ func NeedEC2(t testing.TB) *ec2sim.Server {
 		defer cancel()
 		instanceImage, ec2Err = peers.InstanceImage(ctx, DockerCli, staticBin, map[string]string{"gitea-runner": runnerBin, "github-runner": gh})
 	})
-	peers.Need(t, "the EC2 stand-in's instance image", ec2Err)
-	sim, err := ec2sim.New(ec2sim.Options{Docker: DockerCli})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sim.Close)
-	sim.AddImage(EC2AMI, instanceImage)
-	return sim
+	peers.Need(t, "the cloud stand-ins' instance image", ec2Err)
+	return instanceImage
 }
 
 // AWSSection is a pool's provider and aws section on the stand-in.

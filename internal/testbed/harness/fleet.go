@@ -24,6 +24,7 @@ import (
 	"github.com/runfleet/runfleet/internal/testbed/azsim"
 	"github.com/runfleet/runfleet/internal/testbed/bbsim"
 	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
+	"github.com/runfleet/runfleet/internal/testbed/gcesim"
 	"github.com/runfleet/runfleet/internal/testbed/ghsim"
 	"github.com/runfleet/runfleet/internal/testbed/glsim"
 	"github.com/runfleet/runfleet/internal/testbed/peers"
@@ -150,6 +151,7 @@ type Fleet struct {
 	engine *client.Client
 	Env    []string
 	EC2    *ec2sim.Server // an EC2 fleet's stand-in
+	GCE    *gcesim.Server // a Compute Engine fleet's stand-in
 	AZ     *azsim.Server  // an Azure Pipelines fleet's simulator
 	BB     *bbsim.Server  // a Bitbucket fleet's simulator
 	// Killed counts the runners a test killed mid-job on purpose: their
@@ -171,6 +173,11 @@ type FleetOptions struct {
 	// with AWS (indented by six spaces) added to its aws section.
 	EC2 *ec2sim.Server
 	AWS string
+	// GCE, when set, makes it a pool of Compute Engine instances on that
+	// stand-in, with GCP (indented by six spaces) added to its gcp
+	// section.
+	GCE *gcesim.Server
+	GCP string
 	// Top is added at the top of the config, Forge to the forge.
 	Top, Forge string
 }
@@ -229,6 +236,13 @@ forges:
 		cfg = strings.Replace(cfg, "    repo: ", "    runner_url: "+dockerForgeURL()+"\n    repo: ", 1)
 		cfg += AWSSection(opt.EC2, opt.AWS)
 		f.Env = append(f.Env, AWSEnv()...)
+	}
+	if opt.GCE != nil {
+		f.GCE = opt.GCE
+		cfg = strings.Replace(cfg, "      path: "+runnerBin+"\n", "", 1)
+		cfg = strings.Replace(cfg, "    repo: ", "    runner_url: "+dockerForgeURL()+"\n    repo: ", 1)
+		cfg += GCPSection(opt.GCE, opt.GCP)
+		f.Env = append(f.Env, GCPEnv(opt.GCE)...)
 	}
 	cfg += opt.Extra
 	f.Config = filepath.Join(dir, "fleet.yaml")
@@ -395,6 +409,9 @@ func (f *Fleet) StopLeavesNothing() {
 	}
 	if f.EC2 != nil {
 		f.EC2LeavesNothing()
+	}
+	if f.GCE != nil {
+		f.GCELeavesNothing()
 	}
 }
 

@@ -1,0 +1,255 @@
+package gcp
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	sdk "code.gitea.io/sdk/gitea"
+
+	"github.com/runfleet/runfleet/internal/testbed/gcesim"
+	"github.com/runfleet/runfleet/internal/testbed/ghsim"
+	"github.com/runfleet/runfleet/internal/testbed/harness"
+)
+
+// A Spot pool of Compute Engine instances (size 1, max 3) on the
+// stand-in runs 4 jobs, each on an instance of its own; no long-lived
+// secret reaches an instance's metadata, labels, processes or files;
+// after SIGTERM every instance and disk is deleted and no registration
+// is left.
+func TestGCPSpotRunsJobs(t *testing.T) {
+	sim := harness.NeedGCE(t)
+	f := harness.NewFleet(t, "gcpspot", harness.FleetOptions{Size: 1, Max: 3, GCE: sim, GCP: "      spot: true\n      labels: {team: ml}\n",
+		Forge: "    poll_interval: 2s\n"})
+	f.Start()
+	harness.Eventually(t, 2*time.Minute, "1 idle runner", func() bool { return f.IdleOnline() == 1 })
+	in := sim.Instances()[0]
+	if in.Model != "SPOT" || in.Labels["runfleet-manager"] != "e2e-gcpspot" || in.Labels["runfleet-runner"] != "gcpspot-1" || in.Labels["team"] != "ml" {
+		t.Errorf("instance %s: model %s labels %v", in.Name, in.Model, in.Labels)
+	}
+	f.CheckNoSecretOnGCE()
+
+	f.Push(harness.Matrix("gcpspot", 4, harness.HostJob+"sleep 5\n"))
+	f.CheckFresh(f.WaitJobs(4, 5*time.Minute), regexp.MustCompile(`host=(gcpspot-\d+-[0-9a-f]{6})`), "")
+	harness.Eventually(t, 2*time.Minute, "back to 1 idle runner on 1 instance", func() bool {
+		return f.IdleOnline() == 1 && len(f.Runners()) == 1 && f.LiveGCE() == 1
+	})
+	f.CheckNoSecretOnGCE()
+	if n := len(sim.Instances()); n < 5 {
+		t.Errorf("%d instances were made for 4 jobs and an idle runner, want at least 5", n)
+	}
+	t.Logf("%d instances in all for 4 jobs (max 3); Compute Engine calls: %v", len(sim.Instances()), sim.Calls())
+	if b, _ := os.ReadFile(f.LogPath); strings.Contains(string(b), harness.Gitea.Token) || strings.Contains(string(b), sim.PrivateKeyID()) {
+		t.Error("the manager's log shows the forge token or the service account's key")
+	}
+	f.StopLeavesNothing()
+}
+
+// A Spot preemption mid-job: the instance's metadata server says
+// preempted and its agent stops the job (Gitea records it failed), the
+// manager reads the preemption from the project's operations, reports
+// the job lost and starts a replacement; the run's failed job is re-run
+// once and succeeds on a new instance.
+func TestGCPPreemptionRerunsJob(t *testing.T) {
+	sim := harness.NeedGCE(t)
+	f := harness.NewFleet(t, "gcppre", harness.FleetOptions{Size: 1, Max: 3, GCE: sim, GCP: "      spot: true\n"})
+	f.Start()
+	harness.Eventually(t, 2*time.Minute, "1 idle runner", func() bool { return f.IdleOnline() == 1 })
+	f.Push(harness.Matrix("gcppre", 1, "echo \"host=$(hostname) attempt=${GITHUB_RUN_ATTEMPT:-?}\"\nsleep 20\necho finished"))
+	var first *sdk.ActionWorkflowJob
+	harness.Eventually(t, time.Minute, "the job in progress", func() bool {
+		for _, j := range f.Jobs() {
+			if j.Status == "in_progress" && j.RunnerName != "" {
+				first = j
+				return true
+			}
+		}
+		return false
+	})
+	var victim string
+	for _, in := range sim.Instances() {
+		if in.Status == "RUNNING" && in.Labels["runfleet-runner"] == first.RunnerName {
+			victim = in.Name
+		}
+	}
+	if victim == "" {
+		t.Fatalf("no running instance for runner %s", first.RunnerName)
+	}
+	time.Sleep(2 * time.Second) // mid-job
+	notice := time.Now()
+	if err := sim.Preempt(victim, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("preemption of %s (runner %s, job %d) at %s", victim, first.RunnerName, first.ID, notice.Format("15:04:05.000"))
+	var rerun *sdk.ActionWorkflowJob
+	harness.Eventually(t, 3*time.Minute, "the job re-run on another runner", func() bool {
+		for _, j := range f.Jobs() {
+			if j.ID == first.ID && j.RunnerID != 0 && j.RunnerID != first.RunnerID && (j.Status == "in_progress" || j.Status == "completed") {
+				rerun = j
+				return true
+			}
+		}
+		return false
+	})
+	started := rerun.StartedAt
+	if started.IsZero() || started.Before(notice) {
+		started = time.Now()
+	}
+	t.Logf("re-run started on runner %s %s after the preemption", rerun.RunnerName, started.Sub(notice).Round(100*time.Millisecond))
+	harness.CheckJobs(t, f.WaitJobs(1, 2*time.Minute))
+	logs, _, err := f.Client().GetRepoActionJobLogs(harness.Gitea.User, f.Repo, first.ID)
+	if err != nil || !strings.Contains(string(logs), "finished") {
+		t.Errorf("the re-run's log lacks its end (%v):\n%s", err, logs)
+	}
+	b, _ := os.ReadFile(f.LogPath)
+	for _, want := range []string{"spot preemption", "re-ran the failed jobs of a run whose runner was lost"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("the manager's log lacks %q", want)
+		}
+	}
+	if n := strings.Count(string(b), "re-ran the failed jobs"); n != 1 {
+		t.Errorf("the job was re-run %d times, want once", n)
+	}
+	harness.Eventually(t, time.Minute, "the preempted instance deleted", func() bool {
+		for _, in := range sim.Instances() {
+			if in.Name == victim {
+				return !in.Deleted.IsZero()
+			}
+		}
+		return false
+	})
+	t.Logf("Compute Engine calls: %v", sim.Calls())
+	f.StopLeavesNothing()
+}
+
+// No Spot capacity in the first zone: the runner's instance is made in
+// the second. None anywhere and no fallback: the pool says why and backs
+// off; a standard fallback... is the unit tests'; capacity back, a runner
+// starts.
+func TestGCPCapacityFallsBack(t *testing.T) {
+	sim := harness.NeedGCE(t)
+	sim.NoCapacity("SPOT", "", "us-central1-a")
+	f := harness.NewFleet(t, "gcpcap", harness.FleetOptions{Size: 1, GCE: sim, GCP: "      zones: [us-central1-a, us-east1-c]\n      machine_types: [g2-standard-4, n1-standard-8]\n      spot: true\n"})
+	f.Start()
+	harness.Eventually(t, 2*time.Minute, "1 idle runner", func() bool { return f.IdleOnline() == 1 })
+	var placed gcesim.Instance
+	for _, in := range sim.Instances() {
+		if in.Deleted.IsZero() {
+			placed = in
+		}
+	}
+	if placed.Zone != "us-east1-c" || placed.Type != "g2-standard-4" {
+		t.Errorf("the runner's instance is %s in %s, want g2-standard-4 in us-east1-c", placed.Type, placed.Zone)
+	}
+	if !f.LogHas("ZONE_RESOURCE_POOL_EXHAUSTED") {
+		t.Error("the log does not say why the first zone was passed over")
+	}
+	f.Stop(2 * time.Minute)
+	sim.NoCapacity("SPOT", "", "")
+	f.Start()
+	time.Sleep(20 * time.Second)
+	st := f.StatusTable()
+	inserts := sim.Calls()["instances.insert"]
+	t.Logf("no Spot capacity anywhere for 20s: %d inserts in all\n%s", inserts, st)
+	for _, want := range []string{"no capacity", "us-central1-a", "us-east1-c", "ZONE_RESOURCE_POOL_EXHAUSTED", "spot_fallback: on_demand"} {
+		if !strings.Contains(st, want) {
+			t.Errorf("status does not say %q", want)
+		}
+	}
+	if !f.LogHas("retry_in=") {
+		t.Error("the log does not show the backoff")
+	}
+	sim.RestoreCapacity()
+	harness.Eventually(t, 2*time.Minute, "a runner once capacity is back", func() bool { return f.IdleOnline() == 1 })
+	f.StopLeavesNothing()
+}
+
+// A manager killed with -9 and not restarted: its instances power
+// themselves off by their deadline (stopped, their disks kept, as on
+// Compute Engine), and `runfleet gc --yes` deletes them, their disks and
+// the registrations left.
+func TestGCPCrashDeadlineAndGC(t *testing.T) {
+	sim := harness.NeedGCE(t)
+	f := harness.NewFleet(t, "gcpgc", harness.FleetOptions{Size: 2, GCE: sim, GCP: "      idle_timeout: 30m\n", Extra: "    max_lifetime: 40s\n"})
+	f.Start()
+	harness.Eventually(t, 2*time.Minute, "2 idle runners", func() bool { return f.IdleOnline() == 2 })
+	f.Kill9()
+	killed := time.Now()
+	listed := f.Runfleet("gc", "-c", f.Config)
+	t.Logf("gc after the crash:\n%s", listed)
+	if n := strings.Count(listed, "machine"); n < 2 || !strings.Contains(listed, "dry run") {
+		t.Errorf("gc listed %d machines, want 2, in a dry run", n)
+	}
+	harness.Eventually(t, 2*time.Minute, "every instance powered off", func() bool { return f.LiveGCE() == 0 })
+	for _, in := range sim.Instances() {
+		deadline := in.Created.Add(40 * time.Second)
+		t.Logf("instance %s made %s, deadline %s, stopped %s (%s after the kill), status %s", in.Name, in.Created.Format("15:04:05"),
+			deadline.Format("15:04:05"), in.Ended.Format("15:04:05.0"), in.Ended.Sub(killed).Round(time.Second), in.Status)
+		if in.Ended.After(deadline.Add(10 * time.Second)) {
+			t.Errorf("instance %s ran past its deadline: stopped %s after it", in.Name, in.Ended.Sub(deadline))
+		}
+	}
+	if len(sim.Disks()) != 2 {
+		t.Errorf("%d disks after the power-off, want the 2 stopped instances'", len(sim.Disks()))
+	}
+	removed := f.Runfleet("gc", "-c", f.Config, "--yes")
+	t.Logf("gc --yes:\n%s", removed)
+	harness.Eventually(t, time.Minute, "every instance and disk deleted", func() bool {
+		for _, in := range sim.Instances() {
+			if in.Deleted.IsZero() {
+				return false
+			}
+		}
+		return len(sim.Disks()) == 0
+	})
+	if len(f.Runners()) != 0 {
+		t.Errorf("registrations left after gc --yes: %d", len(f.Runners()))
+	}
+	if out := f.Runfleet("gc", "-c", f.Config); !strings.Contains(out, "left nothing") {
+		t.Errorf("gc after gc --yes:\n%s", out)
+	}
+}
+
+// `runfleet runner --cloud=gcp` as CML runs it: a Spot
+// custom-8-65536-ext with one V100 (m+v100) in europe-west1-d (eu-west),
+// credentials in GOOGLE_APPLICATION_CREDENTIALS_DATA, one job, and
+// nothing left: the instance powers off after its job and is deleted,
+// its disk too, the registration gone.
+func TestRunnerCloudGCP(t *testing.T) {
+	sim := harness.NeedGCE(t)
+	gh := ghsim.New(ghsim.Options{Token: harness.GHToken, Repos: []string{"acme/gcpcml"}, LostAfter: 2 * time.Second, RunnerHost: "host.docker.internal"})
+	t.Cleanup(gh.Close)
+	cmd, out := harness.StartRunner(t, append(harness.GCPEnv(sim), "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE="+sim.URL+"/compute/v1/"),
+		"runner", "--driver", "github", "--repo", gh.URL+"/acme/gcpcml", "--agent", "/bin/github-runner",
+		"--single", "--labels", "cml", "--cloud", "gcp", "--cloud-region", "eu-west", "--cloud-type", "m+v100", "--cloud-spot",
+		"--cloud-image", harness.GCEImage, "--cloud-metadata", "team=ml,cost-center=42", "--cloud-hdd-size", "50")
+	harness.Eventually(t, time.Minute, "the runner's instance", func() bool { return len(sim.Instances()) == 1 })
+	in := sim.Instances()[0]
+	if in.Type != "custom-8-65536-ext" || in.Accelerators != 1 || in.Model != "SPOT" || in.Zone != "europe-west1-d" || in.Labels["team"] != "ml" || in.Labels["cost-center"] != "42" {
+		t.Errorf("instance %s: type %s accelerators %d model %s zone %s labels %v", in.Name, in.Type, in.Accelerators, in.Model, in.Zone, in.Labels)
+	}
+	for _, s := range []string{harness.GHToken, sim.PrivateKeyID()} {
+		if strings.Contains(in.Metadata["startup-script"], s) {
+			t.Error("the startup script holds a long-lived secret")
+		}
+	}
+	gh.Queue("acme/gcpcml", ghsim.JobSpec{Name: "train", Labels: []string{"self-hosted", "cml"}, Script: "echo trained-on-an-instance; hostname"})
+	took := harness.WaitExit(t, cmd, 3*time.Minute)
+	jobs := gh.Jobs()
+	if len(jobs) != 1 || jobs[0].Conclusion != "success" || !strings.Contains(jobs[0].Output, "trained-on-an-instance") {
+		t.Fatalf("jobs = %+v", jobs)
+	}
+	if strings.Contains(out.String(), harness.GHToken) || strings.Contains(out.String(), sim.PrivateKeyID()) {
+		t.Error("a long-lived secret reached the runner's log")
+	}
+	if r := gh.Runners(); len(r) != 0 {
+		t.Errorf("registrations left: %+v", r)
+	}
+	harness.Eventually(t, time.Minute, "the instance and its disk deleted", func() bool {
+		return !sim.Instances()[0].Deleted.IsZero() && len(sim.Disks()) == 0
+	})
+	t.Logf("--cloud=gcp --cloud-type=m+v100 --cloud-spot --single: job %s on %s (%s + %d GPU, spot, %s), exited %s after the job was queued; instance and disk deleted",
+		jobs[0].Conclusion, strings.TrimSpace(harness.LastLine(jobs[0].Output)), in.Type, in.Accelerators, in.Zone, took.Round(100*time.Millisecond))
+}

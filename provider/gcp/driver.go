@@ -1,0 +1,340 @@
+package gcp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"cloud.google.com/go/auth"
+	"cloud.google.com/go/auth/credentials"
+	"cloud.google.com/go/auth/httptransport"
+	compute "cloud.google.com/go/compute/apiv1"
+	"golang.org/x/time/rate"
+	"google.golang.org/api/option"
+
+	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/provider/vm"
+)
+
+func init() { provider.Register("gcp", driver{}) }
+
+// driver is the registry's entry for Compute Engine instances,
+// configured by the pool's `gcp:` section.
+type driver struct{}
+
+// IdleGrace: see provider/aws. The instance's own idle timeout is for
+// when the manager is gone; while it is up, the manager acts first.
+const IdleGrace = time.Minute
+
+// CredentialsDataEnv is CML's variable holding the credentials' JSON
+// itself.
+const CredentialsDataEnv = "GOOGLE_APPLICATION_CREDENTIALS_DATA"
+
+// EndpointEnv is gcloud's override of Compute Engine's endpoint
+// (https://HOST/compute/v1/), taken when the section names none, as by
+// `runfleet runner --cloud=gcp`.
+const EndpointEnv = "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE"
+
+func or(s, alt string) string {
+	if s == "" {
+		return alt
+	}
+	return s
+}
+
+// Scope is the OAuth scope the manager asks for: Compute Engine only.
+const Scope = "https://www.googleapis.com/auth/compute"
+
+func instanceIdle(section, pool time.Duration) time.Duration {
+	switch {
+	case section > 0:
+		return section
+	case pool > 0:
+		return pool + IdleGrace
+	}
+	return DefaultIdleTimeout
+}
+
+func (driver) Check(c provider.PoolConfig) error {
+	_, err := DecodeSection(c.Section)
+	return err
+}
+
+// Open finds the credentials and the project (no call: a token is asked
+// for at the first request) and makes the pool's provider.
+func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
+	s, err := DecodeSection(c.Section)
+	if err != nil {
+		return nil, err
+	}
+	calls := new(atomic.Int64)
+	api, project, err := Client(context.Background(), s, calls, nil)
+	if err != nil {
+		return nil, err
+	}
+	log := c.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	life := c.MaxLifetime
+	if life == 0 {
+		life = DefaultLifetime
+	}
+	return New(Options{
+		API: api, Project: project, Manager: c.Manager, Pool: c.Pool, Section: s,
+		IdleTimeout: instanceIdle(s.IdleTimeout.Duration, c.IdleTimeout), Lifetime: life, Calls: calls,
+		Logger: log.With("provider", "gcp", "pool", c.Pool, "project", project),
+	}), nil
+}
+
+// Client is Compute Engine's API for the section: its credentials and
+// project, within the project's request quotas (limits; nil: the ones
+// shared by the clients of the project and endpoint). calls, when set,
+// counts the requests sent.
+func Client(ctx context.Context, s Section, calls *atomic.Int64, limits *Limits) (API, string, error) {
+	creds, err := findCredentials(s)
+	if err != nil {
+		return nil, "", fmt.Errorf("gcp: credentials: %w", err)
+	}
+	project := s.Project
+	if project == "" {
+		project, _ = creds.ProjectID(ctx)
+	}
+	if project == "" {
+		project = os.Getenv("GOOGLE_CLOUD_PROJECT")
+	}
+	if project == "" {
+		return nil, "", errors.New("gcp.project: not set, and neither the credentials nor GOOGLE_CLOUD_PROJECT give one")
+	}
+	if limits == nil {
+		limits = limitsFor(project + " " + s.Endpoint)
+	}
+	base := http.DefaultTransport.(*http.Transport).Clone()
+	hc, err := httptransport.NewClient(&httptransport.Options{
+		Credentials: creds, BaseRoundTripper: &meter{base: base, limits: limits, calls: calls}, DisableTelemetry: true,
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("gcp: %w", err)
+	}
+	opts := []option.ClientOption{option.WithHTTPClient(hc)}
+	if endpoint := or(s.Endpoint, strings.TrimSuffix(strings.TrimRight(os.Getenv(EndpointEnv), "/"), "/compute/v1")); endpoint != "" {
+		opts = append(opts, option.WithEndpoint(strings.TrimRight(endpoint, "/")))
+	}
+	instances, err := compute.NewInstancesRESTClient(ctx, opts...)
+	if err != nil {
+		return nil, "", fmt.Errorf("gcp: %w", err)
+	}
+	ops, err := compute.NewZoneOperationsRESTClient(ctx, opts...)
+	if err != nil {
+		return nil, "", fmt.Errorf("gcp: %w", err)
+	}
+	all, err := compute.NewGlobalOperationsRESTClient(ctx, opts...)
+	if err != nil {
+		return nil, "", fmt.Errorf("gcp: %w", err)
+	}
+	return restAPI{instances: instances, ops: ops, zoneOps: all}, project, nil
+}
+
+// credentialTypes are the credential files taken: a service account's
+// key, a user's, workload identity federation, impersonation.
+var credentialTypes = map[string]credentials.CredType{
+	"service_account": credentials.ServiceAccount, "authorized_user": credentials.AuthorizedUser,
+	"external_account": credentials.ExternalAccount, "impersonated_service_account": credentials.ImpersonatedServiceAccount,
+}
+
+// findCredentials reads credentials_file, then CML's
+// GOOGLE_APPLICATION_CREDENTIALS_DATA, then Application Default
+// Credentials.
+func findCredentials(s Section) (*auth.Credentials, error) {
+	opts := &credentials.DetectOptions{Scopes: []string{Scope}}
+	var b []byte
+	switch {
+	case s.CredentialsFile != "":
+		var err error
+		if b, err = os.ReadFile(s.CredentialsFile); err != nil {
+			return nil, err
+		}
+	case os.Getenv(CredentialsDataEnv) != "":
+		b = []byte(os.Getenv(CredentialsDataEnv))
+	default:
+		return credentials.DetectDefault(opts)
+	}
+	var head struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(b, &head); err != nil {
+		return nil, errors.New("not a credentials JSON file") // never the contents
+	}
+	typ, ok := credentialTypes[head.Type]
+	if !ok {
+		return nil, fmt.Errorf("type %q is not a service account, user, external or impersonated account", head.Type)
+	}
+	return credentials.NewCredentialsFromJSON(typ, b, opts)
+}
+
+// Limits keeps a manager's requests within Compute Engine's rate quotas
+// ("Compute Engine rate quotas"), which hold per project and minute: the
+// documented default of 1,500 requests a minute for mutations (Queries,
+// compute.googleapis.com/default) and 1,500 for reads
+// (compute.googleapis.com/read_requests); the regional groups are no
+// smaller. A quota refills at each minute's start, so a bucket of 75
+// refilled at 1,425 a minute never sends more than 1,500 in any one
+// minute. Pools of one project share them.
+type Limits struct {
+	read, mutate *rate.Limiter
+}
+
+// QuotaPerMinute is the documented default for each group.
+const QuotaPerMinute = 1500
+
+// NewLimits is Compute Engine's default quotas.
+func NewLimits() *Limits {
+	per := rate.Limit(float64(QuotaPerMinute-75) / 60)
+	return &Limits{read: rate.NewLimiter(per, 75), mutate: rate.NewLimiter(per, 75)}
+}
+
+var (
+	limitsMu sync.Mutex
+	limits   = map[string]*Limits{}
+)
+
+func limitsFor(key string) *Limits {
+	limitsMu.Lock()
+	defer limitsMu.Unlock()
+	if l, ok := limits[key]; ok {
+		return l
+	}
+	l := NewLimits()
+	limits[key] = l
+	return l
+}
+
+// meter waits for each request's turn within its quota group and counts
+// what is sent; it sits under the credentials, so token requests to the
+// OAuth server are neither.
+type meter struct {
+	base   http.RoundTripper
+	limits *Limits
+	calls  *atomic.Int64
+}
+
+func (m *meter) RoundTrip(r *http.Request) (*http.Response, error) {
+	lim := m.limits.mutate
+	if r.Method == http.MethodGet || strings.HasSuffix(r.URL.Path, "/wait") {
+		lim = m.limits.read
+	}
+	if err := lim.Wait(r.Context()); err != nil {
+		return nil, err
+	}
+	if m.calls != nil {
+		m.calls.Add(1)
+	}
+	return m.base.RoundTrip(r)
+}
+
+// cmlTables are CML's aliases on GCP, from the iterative provider's
+// tables: its regions are zones, and a GPU size is a machine type and
+// its accelerators (machine+accelerator*count).
+var cmlTables = vm.Tables{
+	Cloud:         "GCP",
+	DefaultRegion: "us-west",
+	Regions:       map[string]string{"us-east": "us-east1-c", "us-west": "us-west1-b", "eu-north": "europe-north1-a", "eu-west": "europe-west1-d"},
+	Types: map[string]string{
+		"m": "e2-custom-8-32768", "l": "e2-custom-32-131072", "xl": "n2-custom-64-262144",
+		"m+k80": "custom-8-53248+nvidia-tesla-k80*1", "l+k80": "custom-32-131072+nvidia-tesla-k80*4", "xl+k80": "custom-64-212992-ext+nvidia-tesla-k80*8",
+		"m+v100": "custom-8-65536-ext+nvidia-tesla-v100*1", "l+v100": "custom-32-262144-ext+nvidia-tesla-v100*4", "xl+v100": "custom-64-524288-ext+nvidia-tesla-v100*8",
+	},
+}
+
+// CMLSection takes `--cloud=gcp` as CML does (vm.ParseCML): the region
+// (a zone), the type (machine+accelerator*count as CML's table writes
+// it), the disk, spot, the startup script, the image, --cloud-permission-set
+// (a service account: email[,scopes=a,b]), --cloud-metadata (labels),
+// --cloud-ssh-private (its public key is authorised on the instance).
+// Credentials come from GOOGLE_APPLICATION_CREDENTIALS_DATA (CML's) or
+// Application Default Credentials.
+func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
+	c := o.Cloud
+	if c["cloud"] != "gcp" {
+		return nil, false, nil
+	}
+	cml, err := vm.ParseCML(c, cmlTables)
+	errs := []error{err}
+	if cml.Image == "" {
+		errs = append(errs, errors.New("--cloud-image: is required with --cloud=gcp: an image holding runfleet and the forge's agent (projects/P/global/images/NAME)"))
+	}
+	if cml.SpotPrice != "" && cml.SpotPrice != "-1" {
+		errs = append(errs, errors.New("--cloud-spot-price: Spot VMs on GCP have no maximum price"))
+	}
+	typ, acc, err := splitType(cml.Type)
+	errs = append(errs, err)
+	s := Section{Image: cml.Image, Zones: []string{cml.Region}, MachineTypes: []string{typ}, Accelerator: acc, Spot: cml.Spot,
+		StartupScript: cml.StartupScript, SSHPublicKey: cml.SSHPublicKey, Disk: Disk{SizeGB: cml.HDDSizeGB}}
+	s.ServiceAccount, s.Scopes = permissionSet(cml.PermissionSet)
+	if len(cml.Metadata) > 0 {
+		s.Labels = cml.Metadata
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, true, err
+	}
+	b, err := json.Marshal(s)
+	return b, true, err
+}
+
+// splitType reads machine+accelerator*count.
+func splitType(t string) (string, Accelerator, error) {
+	typ, acc, ok := strings.Cut(t, "+")
+	if !ok {
+		return typ, Accelerator{}, nil
+	}
+	name, count, _ := strings.Cut(acc, "*")
+	a := Accelerator{Type: name, Count: 1}
+	if count != "" {
+		if _, err := fmt.Sscanf(count, "%d", &a.Count); err != nil || a.Count < 1 {
+			return "", Accelerator{}, fmt.Errorf("--cloud-type: %q: the accelerator count %q is not a number", t, count)
+		}
+	}
+	return typ, a, nil
+}
+
+// permissionSet reads CML's --cloud-permission-set on GCP: a service
+// account's email, then scopes=, each a URL or gcloud's alias.
+func permissionSet(ps string) (string, []string) {
+	if ps == "" {
+		return "", nil
+	}
+	parts := strings.Split(ps, ",")
+	var scopes []string
+	for i, p := range parts[1:] {
+		if i == 0 {
+			p = strings.TrimPrefix(p, "scopes=")
+		}
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		if !strings.Contains(p, "://") {
+			if alias, ok := scopeAliases[p]; ok {
+				p = alias
+			}
+			p = "https://www.googleapis.com/auth/" + p
+		}
+		scopes = append(scopes, p)
+	}
+	return strings.TrimSpace(parts[0]), scopes
+}
+
+// scopeAliases are gcloud's scope aliases whose names differ from the
+// scopes'.
+var scopeAliases = map[string]string{
+	"storage-ro": "devstorage.read_only", "storage-rw": "devstorage.read_write", "storage-full": "devstorage.full_control",
+	"compute-ro": "compute.readonly", "compute-rw": "compute", "logging-write": "logging.write", "monitoring-write": "monitoring.write",
+	"bigquery": "bigquery", "datastore": "datastore", "pubsub": "pubsub",
+}

@@ -1,0 +1,403 @@
+// Package gcp runs runners on Compute Engine instances, one instance per
+// runner, Spot or standard, through cloud.google.com/go/compute. Each
+// instance carries the manager id, pool and runner name in its labels
+// (and, exactly, in its metadata) from its insert on, runs the runner's
+// plan from its startup-script with `runfleet agent` (package
+// bootstrap), and powers itself off when the agent ends, when no job
+// came within the idle timeout, or at its deadline, also when the
+// manager is gone; Compute Engine deletes it at its maxRunDuration
+// should that fail too.
+//
+// The pool's instances are listed every poll interval in one aggregated
+// call; a Spot instance seen stopping or gone without being deleted here
+// has its preemption read from the project's operations, and reported.
+package gcp
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"cloud.google.com/go/compute/apiv1/computepb"
+	"github.com/google/uuid"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/runfleet/runfleet/provider"
+)
+
+// Labels every instance carries (and its boot disk), with the values made
+// label-safe; the exact values are in the metadata items of the same
+// names.
+const (
+	LabelManager = "runfleet-manager"
+	LabelPool    = "runfleet-pool"
+	LabelRunner  = "runfleet-runner"
+)
+
+// CallTimeout bounds each request to Compute Engine but an operation's
+// wait (opWait).
+var CallTimeout = 30 * time.Second
+
+// MaxRunGrace is how much longer than its own deadline Compute Engine
+// lets an instance run (scheduling.maxRunDuration) before deleting it:
+// the instance powers itself off first, and this is for when it cannot.
+const MaxRunGrace = 10 * time.Minute
+
+// Options configure a Provider.
+type Options struct {
+	API     API
+	Project string
+	Manager string
+	Pool    string
+	Section Section
+	// IdleTimeout and Lifetime are the instance side's: an instance
+	// powers off when no job came within IdleTimeout, and at Lifetime
+	// after it was asked for whatever it runs.
+	IdleTimeout, Lifetime time.Duration
+	Calls                 *atomic.Int64 // requests sent, when counted
+	Logger                *slog.Logger
+	now                   func() time.Time
+}
+
+// Provider is one pool's instances.
+type Provider struct {
+	opt   Options
+	stop  context.CancelFunc
+	ctx   context.Context
+	poll  sync.Once
+	fresh sync.Mutex // one list at a time
+
+	mu               sync.Mutex
+	seen             map[string]seenInstance // by instance name, from the last list
+	seenAt           time.Time
+	launched         map[string]seenInstance // by name: inserted, not yet listed
+	gone             map[string]time.Time    // names deleted here, hidden from List
+	noticed          map[string]bool         // names whose notice was given
+	suspect          map[string]string       // spot instances stopping or vanished: name → runner
+	changed          map[int]func(string)
+	notices          map[int]func(provider.Notice)
+	nextSub          int
+	failing, failLog time.Time // when listing began to fail, and was last logged
+}
+
+type seenInstance struct {
+	inst provider.Instance
+	zone string
+	spot bool
+}
+
+// New makes the provider of one pool; nothing is called until List,
+// Create or Watch.
+func New(o Options) *Provider {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.now == nil {
+		o.now = time.Now
+	}
+	if o.Calls == nil {
+		o.Calls = new(atomic.Int64)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &Provider{opt: o, ctx: ctx, stop: stop,
+		seen: map[string]seenInstance{}, launched: map[string]seenInstance{},
+		gone: map[string]time.Time{}, noticed: map[string]bool{}, suspect: map[string]string{},
+		changed: map[int]func(string){}, notices: map[int]func(provider.Notice){}}
+}
+
+var (
+	_ provider.Provider    = (*Provider)(nil)
+	_ provider.Watcher     = (*Provider)(nil)
+	_ provider.Preempter   = (*Provider)(nil)
+	_ provider.Describer   = (*Provider)(nil)
+	_ provider.CallCounter = (*Provider)(nil)
+)
+
+func (p *Provider) Traits() provider.Traits {
+	return provider.Traits{Preemptible: p.opt.Section.Spot}
+}
+
+func (p *Provider) Calls() int64 { return p.opt.Calls.Load() }
+
+// Close stops the poller. Instances keep running.
+func (p *Provider) Close() error {
+	p.stop()
+	return nil
+}
+
+// Create starts the runner's instance: the first machine type and zone
+// with capacity, Spot first when the pool asks for it, then standard when
+// its fallback says so. Bulk insert would not save calls here: each
+// runner's instance carries its own credential in its metadata, which
+// bulkInsert's per-instance properties cannot hold.
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+	if inst, ok := p.live(spec.Name); ok {
+		return inst, nil
+	}
+	s := p.opt.Section
+	script, err := startupScript(s, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
+	if err != nil {
+		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
+	}
+	markets := []bool{s.Spot}
+	if s.Spot && s.SpotFallback == FallbackOnDemand {
+		markets = append(markets, false)
+	}
+	var tried, fatal []string
+	for _, spot := range markets {
+		for _, typ := range s.MachineTypes {
+			for _, zone := range s.Zones {
+				inst, err := p.insert(ctx, spec, script, typ, zone, spot)
+				if err == nil {
+					return inst, nil
+				}
+				kind, code := classify(err)
+				switch kind {
+				case errCapacity:
+					tried = append(tried, fmt.Sprintf("%s %s in %s: %s", market(spot), typ, zone, code))
+					p.opt.Logger.Info("no capacity; trying the next", "runner", spec.Name, "type", typ, "zone", zone, "market", market(spot), "code", code)
+					continue
+				case errFatal, errNotFound:
+					// A type or accelerator not offered in one zone is
+					// refused as invalid there: the others are tried,
+					// and the pool halts only if all refuse.
+					fatal = append(fatal, fmt.Sprintf("%s in %s: %v", typ, zone, err))
+					continue
+				case errThrottle:
+					return provider.Instance{}, fmt.Errorf("insert instance: Compute Engine's request quota is spent (%s); the pool backs off: %w", code, err)
+				}
+				return provider.Instance{}, fmt.Errorf("insert instance: %w", err)
+			}
+		}
+	}
+	if len(tried) == 0 && len(fatal) > 0 {
+		return provider.Instance{}, fmt.Errorf("%w: insert instance: %s", provider.ErrRejected, strings.Join(fatal, "; "))
+	}
+	why := "no capacity: " + strings.Join(append(tried, fatal...), "; ")
+	if s.Spot && s.SpotFallback != FallbackOnDemand {
+		why += " (spot_fallback: on_demand would start a standard instance)"
+	}
+	return provider.Instance{}, errors.New(why)
+}
+
+// classify says what an error of insert means.
+func classify(err error) (errKind, string) {
+	var oe *opError
+	if errors.As(err, &oe) {
+		return oe.kind(), strings.Join(oe.codes, ", ")
+	}
+	return kindOf(err)
+}
+
+func market(spot bool) string {
+	if spot {
+		return "spot"
+	}
+	return "standard"
+}
+
+// insert asks for one instance and waits for its operation: an
+// instance Compute Engine cannot place fails there, not at the insert.
+func (p *Provider) insert(ctx context.Context, spec provider.Spec, script, typ, zone string, spot bool) (provider.Instance, error) {
+	name := instanceName(spec.Name)
+	in := p.instanceResource(spec, name, script, typ, zone, spot)
+	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	op, err := p.opt.API.Insert(cctx, p.opt.Project, zone, in, uuid.NewString())
+	cancel()
+	if err != nil {
+		return provider.Instance{}, err
+	}
+	now := p.opt.now()
+	inst := provider.Instance{ID: name, Name: spec.Name, Manager: spec.Manager, Pool: spec.Pool, State: provider.StateCreated, Created: now}
+	// Listed as coming up while its operation runs, so that a pass in
+	// the meantime neither starts another nor deletes it.
+	p.mu.Lock()
+	p.launched[name] = seenInstance{inst: inst, zone: zone, spot: spot}
+	p.mu.Unlock()
+	op, err = waitOp(ctx, p.opt.API, p.opt.Project, zone, op)
+	if err == nil {
+		err = failed(op)
+	}
+	if err != nil {
+		var oe *opError
+		if !errors.As(err, &oe) {
+			// Not known to have failed: it may come up; the listing
+			// will tell.
+			return provider.Instance{}, err
+		}
+		p.mu.Lock()
+		delete(p.launched, name)
+		p.mu.Unlock()
+		return provider.Instance{}, err
+	}
+	p.opt.Logger.Info("instance inserted", "runner", spec.Name, "instance", name, "type", typ, "zone", zone, "market", market(spot))
+	return inst, nil
+}
+
+// instanceResource is the instance asked for: labelled, its boot disk
+// deleted with it, Spot ones deleted when taken back, and every one
+// deleted by Compute Engine after its deadline and MaxRunGrace.
+func (p *Provider) instanceResource(spec provider.Spec, name, script, typ, zone string, spot bool) *computepb.Instance {
+	s := p.opt.Section
+	labels := map[string]string{LabelManager: labelValue(spec.Manager), LabelPool: labelValue(spec.Pool), LabelRunner: labelValue(spec.Name)}
+	maps.Copy(labels, s.Labels)
+	items := []*computepb.Items{
+		{Key: proto.String("startup-script"), Value: proto.String(script)},
+		{Key: proto.String(LabelManager), Value: proto.String(spec.Manager)},
+		{Key: proto.String(LabelPool), Value: proto.String(spec.Pool)},
+		{Key: proto.String(LabelRunner), Value: proto.String(spec.Name)},
+	}
+	disk := &computepb.AttachedDisk{Boot: proto.Bool(true), AutoDelete: proto.Bool(true), InitializeParams: &computepb.AttachedDiskInitializeParams{
+		SourceImage: proto.String(s.Image), DiskType: proto.String("zones/" + zone + "/diskTypes/" + s.Disk.Type), Labels: labels,
+	}}
+	if s.Disk.SizeGB > 0 {
+		disk.InitializeParams.DiskSizeGb = proto.Int64(int64(s.Disk.SizeGB))
+	}
+	nic := &computepb.NetworkInterface{}
+	if s.Network != "" {
+		nic.Network = proto.String(s.Network)
+	}
+	if s.Subnetwork != "" {
+		nic.Subnetwork = proto.String(s.Subnetwork)
+	}
+	if *s.ExternalIP {
+		nic.AccessConfigs = []*computepb.AccessConfig{{Name: proto.String("External NAT"), Type: proto.String("ONE_TO_ONE_NAT")}}
+	}
+	model := computepb.Scheduling_STANDARD.String()
+	if spot {
+		model = computepb.Scheduling_SPOT.String()
+	}
+	sched := &computepb.Scheduling{
+		ProvisioningModel: proto.String(model), AutomaticRestart: proto.Bool(false),
+		InstanceTerminationAction: proto.String(computepb.Scheduling_DELETE.String()),
+		MaxRunDuration:            &computepb.Duration{Seconds: proto.Int64(int64((p.opt.Lifetime + MaxRunGrace) / time.Second))},
+	}
+	in := &computepb.Instance{
+		Name: proto.String(name), MachineType: proto.String("zones/" + zone + "/machineTypes/" + typ),
+		Labels: labels, Metadata: &computepb.Metadata{Items: items}, Disks: []*computepb.AttachedDisk{disk},
+		NetworkInterfaces: []*computepb.NetworkInterface{nic}, Scheduling: sched,
+	}
+	// GPUs cannot move with a live migration; Spot VMs are never migrated.
+	if a := s.Accelerator; a.Type != "" {
+		in.GuestAccelerators = []*computepb.AcceleratorConfig{{AcceleratorType: proto.String("zones/" + zone + "/acceleratorTypes/" + a.Type), AcceleratorCount: proto.Int32(int32(a.Count))}}
+	}
+	if a := s.Accelerator; a.Type != "" || spot || gpuFamily(typ) {
+		sched.OnHostMaintenance = proto.String(computepb.Scheduling_TERMINATE.String())
+	}
+	if s.ServiceAccount != "" {
+		in.ServiceAccounts = []*computepb.ServiceAccount{{Email: proto.String(s.ServiceAccount), Scopes: s.Scopes}}
+	}
+	if len(s.NetworkTags) > 0 {
+		in.Tags = &computepb.Tags{Items: s.NetworkTags}
+	}
+	return in
+}
+
+// gpuFamily says whether a machine type carries GPUs of its own (A2, A3,
+// A4, G2, G4).
+func gpuFamily(typ string) bool {
+	family, _, _ := strings.Cut(typ, "-")
+	return family == "a2" || family == "a3" || family == "a4" || family == "g2" || family == "g4"
+}
+
+var unsafeName = regexp.MustCompile(`[^a-z0-9-]+`)
+
+// instanceName is a new instance's name: the runner's, made a valid
+// name, and a random suffix, so that a slot's next instance can be made
+// while its last one is deleted.
+func instanceName(runner string) string {
+	base := strings.Trim(unsafeName.ReplaceAllString(strings.ToLower(runner), "-"), "-")
+	if base == "" || base[0] < 'a' || base[0] > 'z' {
+		base = "rf-" + base
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return strings.TrimRight(base[:min(len(base), 56)], "-") + "-" + hex.EncodeToString(b)
+}
+
+var unsafeLabel = regexp.MustCompile(`[^a-z0-9_-]+`)
+
+// labelValue makes s a label value: lowercase letters, digits, _ and -,
+// at most 63. The exact value is in the metadata.
+func labelValue(s string) string {
+	v := unsafeLabel.ReplaceAllString(strings.ToLower(s), "_")
+	return v[:min(len(v), 63)]
+}
+
+// live returns the runner's instance when one is coming up or running.
+func (p *Provider) live(name string) (provider.Instance, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, si := range p.view() {
+		if si.inst.Name == name && si.inst.State != provider.StateExited {
+			return si.inst, true
+		}
+	}
+	return provider.Instance{}, false
+}
+
+// Delete deletes the runner's instances; their boot disks go with them.
+// One already gone is no error. The deletion is not waited for: an
+// instance being deleted is hidden from List, and listed again should
+// the deletion fail.
+func (p *Provider) Delete(ctx context.Context, name string) error {
+	p.mu.Lock()
+	var found []seenInstance
+	for _, si := range p.view() {
+		if si.inst.Name == name {
+			found = append(found, si)
+		}
+	}
+	p.mu.Unlock()
+	if len(found) == 0 {
+		// Not seen here: made by an earlier manager, not listed yet.
+		var err error
+		if found, err = p.list(ctx, p.opt.Manager, p.opt.Pool, name); err != nil {
+			return err
+		}
+	}
+	var errs []error
+	for _, si := range found {
+		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+		err := p.opt.API.Delete(cctx, p.opt.Project, si.zone, si.inst.ID, uuid.NewString())
+		cancel()
+		if k, _ := kindOf(err); err != nil && k != errNotFound {
+			errs = append(errs, fmt.Errorf("delete instance %s: %w", si.inst.ID, err))
+			continue
+		}
+		p.mu.Lock()
+		p.gone[si.inst.ID] = p.opt.now()
+		delete(p.launched, si.inst.ID)
+		p.mu.Unlock()
+		p.opt.Logger.Info("instance deleted", "runner", name, "instance", si.inst.ID, "zone", si.zone)
+	}
+	return errors.Join(errs...)
+}
+
+// view merges what was listed with what was inserted since, less what
+// was deleted here. Called with p.mu held.
+func (p *Provider) view() []seenInstance {
+	out := make([]seenInstance, 0, len(p.seen)+len(p.launched))
+	for name, si := range p.seen {
+		if _, hidden := p.gone[name]; !hidden {
+			out = append(out, si)
+		}
+	}
+	for name, si := range p.launched {
+		if _, listed := p.seen[name]; !listed {
+			out = append(out, si)
+		}
+	}
+	slices.SortFunc(out, func(a, b seenInstance) int { return strings.Compare(a.inst.ID, b.inst.ID) })
+	return out
+}

@@ -1,0 +1,297 @@
+package gcp
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strconv"
+	"strings"
+	"time"
+
+	"cloud.google.com/go/compute/apiv1/computepb"
+
+	"github.com/runfleet/runfleet/provider"
+)
+
+// launchGrace is how long an inserted instance counts as coming up while
+// listings do not show it yet, and a deleted one stays hidden.
+const launchGrace = 2 * time.Minute
+
+// preemptionNotice is how long Compute Engine gives a preempted
+// instance before it stops it.
+const preemptionNotice = 30 * time.Second
+
+// List returns the instances of a manager: the pool's from the last
+// listing (at most a poll interval old) and the ones inserted since,
+// less the ones deleted here. Another manager's are listed.
+func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instance, error) {
+	if manager != p.opt.Manager {
+		found, err := p.list(ctx, manager, p.opt.Pool, "")
+		out := make([]provider.Instance, 0, len(found))
+		for _, si := range found {
+			out = append(out, si.inst)
+		}
+		return out, err
+	}
+	p.mu.Lock()
+	stale := p.opt.now().Sub(p.seenAt) >= p.opt.Section.PollInterval.Duration
+	p.mu.Unlock()
+	if stale {
+		if err := p.refresh(ctx); err != nil {
+			return nil, err
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	view := p.view()
+	out := make([]provider.Instance, 0, len(view))
+	for _, si := range view {
+		out = append(out, si.inst)
+	}
+	return out, nil
+}
+
+// refresh lists the pool's instances, reports what changed, and notes
+// the Spot instances that may have been preempted.
+func (p *Provider) refresh(ctx context.Context) error {
+	p.fresh.Lock()
+	defer p.fresh.Unlock()
+	start := p.opt.now()
+	found, err := p.list(ctx, p.opt.Manager, p.opt.Pool, "")
+	if err != nil {
+		return err
+	}
+	seen := make(map[string]seenInstance, len(found))
+	for _, si := range found {
+		seen[si.inst.ID] = si
+	}
+	p.mu.Lock()
+	var changed []string
+	for name, si := range seen {
+		old, ok := p.seen[name]
+		if !ok {
+			old = p.launched[name]
+		}
+		if old.inst.State != si.inst.State || old.inst.Reason != si.inst.Reason {
+			changed = append(changed, si.inst.Name)
+		}
+		if si.spot && si.inst.State == provider.StateExited && !p.noticed[name] {
+			p.suspect[name] = si.inst.Name
+		}
+		delete(p.launched, name)
+	}
+	for name, si := range p.seen {
+		if _, ok := seen[name]; !ok {
+			changed = append(changed, si.inst.Name) // gone from the listing
+			if _, deleted := p.gone[name]; si.spot && !deleted && !p.noticed[name] {
+				p.suspect[name] = si.inst.Name
+			}
+		}
+	}
+	for name, si := range p.launched {
+		if start.Sub(si.inst.Created) > launchGrace {
+			delete(p.launched, name)
+			changed = append(changed, si.inst.Name)
+		}
+	}
+	for name, at := range p.gone {
+		if _, listed := seen[name]; !listed && start.Sub(at) > launchGrace {
+			delete(p.gone, name)
+		}
+	}
+	for name := range p.noticed {
+		if _, ok := seen[name]; !ok {
+			if _, ok := p.seen[name]; !ok {
+				delete(p.noticed, name) // gone two listings running
+			}
+		}
+	}
+	p.seen, p.seenAt = seen, start
+	subs := maps.Clone(p.changed)
+	p.mu.Unlock()
+	for _, name := range changed {
+		for _, f := range subs {
+			f(name)
+		}
+	}
+	return nil
+}
+
+// list lists a manager's instances (of one pool, one runner when given)
+// in every zone, in one aggregated call (all pages).
+func (p *Provider) list(ctx context.Context, manager, pool, runner string) ([]seenInstance, error) {
+	filter := fmt.Sprintf("labels.%s = %q", LabelManager, labelValue(manager))
+	if pool != "" {
+		filter += fmt.Sprintf(" AND labels.%s = %q", LabelPool, labelValue(pool))
+	}
+	if runner != "" {
+		filter += fmt.Sprintf(" AND labels.%s = %q", LabelRunner, labelValue(runner))
+	}
+	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
+	list, err := p.opt.API.List(cctx, p.opt.Project, filter)
+	if err != nil {
+		return nil, fmt.Errorf("list instances: %w", err)
+	}
+	var out []seenInstance
+	for _, i := range list {
+		si := p.instance(i)
+		// Labels are made label-safe, so two names may share them: the
+		// metadata holds the exact ones.
+		if si.inst.Manager != manager || pool != "" && si.inst.Pool != pool || runner != "" && si.inst.Name != runner {
+			continue
+		}
+		out = append(out, si)
+	}
+	return out, nil
+}
+
+// instance maps Compute Engine's instance: provisioning and staging are
+// coming up (so the bootstrap timeout applies), running runs, and
+// anything stopping, stopped or suspended has ended.
+func (p *Provider) instance(i *computepb.Instance) seenInstance {
+	inst := provider.Instance{ID: i.GetName()}
+	if t, err := time.Parse(time.RFC3339, i.GetCreationTimestamp()); err == nil {
+		inst.Created = t
+	} else {
+		inst.Created = p.opt.now()
+	}
+	for _, item := range i.GetMetadata().GetItems() {
+		switch item.GetKey() {
+		case LabelManager:
+			inst.Manager = item.GetValue()
+		case LabelPool:
+			inst.Pool = item.GetValue()
+		case LabelRunner:
+			inst.Name = item.GetValue()
+		}
+	}
+	switch status := i.GetStatus(); status {
+	case "PROVISIONING", "STAGING", "PENDING":
+		inst.State = provider.StateCreated
+	case "RUNNING":
+		inst.State = provider.StateRunning
+	default:
+		inst.State = provider.StateExited
+		inst.Reason = strings.ToLower(status)
+		if m := i.GetStatusMessage(); m != "" {
+			inst.Reason += ": " + m
+		}
+	}
+	return seenInstance{inst: inst, zone: last(i.GetZone()), spot: i.GetScheduling().GetProvisioningModel() == computepb.Scheduling_SPOT.String()}
+}
+
+// Watch reports changes found by the poller, which it starts.
+func (p *Provider) Watch(ctx context.Context, changed func(name string)) {
+	p.subscribe(ctx, func(id int) { p.changed[id] = changed }, func(id int) { delete(p.changed, id) })
+}
+
+// WatchPreemption reports Spot instances that Compute Engine preempted:
+// its 30-second notice.
+func (p *Provider) WatchPreemption(ctx context.Context, notice func(provider.Notice)) {
+	p.subscribe(ctx, func(id int) { p.notices[id] = notice }, func(id int) { delete(p.notices, id) })
+}
+
+func (p *Provider) subscribe(ctx context.Context, add, remove func(int)) {
+	p.mu.Lock()
+	id := p.nextSub
+	p.nextSub++
+	add(id)
+	p.mu.Unlock()
+	p.poll.Do(func() { go p.poller() })
+	context.AfterFunc(ctx, func() {
+		p.mu.Lock()
+		remove(id)
+		p.mu.Unlock()
+	})
+}
+
+// poller lists the pool's instances every poll interval until Close,
+// and reads the preemptions when a Spot instance stopped or vanished. A
+// failing call is retried at the next interval, never sooner.
+func (p *Provider) poller() {
+	t := time.NewTicker(p.opt.Section.PollInterval.Duration)
+	defer t.Stop()
+	for {
+		err := p.refresh(p.ctx)
+		if err == nil {
+			err = p.preemptions(p.ctx)
+		}
+		p.noteFailure(err)
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// noteFailure logs a failing poll when it starts and once a minute
+// after, and when it recovers. Only the poller calls it.
+func (p *Provider) noteFailure(err error) {
+	now := p.opt.now()
+	switch {
+	case err == nil && !p.failing.IsZero():
+		p.opt.Logger.Info("listing instances works again", "after", now.Sub(p.failing).Round(time.Second))
+		p.failing, p.failLog = time.Time{}, time.Time{}
+	case err != nil && p.ctx.Err() == nil && now.Sub(p.failLog) >= time.Minute:
+		if p.failing.IsZero() {
+			p.failing = now
+		}
+		p.failLog = now
+		p.opt.Logger.Warn("listing instances failed; trying again each poll interval", "err", err, "since", p.failing.Format(time.RFC3339))
+	}
+}
+
+// preemptions reads the project's preemption operations when a Spot
+// instance of the pool stopped or vanished without being deleted here
+// (a Spot VM's own power-off stops it too): one call then, none in the
+// steady state.
+func (p *Provider) preemptions(ctx context.Context) error {
+	p.mu.Lock()
+	suspects := maps.Clone(p.suspect)
+	clear(p.suspect)
+	p.mu.Unlock()
+	if len(suspects) == 0 {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	ops, err := p.opt.API.Preempted(cctx, p.opt.Project)
+	cancel()
+	if err != nil {
+		p.mu.Lock()
+		maps.Copy(p.suspect, suspects) // asked again next time
+		p.mu.Unlock()
+		return fmt.Errorf("list preemptions: %w", err)
+	}
+	for _, op := range ops {
+		name := last(op.GetTargetLink())
+		runner, ok := suspects[name]
+		if !ok {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339, op.GetInsertTime())
+		if err != nil {
+			at = p.opt.now()
+		}
+		p.notify(provider.Notice{Name: runner, ID: name, At: at.Add(preemptionNotice),
+			Reason: "spot preemption: " + op.GetStatusMessage() + " (operation " + strconv.FormatUint(op.GetId(), 10) + ")"})
+	}
+	return nil
+}
+
+// notify hands a notice to the subscribers, once per instance.
+func (p *Provider) notify(n provider.Notice) {
+	p.mu.Lock()
+	if p.noticed[n.ID] || n.Name == "" {
+		p.mu.Unlock()
+		return
+	}
+	p.noticed[n.ID] = true
+	subs := maps.Clone(p.notices)
+	p.mu.Unlock()
+	p.opt.Logger.Warn("spot preemption", "runner", n.Name, "instance", n.ID, "at", n.At.Format(time.RFC3339))
+	for _, f := range subs {
+		f(n)
+	}
+}
