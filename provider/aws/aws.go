@@ -29,6 +29,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/provider/vm"
 )
 
 // Tags every instance (and its volumes and spot request) carries.
@@ -68,21 +69,14 @@ type Options struct {
 // Provider is one pool's instances.
 type Provider struct {
 	opt   Options
-	stop  context.CancelFunc
-	ctx   context.Context
-	poll  sync.Once
+	watch vm.Poller
 	fresh sync.Mutex // one describe at a time
 
-	mu               sync.Mutex
-	seen             map[string]seenInstance // by instance id, from the last describe
-	seenAt           time.Time
-	launched         map[string]provider.Instance // by id: returned by RunInstances, not yet described
-	gone             map[string]time.Time         // ids terminated here, hidden from List
-	noticed          map[string]bool              // ids whose notice was given
-	changed          map[int]func(string)
-	notices          map[int]func(provider.Notice)
-	nextSub          int
-	failing, failLog time.Time // when describing began to fail, and was last logged
+	mu       sync.Mutex
+	seen     map[string]seenInstance // by instance id, from the last describe
+	seenAt   time.Time
+	launched map[string]provider.Instance // by id: returned by RunInstances, not yet described
+	gone     map[string]time.Time         // ids terminated here, hidden from List
 }
 
 type seenInstance struct {
@@ -102,11 +96,9 @@ func New(o Options) *Provider {
 	if o.Calls == nil {
 		o.Calls = new(atomic.Int64)
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	return &Provider{opt: o, ctx: ctx, stop: stop,
-		seen: map[string]seenInstance{}, launched: map[string]provider.Instance{},
-		gone: map[string]time.Time{}, noticed: map[string]bool{},
-		changed: map[int]func(string){}, notices: map[int]func(provider.Notice){}}
+	p := &Provider{opt: o, seen: map[string]seenInstance{}, launched: map[string]provider.Instance{}, gone: map[string]time.Time{}}
+	p.watch = vm.Poller{Interval: o.Section.PollInterval.Duration, What: "describing instances", Logger: o.Logger, Poll: p.poll}
+	return p
 }
 
 var (
@@ -125,7 +117,7 @@ func (p *Provider) Calls() int64 { return p.opt.Calls.Load() }
 
 // Close stops the poller. Instances keep running.
 func (p *Provider) Close() error {
-	p.stop()
+	p.watch.Stop()
 	return nil
 }
 

@@ -133,7 +133,7 @@ func TestInstanceIdleOutlastsThePools(t *testing.T) {
 		pool    time.Duration
 		want    time.Duration
 	}{
-		{"region: us-east-1\nimage: ami-0123456789abcdef0\ninstance_types: [t3.medium]\n", 3 * time.Second, 3*time.Second + IdleGrace},
+		{"region: us-east-1\nimage: ami-0123456789abcdef0\ninstance_types: [t3.medium]\n", 3 * time.Second, 3*time.Second + vm.IdleGrace},
 		{"region: us-east-1\nimage: ami-0123456789abcdef0\ninstance_types: [t3.medium]\nidle_timeout: 30m\n", 3 * time.Second, 30 * time.Minute},
 		{"region: us-east-1\nimage: ami-0123456789abcdef0\ninstance_types: [t3.medium]\n", 0, DefaultIdleTimeout},
 	} {

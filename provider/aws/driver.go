@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync/atomic"
-	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
@@ -25,28 +24,6 @@ func init() { provider.Register("aws", driver{}) }
 // driver is the registry's entry for EC2 instances, configured by the
 // pool's `aws:` section.
 type driver struct{}
-
-// IdleGrace is how much longer than the pool's idle_timeout an instance
-// waits for a job before it powers itself off. The manager retires an
-// idle runner registration first, so that no job can be handed to it as
-// it goes; an instance ending by itself cannot, and a job handed to it in
-// the moment before its agent says it is busy is lost with it (the chaos
-// test saw one). The instance's own timeout is therefore only for when
-// the manager is gone, and the manager, while it is up, always acts
-// first.
-const IdleGrace = time.Minute
-
-// instanceIdle is an instance's own idle timeout: the section's as given,
-// or the pool's and IdleGrace, or DefaultIdleTimeout.
-func instanceIdle(section, pool time.Duration) time.Duration {
-	switch {
-	case section > 0:
-		return section
-	case pool > 0:
-		return pool + IdleGrace
-	}
-	return DefaultIdleTimeout
-}
 
 func (driver) Check(c provider.PoolConfig) error {
 	_, err := DecodeSection(c.Section)
@@ -70,7 +47,7 @@ func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	idle := instanceIdle(s.IdleTimeout.Duration, c.IdleTimeout)
+	idle := vm.InstanceIdle(s.IdleTimeout.Duration, c.IdleTimeout, DefaultIdleTimeout)
 	life := c.MaxLifetime
 	if life == 0 {
 		life = DefaultLifetime

@@ -3,7 +3,6 @@ package aws
 import (
 	"context"
 	"fmt"
-	"maps"
 	"sync"
 	"time"
 
@@ -154,13 +153,8 @@ func (p *Provider) refresh(ctx context.Context) error {
 		}
 	}
 	p.seen, p.seenAt = seen, start
-	subs := maps.Clone(p.changed)
 	p.mu.Unlock()
-	for _, name := range changed {
-		for _, f := range subs {
-			f(name)
-		}
-	}
+	p.watch.Changed(changed)
 	return nil
 }
 
@@ -230,65 +224,21 @@ func (p *Provider) instance(i types.Instance) provider.Instance {
 }
 
 // Watch reports changes found by the poller, which it starts.
-func (p *Provider) Watch(ctx context.Context, changed func(name string)) {
-	p.subscribe(ctx, func(id int) { p.changed[id] = changed }, func(id int) { delete(p.changed, id) })
-}
+func (p *Provider) Watch(ctx context.Context, changed func(name string)) { p.watch.Watch(ctx, changed) }
 
 // WatchPreemption reports spot instances whose requests EC2 marked for
 // termination, stop or hibernation: the two-minute interruption notice.
 func (p *Provider) WatchPreemption(ctx context.Context, notice func(provider.Notice)) {
-	p.subscribe(ctx, func(id int) { p.notices[id] = notice }, func(id int) { delete(p.notices, id) })
+	p.watch.WatchPreemption(ctx, notice)
 }
 
-func (p *Provider) subscribe(ctx context.Context, add, remove func(int)) {
-	p.mu.Lock()
-	id := p.nextSub
-	p.nextSub++
-	add(id)
-	p.mu.Unlock()
-	p.poll.Do(func() { go p.poller() })
-	context.AfterFunc(ctx, func() {
-		p.mu.Lock()
-		remove(id)
-		p.mu.Unlock()
-	})
-}
-
-// poller describes the pool's instances, and its spot requests while it
-// has spot instances, every poll interval until Close. A failing
-// describe is retried at the next interval, never sooner.
-func (p *Provider) poller() {
-	t := time.NewTicker(p.opt.Section.PollInterval.Duration)
-	defer t.Stop()
-	for {
-		err := p.refresh(p.ctx)
-		if err == nil {
-			err = p.spotNotices(p.ctx)
-		}
-		p.noteFailure(err)
-		select {
-		case <-p.ctx.Done():
-			return
-		case <-t.C:
-		}
+// poll describes the pool's instances, and its spot requests while it
+// has spot instances.
+func (p *Provider) poll(ctx context.Context) error {
+	if err := p.refresh(ctx); err != nil {
+		return err
 	}
-}
-
-// noteFailure logs a failing poll when it starts and once a minute
-// after, and when it recovers. Only the poller calls it.
-func (p *Provider) noteFailure(err error) {
-	now := p.opt.now()
-	switch {
-	case err == nil && !p.failing.IsZero():
-		p.opt.Logger.Info("describing instances works again", "after", now.Sub(p.failing).Round(time.Second))
-		p.failing, p.failLog = time.Time{}, time.Time{}
-	case err != nil && p.ctx.Err() == nil && now.Sub(p.failLog) >= time.Minute:
-		if p.failing.IsZero() {
-			p.failing = now
-		}
-		p.failLog = now
-		p.opt.Logger.Warn("describing instances failed; trying again each poll interval", "err", err, "since", p.failing.Format(time.RFC3339))
-	}
+	return p.spotNotices(ctx)
 }
 
 // interruptCodes are the spot request status codes of an interruption
@@ -301,12 +251,12 @@ func (p *Provider) spotNotices(ctx context.Context) error {
 	var ids []string
 	names := map[string]string{}
 	for id, si := range p.seen {
-		if si.spot && si.inst.State != provider.StateExited && !p.noticed[id] {
+		if si.spot && si.inst.State != provider.StateExited && !p.watch.Noticed(id) {
 			ids = append(ids, id)
 			names[id] = si.inst.Name
 		}
 	}
-	maps.DeleteFunc(p.noticed, func(id string, _ bool) bool { _, ok := p.seen[id]; return !ok })
+	p.watch.Forget(func(id string) bool { _, ok := p.seen[id]; return ok })
 	p.mu.Unlock()
 	for len(ids) > 0 {
 		chunk := ids[:min(len(ids), 200)]
@@ -323,28 +273,12 @@ func (p *Provider) spotNotices(ctx context.Context) error {
 			if r.Status == nil || !interruptCodes[awssdk.ToString(r.Status.Code)] {
 				continue
 			}
-			p.notify(provider.Notice{
+			p.watch.Notify(provider.Notice{
 				Name: names[awssdk.ToString(r.InstanceId)], ID: awssdk.ToString(r.InstanceId),
 				At:     awssdk.ToTime(r.Status.UpdateTime).Add(2 * time.Minute),
 				Reason: "spot interruption: " + awssdk.ToString(r.Status.Code),
-			})
+			}, "spot interruption notice")
 		}
 	}
 	return nil
-}
-
-// notify hands a notice to the subscribers, once per instance.
-func (p *Provider) notify(n provider.Notice) {
-	p.mu.Lock()
-	if p.noticed[n.ID] || n.Name == "" {
-		p.mu.Unlock()
-		return
-	}
-	p.noticed[n.ID] = true
-	subs := maps.Clone(p.notices)
-	p.mu.Unlock()
-	p.opt.Logger.Warn("spot interruption notice", "runner", n.Name, "id", n.ID, "at", n.At.Format(time.RFC3339))
-	for _, f := range subs {
-		f(n)
-	}
 }

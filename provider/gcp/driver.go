@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"cloud.google.com/go/auth"
 	"cloud.google.com/go/auth/credentials"
@@ -29,10 +28,6 @@ func init() { provider.Register("gcp", driver{}) }
 // driver is the registry's entry for Compute Engine instances,
 // configured by the pool's `gcp:` section.
 type driver struct{}
-
-// IdleGrace: see provider/aws. The instance's own idle timeout is for
-// when the manager is gone; while it is up, the manager acts first.
-const IdleGrace = time.Minute
 
 // CredentialsDataEnv is CML's variable holding the credentials' JSON
 // itself.
@@ -52,16 +47,6 @@ func or(s, alt string) string {
 
 // Scope is the OAuth scope the manager asks for: Compute Engine only.
 const Scope = "https://www.googleapis.com/auth/compute"
-
-func instanceIdle(section, pool time.Duration) time.Duration {
-	switch {
-	case section > 0:
-		return section
-	case pool > 0:
-		return pool + IdleGrace
-	}
-	return DefaultIdleTimeout
-}
 
 func (driver) Check(c provider.PoolConfig) error {
 	_, err := DecodeSection(c.Section)
@@ -90,7 +75,7 @@ func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 	}
 	return New(Options{
 		API: api, Project: project, Manager: c.Manager, Pool: c.Pool, Section: s,
-		IdleTimeout: instanceIdle(s.IdleTimeout.Duration, c.IdleTimeout), Lifetime: life, Calls: calls,
+		IdleTimeout: vm.InstanceIdle(s.IdleTimeout.Duration, c.IdleTimeout, DefaultIdleTimeout), Lifetime: life, Calls: calls,
 		Logger: log.With("provider", "gcp", "pool", c.Pool, "project", project),
 	}), nil
 }

@@ -33,6 +33,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/provider/vm"
 )
 
 // Labels every instance carries (and its boot disk), with the values made
@@ -72,22 +73,15 @@ type Options struct {
 // Provider is one pool's instances.
 type Provider struct {
 	opt   Options
-	stop  context.CancelFunc
-	ctx   context.Context
-	poll  sync.Once
+	watch vm.Poller
 	fresh sync.Mutex // one list at a time
 
-	mu               sync.Mutex
-	seen             map[string]seenInstance // by instance name, from the last list
-	seenAt           time.Time
-	launched         map[string]seenInstance // by name: inserted, not yet listed
-	gone             map[string]time.Time    // names deleted here, hidden from List
-	noticed          map[string]bool         // names whose notice was given
-	suspect          map[string]string       // spot instances stopping or vanished: name → runner
-	changed          map[int]func(string)
-	notices          map[int]func(provider.Notice)
-	nextSub          int
-	failing, failLog time.Time // when listing began to fail, and was last logged
+	mu       sync.Mutex
+	seen     map[string]seenInstance // by instance name, from the last list
+	seenAt   time.Time
+	launched map[string]seenInstance // by name: inserted, not yet listed
+	gone     map[string]time.Time    // names deleted here, hidden from List
+	suspect  map[string]string       // spot instances stopping or vanished: name → runner
 }
 
 type seenInstance struct {
@@ -108,11 +102,10 @@ func New(o Options) *Provider {
 	if o.Calls == nil {
 		o.Calls = new(atomic.Int64)
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	return &Provider{opt: o, ctx: ctx, stop: stop,
-		seen: map[string]seenInstance{}, launched: map[string]seenInstance{},
-		gone: map[string]time.Time{}, noticed: map[string]bool{}, suspect: map[string]string{},
-		changed: map[int]func(string){}, notices: map[int]func(provider.Notice){}}
+	p := &Provider{opt: o, seen: map[string]seenInstance{}, launched: map[string]seenInstance{},
+		gone: map[string]time.Time{}, suspect: map[string]string{}}
+	p.watch = vm.Poller{Interval: o.Section.PollInterval.Duration, What: "listing instances", Logger: o.Logger, Poll: p.poll}
+	return p
 }
 
 var (
@@ -131,7 +124,7 @@ func (p *Provider) Calls() int64 { return p.opt.Calls.Load() }
 
 // Close stops the poller. Instances keep running.
 func (p *Provider) Close() error {
-	p.stop()
+	p.watch.Stop()
 	return nil
 }
 

@@ -75,7 +75,7 @@ func (p *Provider) refresh(ctx context.Context) error {
 		if old.inst.State != si.inst.State || old.inst.Reason != si.inst.Reason {
 			changed = append(changed, si.inst.Name)
 		}
-		if si.spot && si.inst.State == provider.StateExited && !p.noticed[name] {
+		if si.spot && si.inst.State == provider.StateExited && !p.watch.Noticed(name) {
 			p.suspect[name] = si.inst.Name
 		}
 		delete(p.launched, name)
@@ -83,7 +83,7 @@ func (p *Provider) refresh(ctx context.Context) error {
 	for name, si := range p.seen {
 		if _, ok := seen[name]; !ok {
 			changed = append(changed, si.inst.Name) // gone from the listing
-			if _, deleted := p.gone[name]; si.spot && !deleted && !p.noticed[name] {
+			if _, deleted := p.gone[name]; si.spot && !deleted && !p.watch.Noticed(name) {
 				p.suspect[name] = si.inst.Name
 			}
 		}
@@ -99,21 +99,11 @@ func (p *Provider) refresh(ctx context.Context) error {
 			delete(p.gone, name)
 		}
 	}
-	for name := range p.noticed {
-		if _, ok := seen[name]; !ok {
-			if _, ok := p.seen[name]; !ok {
-				delete(p.noticed, name) // gone two listings running
-			}
-		}
-	}
+	// Forgotten once gone two listings running.
+	p.watch.Forget(func(name string) bool { _, now := seen[name]; _, before := p.seen[name]; return now || before })
 	p.seen, p.seenAt = seen, start
-	subs := maps.Clone(p.changed)
 	p.mu.Unlock()
-	for _, name := range changed {
-		for _, f := range subs {
-			f(name)
-		}
-	}
+	p.watch.Changed(changed)
 	return nil
 }
 
@@ -182,65 +172,21 @@ func (p *Provider) instance(i *computepb.Instance) seenInstance {
 }
 
 // Watch reports changes found by the poller, which it starts.
-func (p *Provider) Watch(ctx context.Context, changed func(name string)) {
-	p.subscribe(ctx, func(id int) { p.changed[id] = changed }, func(id int) { delete(p.changed, id) })
-}
+func (p *Provider) Watch(ctx context.Context, changed func(name string)) { p.watch.Watch(ctx, changed) }
 
 // WatchPreemption reports Spot instances that Compute Engine preempted:
 // its 30-second notice.
 func (p *Provider) WatchPreemption(ctx context.Context, notice func(provider.Notice)) {
-	p.subscribe(ctx, func(id int) { p.notices[id] = notice }, func(id int) { delete(p.notices, id) })
+	p.watch.WatchPreemption(ctx, notice)
 }
 
-func (p *Provider) subscribe(ctx context.Context, add, remove func(int)) {
-	p.mu.Lock()
-	id := p.nextSub
-	p.nextSub++
-	add(id)
-	p.mu.Unlock()
-	p.poll.Do(func() { go p.poller() })
-	context.AfterFunc(ctx, func() {
-		p.mu.Lock()
-		remove(id)
-		p.mu.Unlock()
-	})
-}
-
-// poller lists the pool's instances every poll interval until Close,
-// and reads the preemptions when a Spot instance stopped or vanished. A
-// failing call is retried at the next interval, never sooner.
-func (p *Provider) poller() {
-	t := time.NewTicker(p.opt.Section.PollInterval.Duration)
-	defer t.Stop()
-	for {
-		err := p.refresh(p.ctx)
-		if err == nil {
-			err = p.preemptions(p.ctx)
-		}
-		p.noteFailure(err)
-		select {
-		case <-p.ctx.Done():
-			return
-		case <-t.C:
-		}
+// poll lists the pool's instances, and reads the preemptions when a Spot
+// instance stopped or vanished.
+func (p *Provider) poll(ctx context.Context) error {
+	if err := p.refresh(ctx); err != nil {
+		return err
 	}
-}
-
-// noteFailure logs a failing poll when it starts and once a minute
-// after, and when it recovers. Only the poller calls it.
-func (p *Provider) noteFailure(err error) {
-	now := p.opt.now()
-	switch {
-	case err == nil && !p.failing.IsZero():
-		p.opt.Logger.Info("listing instances works again", "after", now.Sub(p.failing).Round(time.Second))
-		p.failing, p.failLog = time.Time{}, time.Time{}
-	case err != nil && p.ctx.Err() == nil && now.Sub(p.failLog) >= time.Minute:
-		if p.failing.IsZero() {
-			p.failing = now
-		}
-		p.failLog = now
-		p.opt.Logger.Warn("listing instances failed; trying again each poll interval", "err", err, "since", p.failing.Format(time.RFC3339))
-	}
+	return p.preemptions(ctx)
 }
 
 // preemptions reads the project's preemption operations when a Spot
@@ -274,24 +220,8 @@ func (p *Provider) preemptions(ctx context.Context) error {
 		if err != nil {
 			at = p.opt.now()
 		}
-		p.notify(provider.Notice{Name: runner, ID: name, At: at.Add(preemptionNotice),
-			Reason: "spot preemption: " + op.GetStatusMessage() + " (operation " + strconv.FormatUint(op.GetId(), 10) + ")"})
+		p.watch.Notify(provider.Notice{Name: runner, ID: name, At: at.Add(preemptionNotice),
+			Reason: "spot preemption: " + op.GetStatusMessage() + " (operation " + strconv.FormatUint(op.GetId(), 10) + ")"}, "spot preemption")
 	}
 	return nil
-}
-
-// notify hands a notice to the subscribers, once per instance.
-func (p *Provider) notify(n provider.Notice) {
-	p.mu.Lock()
-	if p.noticed[n.ID] || n.Name == "" {
-		p.mu.Unlock()
-		return
-	}
-	p.noticed[n.ID] = true
-	subs := maps.Clone(p.notices)
-	p.mu.Unlock()
-	p.opt.Logger.Warn("spot preemption", "runner", n.Name, "instance", n.ID, "at", n.At.Format(time.RFC3339))
-	for _, f := range subs {
-		f(n)
-	}
 }

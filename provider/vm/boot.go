@@ -91,3 +91,25 @@ func heredoc(b *strings.Builder, path string, data []byte) {
 
 // ShellQuote quotes s for sh.
 func ShellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// IdleGrace is how much longer than the pool's idle_timeout an instance
+// waits for a job before it powers itself off. The manager retires an
+// idle runner's registration first, so that no job can be handed to it
+// as it goes; an instance ending by itself cannot, and a job handed to it
+// in the moment before its agent says it is busy is lost with it (the
+// chaos test saw one). The instance's own timeout is therefore only for
+// when the manager is gone, and the manager, while it is up, always acts
+// first.
+const IdleGrace = time.Minute
+
+// InstanceIdle is an instance's own idle timeout: the section's as given,
+// or the pool's and IdleGrace, or dflt.
+func InstanceIdle(section, pool, dflt time.Duration) time.Duration {
+	switch {
+	case section > 0:
+		return section
+	case pool > 0:
+		return pool + IdleGrace
+	}
+	return dflt
+}

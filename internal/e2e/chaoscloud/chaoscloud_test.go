@@ -34,7 +34,7 @@ func TestChaosKube(t *testing.T) {
 // while instances end, leaves nothing the next one does not adopt by its
 // tags or terminate. It found instances powering themselves off at the
 // pool's idle timeout just as Gitea handed them a job, which was lost: an
-// instance now waits a minute longer than the manager (aws.IdleGrace).
+// instance now waits a minute longer than the manager (vm.IdleGrace).
 func TestChaosAWS(t *testing.T) {
 	sim := harness.NeedEC2(t)
 	opt := harness.ChaosOptions("")

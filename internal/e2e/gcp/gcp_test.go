@@ -126,8 +126,8 @@ func TestGCPPreemptionRerunsJob(t *testing.T) {
 
 // No Spot capacity in the first zone: the runner's instance is made in
 // the second. None anywhere and no fallback: the pool says why and backs
-// off; a standard fallback... is the unit tests'; capacity back, a runner
-// starts.
+// off (the fallback to standard is provider/gcp's unit test); capacity
+// back, a runner starts.
 func TestGCPCapacityFallsBack(t *testing.T) {
 	sim := harness.NeedGCE(t)
 	sim.NoCapacity("SPOT", "", "us-central1-a")
