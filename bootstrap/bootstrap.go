@@ -124,6 +124,14 @@ type Notices interface {
 	Rebalance(ctx context.Context) (bool, error)
 }
 
+// Releaser is a Notices that can let the cloud take the machine back
+// before the notice's time (Azure's Scheduled Events are approved so):
+// asked once the agent has stopped after an interruption notice.
+type Releaser interface {
+	Notices
+	Release(ctx context.Context) error
+}
+
 // Options tune Run; the zero value is what a machine uses.
 type Options struct {
 	Notices Notices // nil: no notices are watched
@@ -230,6 +238,11 @@ func run(ctx context.Context, p Plan, o Options) (string, error) {
 		// from the cloud's API, sees it and has the job re-run; then
 		// it powers off if the cloud has not.
 		o.Logger.Info("agent stopped; waiting for the cloud to take the machine back", "runner", p.Runner, "until", hold.Format(time.RFC3339))
+		if r, ok := o.Notices.(Releaser); ok {
+			if err := r.Release(ctx); err != nil {
+				o.Logger.Warn("metadata service: could not let the cloud go ahead", "err", err)
+			}
+		}
 		if p.Deadline.Before(hold) {
 			hold = p.Deadline
 		}

@@ -150,6 +150,16 @@ func classify(f facts, p policy) verdict {
 // starting).
 func classifyGone(f facts, p policy) verdict {
 	switch {
+	case f.preempted != nil && f.phase != agent.PhaseDone && (f.reg != nil || f.regID != 0):
+		// Taken back and deleted already (as Azure deletes an evicted
+		// Spot VM): its agent stopped, and the job it may have run
+		// failed with it; the forge re-runs that job, if there was one.
+		v := verdict{state: StateStopping, lost: true, note: "machine taken back; its runner's job, if it ran one, is re-run",
+			memory: memory{regID: cmp.Or(regOf(f), f.regID)}}
+		if f.reg != nil {
+			v.retire = "machine taken back"
+		}
+		return v
 	case f.reg == nil:
 		return verdict{state: StateStopping} // nothing left of it
 	case f.phase == agent.PhaseDone && p.canEnd:

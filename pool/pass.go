@@ -139,7 +139,7 @@ func (p *Pool) machineOf(s *slot) string {
 	if s.inst != nil {
 		return s.inst.ID
 	}
-	return p.last[s.name].ID
+	return cmp.Or(p.last[s.name].ID, s.notice)
 }
 
 // reportLost tells the forge, once per machine, that a runner died

@@ -6,6 +6,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/runfleet/runfleet/agent"
 	"github.com/runfleet/runfleet/forge"
@@ -21,6 +22,9 @@ type slot struct {
 	// output is the end of its agent's output, when the provider keeps
 	// it.
 	output []byte
+	// notice is the machine whose notice alone keeps the slot: it was
+	// taken back and is listed no more.
+	notice string
 	// verdict is set when the pass classified the slot (none is in
 	// flight on it).
 	verdict    verdict
@@ -81,6 +85,17 @@ func (p *Pool) read(ctx context.Context, act bool) (snapshot, error) {
 			s.reg = &regs[i]
 		}
 	}
+	// A machine taken back and deleted by its cloud at once (Azure's
+	// Spot VMs), its registration gone too (an ephemeral one the forge
+	// dropped with its job), leaves nothing listed: its notice keeps the
+	// slot, so that the pass reports its job lost.
+	p.mu.Lock()
+	for id, n := range p.preempted {
+		if _, ok := snap.slots[n.Name]; !ok && p.Owns(n.Name) {
+			snap.get(n.Name).notice = id
+		}
+	}
+	p.mu.Unlock()
 	snap.order = slices.Sorted(maps.Keys(snap.slots))
 	p.readPhases(ctx, snap)
 	return snap, nil
@@ -164,16 +179,25 @@ func (p *Pool) remember(snap snapshot) {
 	// Notices of machines, and refusals of registrations, no longer
 	// listed are done with.
 	if len(p.preempted) > 0 || len(p.refused) > 0 {
-		machines, regs := map[string]bool{}, map[int64]bool{}
-		for _, s := range snap.slots {
+		machines, regs, registered := map[string]bool{}, map[int64]bool{}, map[string]bool{}
+		for name, s := range snap.slots {
 			if s.inst != nil {
 				machines[s.inst.ID] = true
 			}
 			if s.reg != nil {
 				regs[s.reg.ID] = true
+				registered[name] = true
 			}
 		}
-		maps.DeleteFunc(p.preempted, func(id string, _ provider.Notice) bool { return !machines[id] })
+		// A cloud that deletes what it takes back (Azure's Spot VMs)
+		// leaves no machine to list: its notice holds while the runner
+		// is registered, and a while after, for the pass that reports
+		// its job lost.
+		now := p.now()
+		maps.DeleteFunc(p.preempted, func(id string, n provider.Notice) bool {
+			reported := p.lost[n.Name] == "machine "+id
+			return !machines[id] && !registered[n.Name] && (reported || now.Sub(n.At) > noticeHold)
+		})
 		maps.DeleteFunc(p.refused, func(id int64, _ refusal) bool { return !regs[id] })
 	}
 	p.syncGPUs(snap)
@@ -240,10 +264,8 @@ func (p *Pool) classifyAll(snap snapshot, pol policy) (view []Runner, n tally) {
 		if len(p.memory) > 0 {
 			f.memory = p.memory[name]
 		}
-		if s.inst != nil && len(p.preempted) > 0 {
-			if n, ok := p.preempted[s.inst.ID]; ok {
-				f.preempted = &n
-			}
+		if len(p.preempted) > 0 {
+			f.preempted = p.noticeOf(name, s.inst)
 		}
 		v := classify(f, pol)
 		s.verdict, s.classified = v, true
@@ -269,6 +291,28 @@ func (p *Pool) classifyAll(snap snapshot, pol policy) (view []Runner, n tally) {
 		n.total++
 	}
 	return view, n
+}
+
+// noticeHold is how long a notice of a machine no longer listed is kept
+// after its time.
+const noticeHold = time.Minute
+
+// noticeOf is the notice that a slot's machine is being taken back: by
+// the machine's ID, or, once the machine is gone, by the runner's name.
+// Called with p.mu held.
+func (p *Pool) noticeOf(name string, inst *provider.Instance) *provider.Notice {
+	if inst != nil {
+		if n, ok := p.preempted[inst.ID]; ok {
+			return &n
+		}
+		return nil
+	}
+	for _, n := range p.preempted {
+		if n.Name == name {
+			return &n
+		}
+	}
+	return nil
 }
 
 // startingUnlisted returns the slots being created, or created since the

@@ -10,6 +10,7 @@ import (
 	_ "github.com/runfleet/runfleet/forge/github"
 	_ "github.com/runfleet/runfleet/forge/gitlab"
 	_ "github.com/runfleet/runfleet/provider/aws"
+	_ "github.com/runfleet/runfleet/provider/azure"
 	_ "github.com/runfleet/runfleet/provider/docker"
 	_ "github.com/runfleet/runfleet/provider/gcp"
 	_ "github.com/runfleet/runfleet/provider/kubernetes"

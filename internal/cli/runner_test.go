@@ -92,7 +92,7 @@ func TestRunnerBadInput(t *testing.T) {
 	}{
 		{[]string{"--idle-timeout", "soon"}, `--idle-timeout: "soon" is not seconds`},
 		{[]string{"--single=maybe"}, "invalid argument"},
-		{[]string{"--cloud", "azure", "--repo", "https://github.com/a/b", "--token", "tok-secret-123"}, `--cloud: "azure" is not in this build`},
+		{[]string{"--cloud", "ibm", "--repo", "https://github.com/a/b", "--token", "tok-secret-123"}, `--cloud: "ibm" is not a cloud of this build`},
 		{[]string{"--cloud", "aws", "--repo", "https://github.com/a/b", "--token", "tok-secret-123"}, `--cloud-image: is required with --cloud=aws`},
 		{[]string{"--cloud", "aws", "--cloud-image", "ami-0123456789abcdef0", "--cloud-type", "m+h100", "--repo", "https://github.com/a/b", "--token", "tok-secret-123"}, `--cloud-type: "m+h100" is not one of CML's sizes`},
 		{[]string{"--repo", "https://example.com/a/b", "--token", "tok-secret-123"}, "--driver: cannot tell the forge of https://example.com/a/b; pass --driver (azure-pipelines, bitbucket, gitea, github or gitlab)"},

@@ -56,3 +56,16 @@ func TestChaosGCP(t *testing.T) {
 	f := harness.NewFleet(t, "chaosgcp", opt)
 	harness.RunChaos(t, f)
 }
+
+// TestChaosAzureVM: a pool of Azure VMs on the stand-in, as
+// TestChaosAWS: a manager killed while a VM is made (its operation
+// polled) or while VMs stop leaves nothing the next one does not adopt by
+// its tags or delete, NICs, addresses and disks included.
+func TestChaosAzureVM(t *testing.T) {
+	sim := harness.NeedARM(t)
+	opt := harness.ChaosOptions("")
+	opt.Extra = "    idle_timeout: 3s\n"
+	opt.ARM, opt.Azure = sim, "      spot: true\n      poll_interval: 1s\n"
+	f := harness.NewFleet(t, "chaosazvm", opt)
+	harness.RunChaos(t, f)
+}

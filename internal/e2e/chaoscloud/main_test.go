@@ -1,5 +1,6 @@
-// Package chaoscloud kills and drains managers of Kubernetes pods and EC2
-// instances at seeded random moments; its tests run one at a time.
+// Package chaoscloud kills and drains managers of Kubernetes pods and of
+// EC2, Compute Engine and Azure instances at seeded random moments; its
+// tests run one at a time.
 package chaoscloud
 
 import (

@@ -253,3 +253,48 @@ func TestRunnerCloudGCP(t *testing.T) {
 	t.Logf("--cloud=gcp --cloud-type=m+v100 --cloud-spot --single: job %s on %s (%s + %d GPU, spot, %s), exited %s after the job was queued; instance and disk deleted",
 		jobs[0].Conclusion, strings.TrimSpace(harness.LastLine(jobs[0].Output)), in.Type, in.Accelerators, in.Zone, took.Round(100*time.Millisecond))
 }
+
+// Compute Engine down for 40 s (503 backendError) while two jobs run: the
+// manager keeps answering, makes and deletes nothing, retries at each
+// poll, logs the outage once, and once Compute Engine is back the jobs
+// finish and the pool refills.
+func TestGCPOutage(t *testing.T) {
+	sim := harness.NeedGCE(t)
+	top, _, status := harness.Listeners(t)
+	f := harness.NewFleet(t, "gcpout", harness.FleetOptions{Size: 2, Max: 4, GCE: sim, Top: top, Forge: "    poll_interval: 2s\n"})
+	f.Start()
+	harness.Eventually(t, 2*time.Minute, "2 idle runners", func() bool { return f.IdleOnline() == 2 })
+	f.Push(harness.Matrix("gcpout", 2, "sleep 10\necho done"))
+	f.WaitInProgress(2)
+	harness.Eventually(t, time.Minute, "the pool refilled to 4 instances", func() bool { return f.LiveGCE() == 4 })
+	sim.SetDown(true)
+	down := time.Now()
+	before, made := sim.Calls(), len(sim.Instances())
+	for end := down.Add(40 * time.Second); time.Now().Before(end); time.Sleep(2 * time.Second) {
+		if code, _ := harness.Get(t, status+"/healthz"); code == 0 {
+			t.Error("the manager stopped answering while Compute Engine was down")
+		}
+	}
+	if n := len(sim.Instances()); n != made {
+		t.Errorf("%d instances made during the outage", n-made)
+	}
+	for _, in := range sim.Instances() {
+		if in.Deleted.After(down) {
+			t.Errorf("instance %s deleted during the outage", in.Name)
+		}
+	}
+	sim.SetDown(false)
+	back := time.Now()
+	during := harness.Diff(sim.Calls(), before)
+	harness.CheckJobs(t, f.WaitJobs(2, 2*time.Minute))
+	harness.Eventually(t, 2*time.Minute, "the pool back to 2 idle runners", func() bool { return f.IdleOnline() == 2 })
+	t.Logf("Compute Engine down for %s: the calls it answered 503 meanwhile: %v (poll_interval 2s); the pool was back at size %s after it returned",
+		back.Sub(down).Round(time.Second), during, time.Since(back).Round(time.Second))
+	if n := during["instances.aggregatedList"]; n > 4*25 {
+		t.Errorf("%d listings tried in 40s of outage: no backoff", n)
+	}
+	if f.LogCount("listing instances failed") > 2 {
+		t.Errorf("the outage was logged %d times in 40s, want it once a minute", f.LogCount("listing instances failed"))
+	}
+	f.StopLeavesNothing()
+}

@@ -21,6 +21,7 @@ import (
 	sdk "code.gitea.io/sdk/gitea"
 	"github.com/moby/moby/client"
 	giteadrv "github.com/runfleet/runfleet/forge/gitea"
+	"github.com/runfleet/runfleet/internal/testbed/armsim"
 	"github.com/runfleet/runfleet/internal/testbed/azsim"
 	"github.com/runfleet/runfleet/internal/testbed/bbsim"
 	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
@@ -152,6 +153,7 @@ type Fleet struct {
 	Env    []string
 	EC2    *ec2sim.Server // an EC2 fleet's stand-in
 	GCE    *gcesim.Server // a Compute Engine fleet's stand-in
+	ARM    *armsim.Server // an Azure VM fleet's stand-in
 	AZ     *azsim.Server  // an Azure Pipelines fleet's simulator
 	BB     *bbsim.Server  // a Bitbucket fleet's simulator
 	// Killed counts the runners a test killed mid-job on purpose: their
@@ -178,6 +180,10 @@ type FleetOptions struct {
 	// section.
 	GCE *gcesim.Server
 	GCP string
+	// ARM, when set, makes it a pool of Azure VMs on that stand-in, with
+	// Azure (indented by six spaces) added to its azure section.
+	ARM   *armsim.Server
+	Azure string
 	// Top is added at the top of the config, Forge to the forge.
 	Top, Forge string
 }
@@ -243,6 +249,13 @@ forges:
 		cfg = strings.Replace(cfg, "    repo: ", "    runner_url: "+dockerForgeURL()+"\n    repo: ", 1)
 		cfg += GCPSection(opt.GCE, opt.GCP)
 		f.Env = append(f.Env, GCPEnv(opt.GCE)...)
+	}
+	if opt.ARM != nil {
+		f.ARM = opt.ARM
+		cfg = strings.Replace(cfg, "      path: "+runnerBin+"\n", "", 1)
+		cfg = strings.Replace(cfg, "    repo: ", "    runner_url: "+dockerForgeURL()+"\n    repo: ", 1)
+		cfg += AzureVMSection(opt.ARM, opt.Azure)
+		f.Env = append(f.Env, opt.ARM.Env()...)
 	}
 	cfg += opt.Extra
 	f.Config = filepath.Join(dir, "fleet.yaml")
@@ -412,6 +425,9 @@ func (f *Fleet) StopLeavesNothing() {
 	}
 	if f.GCE != nil {
 		f.GCELeavesNothing()
+	}
+	if f.ARM != nil {
+		f.AzureLeavesNothing()
 	}
 }
 

@@ -1,0 +1,134 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/client"
+
+	"github.com/runfleet/runfleet/internal/testbed/armsim"
+)
+
+// ARMImage is the stand-in's image (a marketplace URN) for the instance
+// image.
+const ARMImage = "runfleet:e2e-instance:runner:1.0.0"
+
+// NeedARM starts an Azure stand-in whose VMs boot the instance image as
+// containers on the local engine. Without Docker the test is skipped, or
+// fails in CI.
+func NeedARM(t testing.TB) *armsim.Server {
+	t.Helper()
+	image := needInstanceImage(t)
+	sim, err := armsim.New(armsim.Options{Docker: DockerCli})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	sim.AddImage(ARMImage, image)
+	return sim
+}
+
+// AzureVMSection is a pool's provider and azure section on the
+// stand-in.
+func AzureVMSection(sim *armsim.Server, extra string) string {
+	if !strings.Contains(extra, "poll_interval:") {
+		extra = "      poll_interval: 2s\n" + extra
+	}
+	if !strings.Contains(extra, "locations:") {
+		extra = "      locations: [eastus]\n" + extra
+	}
+	if !strings.Contains(extra, "vm_sizes:") {
+		extra = "      vm_sizes: [Standard_D4s_v5]\n" + extra
+	}
+	subnets := "      subnets:\n"
+	for _, l := range armsim.Locations {
+		subnets += "        " + l + ": " + armsim.SubnetID(l) + "\n"
+	}
+	return "    provider: azure\n    azure:\n      endpoint: " + sim.URL + "\n      resource_group: " + armsim.Group +
+		"\n      image: " + ARMImage + "\n" + subnets + extra
+}
+
+// LiveAzureVMs counts the VMs not deleted and not stopped.
+func (f *Fleet) LiveAzureVMs() int {
+	n := 0
+	for _, v := range f.ARM.VMs() {
+		if v.Deleted.IsZero() && v.Power != "stopped" && v.Provisioning != "Failed" {
+			n++
+		}
+	}
+	return n
+}
+
+// AzureLeavesNothing checks that every VM, NIC, public address and disk
+// was deleted and every VM's container is gone.
+func (f *Fleet) AzureLeavesNothing() {
+	f.T.Helper()
+	Eventually(f.T, time.Minute, "every VM, NIC, public address and disk deleted", func() bool {
+		for _, v := range f.ARM.VMs() {
+			if v.Deleted.IsZero() {
+				return false
+			}
+		}
+		return len(f.ARM.Leftovers()) == 0
+	})
+	if DockerCli == nil {
+		return
+	}
+	for _, v := range f.ARM.VMs() {
+		_, err := DockerCli.ContainerInspect(context.Background(), "armsim-"+v.Group+"-"+v.Name, client.ContainerInspectOptions{})
+		if !cerrdefs.IsNotFound(err) {
+			f.T.Errorf("VM %s's container is still there (%v)", v.Name, err)
+		}
+	}
+}
+
+// CheckNoSecretOnAzure looks for the forge token and the service
+// principal's secret in every VM's custom data and tags, and, inside
+// every running one, in every process's environment and arguments and in
+// every file.
+func (f *Fleet) CheckNoSecretOnAzure() {
+	t := f.T
+	t.Helper()
+	secrets := [][]byte{[]byte(Gitea.Token), []byte(f.ARM.Secret())}
+	checked := 0
+	for _, v := range f.ARM.VMs() {
+		var public bytes.Buffer
+		public.WriteString(v.CustomData)
+		for k, val := range v.Tags {
+			public.WriteString(k + "=" + val + "\n")
+		}
+		for _, s := range secrets {
+			if bytes.Contains(public.Bytes(), s) {
+				t.Errorf("VM %s's custom data or tags hold a long-lived secret", v.Name)
+			}
+		}
+		if !v.Deleted.IsZero() || v.Power != "running" {
+			continue
+		}
+		id := "armsim-" + v.Group + "-" + v.Name
+		procs := execOutput(t, id, "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline; echo; done 2>/dev/null")
+		files := exportedFiles(t, id)
+		for _, s := range secrets {
+			if bytes.Contains(procs, s) {
+				t.Errorf("VM %s: a process's environment or arguments hold a long-lived secret", v.Name)
+			}
+			for name, b := range files {
+				if bytes.Contains(b, s) {
+					t.Errorf("VM %s: file %s holds a long-lived secret", v.Name, name)
+				}
+			}
+		}
+		if !bytes.Contains(procs, []byte("gitea-runner")) {
+			t.Errorf("VM %s runs no gitea-runner:\n%s", v.Name, procs)
+		}
+		checked++
+	}
+	if checked == 0 {
+		t.Error("no running VM to check")
+	}
+	t.Logf("checked %d VMs (custom data, tags, processes, files): no long-lived secret", checked)
+}

@@ -1,0 +1,260 @@
+package azure
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/arm"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/cloud"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
+	"github.com/Azure/azure-sdk-for-go/sdk/azidentity"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7"
+	"golang.org/x/time/rate"
+
+	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/provider/vm"
+)
+
+func init() { provider.Register("azure", driver{}) }
+
+// driver is the registry's entry for Azure VMs, configured by the pool's
+// `azure:` section.
+type driver struct{}
+
+// The environment CML's Azure credentials come in: a service principal's
+// secret.
+const (
+	ClientIDEnv       = "AZURE_CLIENT_ID"
+	ClientSecretEnv   = "AZURE_CLIENT_SECRET"
+	TenantIDEnv       = "AZURE_TENANT_ID"
+	SubscriptionIDEnv = "AZURE_SUBSCRIPTION_ID"
+)
+
+// Where `runfleet runner --cloud=azure` finds what CML's options cannot
+// say: the resource group and subnet its VM goes in (CML makes a network
+// per runner; runfleet takes one made once), and an endpoint that
+// replaces Azure Resource Manager's.
+const (
+	ResourceGroupEnv = "RUNFLEET_AZURE_RESOURCE_GROUP"
+	SubnetEnv        = "RUNFLEET_AZURE_SUBNET"
+	EndpointEnv      = "RUNFLEET_AZURE_ENDPOINT"
+)
+
+func (driver) Check(c provider.PoolConfig) error {
+	_, err := DecodeSection(c.Section)
+	return err
+}
+
+// Open finds the credentials and the subscription (no call: a token is
+// asked for at the first request) and makes the pool's provider.
+func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
+	s, err := DecodeSection(c.Section)
+	if err != nil {
+		return nil, err
+	}
+	calls := new(atomic.Int64)
+	api, sub, err := Client(s, calls, nil)
+	if err != nil {
+		return nil, err
+	}
+	log := c.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	life := c.MaxLifetime
+	if life == 0 {
+		life = DefaultLifetime
+	}
+	return New(Options{
+		API: api, SubscriptionID: sub, Manager: c.Manager, Pool: c.Pool, Section: s,
+		IdleTimeout: vm.InstanceIdle(s.IdleTimeout.Duration, c.IdleTimeout, DefaultIdleTimeout), Lifetime: life, Calls: calls,
+		Logger: log.With("provider", "azure", "pool", c.Pool, "subscription", sub),
+	})
+}
+
+// Client is Azure Resource Manager's API for the section: its
+// credentials and subscription, within the subscription's request limits
+// (limits; nil: the ones shared by the clients of the subscription and
+// endpoint). calls, when set, counts the requests sent.
+func Client(s Section, calls *atomic.Int64, limits *Limits) (API, string, error) {
+	sub := or(s.SubscriptionID, os.Getenv(SubscriptionIDEnv))
+	if sub == "" {
+		return nil, "", errors.New("azure.subscription_id: not set, and AZURE_SUBSCRIPTION_ID is not either")
+	}
+	if !uuidRE.MatchString(sub) {
+		return nil, "", fmt.Errorf("%s: %q is not a subscription id (a GUID)", SubscriptionIDEnv, sub)
+	}
+	cfg := cloud.AzurePublic
+	if endpoint := or(s.Endpoint, os.Getenv(EndpointEnv)); endpoint != "" {
+		cfg = cloud.Configuration{ActiveDirectoryAuthorityHost: cfg.ActiveDirectoryAuthorityHost, Services: map[cloud.ServiceName]cloud.ServiceConfiguration{
+			cloud.ResourceManager: {Endpoint: strings.TrimRight(endpoint, "/"), Audience: cfg.Services[cloud.ResourceManager].Audience},
+		}}
+	}
+	if host := or(s.AuthorityHost, os.Getenv("AZURE_AUTHORITY_HOST")); host != "" {
+		cfg.ActiveDirectoryAuthorityHost = strings.TrimRight(host, "/") + "/"
+	}
+	cred, err := credential(cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("azure: credentials: %w", err)
+	}
+	if limits == nil {
+		limits = limitsFor(sub + " " + cfg.Services[cloud.ResourceManager].Endpoint)
+	}
+	vms, err := armcompute.NewVirtualMachinesClient(sub, cred, &arm.ClientOptions{ClientOptions: policy.ClientOptions{
+		Cloud: cfg, PerRetryPolicies: []policy.Policy{&meter{limits: limits, calls: calls}},
+		Telemetry: policy.TelemetryOptions{ApplicationID: "runfleet"},
+	}})
+	if err != nil {
+		return nil, "", fmt.Errorf("azure: %w", err)
+	}
+	return sdkAPI{vms: vms}, sub, nil
+}
+
+// credential is CML's service principal (AZURE_CLIENT_ID,
+// AZURE_CLIENT_SECRET, AZURE_TENANT_ID), or else azidentity's default
+// chain.
+func credential(cfg cloud.Configuration) (azcore.TokenCredential, error) {
+	opts := azcore.ClientOptions{Cloud: cfg}
+	if os.Getenv(ClientSecretEnv) == "" {
+		return azidentity.NewDefaultAzureCredential(&azidentity.DefaultAzureCredentialOptions{ClientOptions: opts})
+	}
+	var missing []string
+	for _, env := range []string{ClientIDEnv, TenantIDEnv} {
+		if os.Getenv(env) == "" {
+			missing = append(missing, env)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%s is set, but %s is not", ClientSecretEnv, strings.Join(missing, " and "))
+	}
+	// Instance discovery asks Microsoft's public authority about the
+	// configured one, which an authority of a private cloud (or a
+	// stand-in) is not known to.
+	custom := cfg.ActiveDirectoryAuthorityHost != cloud.AzurePublic.ActiveDirectoryAuthorityHost
+	return azidentity.NewClientSecretCredential(os.Getenv(TenantIDEnv), os.Getenv(ClientIDEnv), os.Getenv(ClientSecretEnv),
+		&azidentity.ClientSecretCredentialOptions{ClientOptions: opts, DisableInstanceDiscovery: custom})
+}
+
+// Limits keeps a manager's requests within Azure Resource Manager's
+// documented limits ("Understand how Azure Resource Manager throttles
+// requests", the regional token buckets since 2024): per subscription
+// and service principal, reads a bucket of 250 refilled at 25 a second,
+// writes and deletes each a bucket of 200 refilled at 10 a second.
+// Pools of one subscription share them. A 429 that comes anyway is
+// retried after its Retry-After by the SDK (3 times), then backed off
+// by the pool.
+type Limits struct {
+	read, write, delete *rate.Limiter
+}
+
+// NewLimits is Azure Resource Manager's documented limits.
+func NewLimits() *Limits {
+	return &Limits{read: rate.NewLimiter(25, 250), write: rate.NewLimiter(10, 200), delete: rate.NewLimiter(10, 200)}
+}
+
+var (
+	limitsMu sync.Mutex
+	limits   = map[string]*Limits{}
+)
+
+func limitsFor(key string) *Limits {
+	limitsMu.Lock()
+	defer limitsMu.Unlock()
+	if l, ok := limits[key]; ok {
+		return l
+	}
+	l := NewLimits()
+	limits[key] = l
+	return l
+}
+
+// meter waits for each request's turn within its bucket and counts what
+// is sent, retries and polls included; token requests go through
+// azidentity's own pipeline, neither.
+type meter struct {
+	limits *Limits
+	calls  *atomic.Int64
+}
+
+func (m *meter) Do(req *policy.Request) (*http.Response, error) {
+	lim := m.limits.write
+	switch req.Raw().Method {
+	case http.MethodGet, http.MethodHead:
+		lim = m.limits.read
+	case http.MethodDelete:
+		lim = m.limits.delete
+	}
+	if err := lim.Wait(req.Raw().Context()); err != nil {
+		return nil, err
+	}
+	if m.calls != nil {
+		m.calls.Add(1)
+	}
+	return req.Next()
+}
+
+// cmlTables are CML's aliases on Azure, from the iterative provider's
+// tables.
+var cmlTables = vm.Tables{
+	Cloud:         "Azure",
+	DefaultRegion: "us-west",
+	Regions:       map[string]string{"us-east": "eastus", "us-west": "westus2", "eu-north": "northeurope", "eu-west": "westeurope"},
+	Types: map[string]string{
+		"m": "Standard_F8s_v2", "l": "Standard_F32s_v2", "xl": "Standard_F64s_v2",
+		"m+k80": "Standard_NC6", "l+k80": "Standard_NC12", "xl+k80": "Standard_NC24",
+		"m+v100": "Standard_NC6s_v3", "l+v100": "Standard_NC12s_v3", "xl+v100": "Standard_NC24s_v3",
+	},
+}
+
+// CMLSection takes `--cloud=azure` as CML does (vm.ParseCML): the region
+// (a location), the type (a VM size), the disk, spot and its price, the
+// startup script, the image, --cloud-permission-set (a user-assigned
+// identity's resource ID), --cloud-metadata (tags), --cloud-ssh-private
+// (its public key is authorised on the VM). Credentials come from CML's
+// AZURE_* variables; the resource group and subnet from
+// RUNFLEET_AZURE_RESOURCE_GROUP and RUNFLEET_AZURE_SUBNET.
+func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
+	c := o.Cloud
+	if c["cloud"] != "azure" {
+		return nil, false, nil
+	}
+	getenv := o.Getenv
+	if getenv == nil {
+		getenv = os.LookupEnv
+	}
+	env := func(k string) string { v, _ := getenv(k); return v }
+	cml, err := vm.ParseCML(c, cmlTables)
+	errs := []error{err}
+	if cml.Image == "" {
+		errs = append(errs, errors.New("--cloud-image: is required with --cloud=azure: an image holding runfleet and the forge's agent (Publisher:Offer:Sku:Version, or an image's resource ID)"))
+	}
+	s := Section{Image: cml.Image, Locations: []string{cml.Region}, VMSizes: []string{cml.Type}, Spot: cml.Spot,
+		StartupScript: cml.StartupScript, SSHPublicKey: cml.SSHPublicKey, Disk: Disk{SizeGB: cml.HDDSizeGB},
+		ResourceGroup: env(ResourceGroupEnv), Subnet: env(SubnetEnv), Identity: cml.PermissionSet, Tags: cml.Metadata}
+	if s.ResourceGroup == "" {
+		errs = append(errs, fmt.Errorf("%s: is required with --cloud=azure: the resource group the runner's VM goes in", ResourceGroupEnv))
+	}
+	if s.Subnet == "" {
+		errs = append(errs, fmt.Errorf("%s: is required with --cloud=azure: the subnet (resource ID) of the runner's VM, in %s", SubnetEnv, cml.Region))
+	}
+	if p := cml.SpotPrice; p != "" {
+		var price float64
+		if _, err := fmt.Sscanf(p, "%g", &price); err != nil || price == 0 || price < 0 && price != -1 {
+			errs = append(errs, fmt.Errorf("--cloud-spot-price: %q is not dollars an hour, or -1", p))
+		}
+		s.MaxPrice = &price
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, true, err
+	}
+	b, err := json.Marshal(s)
+	return b, true, err
+}

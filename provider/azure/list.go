@@ -1,0 +1,220 @@
+package azure
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strings"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7"
+
+	"github.com/runfleet/runfleet/provider"
+)
+
+// launchGrace is how long a VM asked for counts as coming up while
+// listings do not show it yet, and a deleted one stays hidden.
+const launchGrace = 2 * time.Minute
+
+// EvictionNotice is how long Azure gives a Spot VM between its Preempt
+// event and its eviction.
+const EvictionNotice = 30 * time.Second
+
+// List returns the VMs of a manager: the pool's from the last listing (at
+// most a poll interval old) and the ones asked for since, less the ones
+// deleted here. Another manager's are listed.
+func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instance, error) {
+	if manager != p.opt.Manager {
+		found, err := p.list(ctx, manager, p.opt.Pool, "")
+		out := make([]provider.Instance, 0, len(found))
+		for _, sv := range found {
+			out = append(out, sv.inst)
+		}
+		return out, err
+	}
+	p.mu.Lock()
+	stale := p.opt.now().Sub(p.seenAt) >= p.opt.Section.PollInterval.Duration
+	p.mu.Unlock()
+	if stale {
+		if err := p.refresh(ctx); err != nil {
+			return nil, err
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	view := p.view()
+	out := make([]provider.Instance, 0, len(view))
+	for _, sv := range view {
+		out = append(out, sv.inst)
+	}
+	return out, nil
+}
+
+// refresh lists the pool's VMs, reports what changed, and notes the Spot
+// VMs that Azure deleted while they ran: evicted.
+func (p *Provider) refresh(ctx context.Context) error {
+	p.fresh.Lock()
+	defer p.fresh.Unlock()
+	start := p.opt.now()
+	found, err := p.list(ctx, p.opt.Manager, p.opt.Pool, "")
+	if err != nil {
+		return err
+	}
+	seen := make(map[string]seenVM, len(found))
+	for _, sv := range found {
+		seen[sv.inst.ID] = sv
+	}
+	p.mu.Lock()
+	var changed []string
+	for name, sv := range seen {
+		old, ok := p.seen[name]
+		if !ok {
+			old = p.launched[name]
+		}
+		if old.inst.State != sv.inst.State || old.inst.Reason != sv.inst.Reason {
+			changed = append(changed, sv.inst.Name)
+		}
+		_, deleted := p.gone[name]
+		if sv.spot && sv.inst.Reason == "deleting" && old.inst.State != provider.StateExited && !deleted && !p.watch.Noticed(name) {
+			p.evicted[name] = sv.inst.Name
+		}
+		delete(p.launched, name)
+	}
+	for name, sv := range p.seen {
+		if _, ok := seen[name]; !ok {
+			changed = append(changed, sv.inst.Name) // gone from the listing
+			// A VM that stopped itself is deleted here; one that
+			// vanished while it ran was deleted by Azure.
+			if _, deleted := p.gone[name]; sv.spot && !deleted && sv.inst.State != provider.StateExited && !p.watch.Noticed(name) {
+				p.evicted[name] = sv.inst.Name
+			}
+		}
+	}
+	for name, sv := range p.launched {
+		if start.Sub(sv.inst.Created) > launchGrace {
+			delete(p.launched, name)
+			changed = append(changed, sv.inst.Name)
+		}
+	}
+	for name, at := range p.gone {
+		if _, listed := seen[name]; !listed && start.Sub(at) > launchGrace {
+			delete(p.gone, name)
+		}
+	}
+	// Forgotten once gone two listings running.
+	p.watch.Forget(func(name string) bool { _, now := seen[name]; _, before := p.seen[name]; return now || before })
+	p.seen, p.seenAt = seen, start
+	p.mu.Unlock()
+	p.watch.Changed(changed)
+	return nil
+}
+
+// list lists a manager's VMs (of one pool, one runner when given) in the
+// section's resource group, from one listing of the subscription's VMs
+// with their power state (all pages).
+func (p *Provider) list(ctx context.Context, manager, pool, runner string) ([]seenVM, error) {
+	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
+	all, err := p.opt.API.List(cctx)
+	if err != nil {
+		return nil, fmt.Errorf("list VMs: %s", brief(err))
+	}
+	var out []seenVM
+	for _, v := range all {
+		sv := p.vm(v)
+		if sv.inst.Manager != manager || pool != "" && sv.inst.Pool != pool || runner != "" && sv.inst.Name != runner ||
+			!strings.EqualFold(sv.group, p.opt.Section.ResourceGroup) {
+			continue
+		}
+		out = append(out, sv)
+	}
+	return out, nil
+}
+
+// vm maps Azure's VM: being made or starting is coming up (so the
+// bootstrap timeout applies), running runs, and anything stopped,
+// deallocated, failed or being deleted has ended.
+func (p *Provider) vm(v *armcompute.VirtualMachine) seenVM {
+	inst := provider.Instance{ID: deref(v.Name), Manager: deref(v.Tags[TagManager]), Pool: deref(v.Tags[TagPool]), Name: deref(v.Tags[TagRunner])}
+	sv := seenVM{group: groupOf(deref(v.ID))}
+	props := v.Properties
+	if props == nil {
+		props = &armcompute.VirtualMachineProperties{}
+	}
+	sv.spot = props.Priority != nil && *props.Priority == armcompute.VirtualMachinePriorityTypesSpot
+	inst.Created = p.opt.now()
+	if props.TimeCreated != nil {
+		inst.Created = *props.TimeCreated
+	}
+	provisioning, power := strings.ToLower(deref(props.ProvisioningState)), ""
+	if iv := props.InstanceView; iv != nil {
+		for _, st := range iv.Statuses {
+			code := deref(st.Code)
+			if c, ok := strings.CutPrefix(code, "PowerState/"); ok {
+				power = c
+			}
+			if c, ok := strings.CutPrefix(code, "ProvisioningState/"); ok && provisioning == "" {
+				provisioning = c
+			}
+		}
+	}
+	switch {
+	case provisioning == "deleting":
+		inst.State, inst.Reason = provider.StateExited, "deleting"
+	case strings.HasPrefix(provisioning, "failed"):
+		inst.State, inst.Reason = provider.StateExited, "provisioning "+provisioning
+	case power == "running":
+		inst.State = provider.StateRunning
+	case power == "stopping" || power == "stopped" || strings.HasPrefix(power, "deallocat"):
+		inst.State, inst.Reason = provider.StateExited, power
+	default: // creating, starting, or no power state yet
+		inst.State = provider.StateCreated
+	}
+	sv.inst = inst
+	return sv
+}
+
+// groupOf is the resource group of a resource ID.
+func groupOf(id string) string {
+	parts := strings.Split(id, "/")
+	for i := 0; i+1 < len(parts); i++ {
+		if strings.EqualFold(parts[i], "resourceGroups") {
+			return parts[i+1]
+		}
+	}
+	return ""
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// Watch reports changes found by the poller, which it starts.
+func (p *Provider) Watch(ctx context.Context, changed func(name string)) { p.watch.Watch(ctx, changed) }
+
+// WatchPreemption reports Spot VMs that Azure evicted. The VM itself
+// sees the Preempt event 30 s ahead (Scheduled Events), stops its job
+// and lets Azure go ahead at once; the manager sees the eviction in its
+// next listing.
+func (p *Provider) WatchPreemption(ctx context.Context, notice func(provider.Notice)) {
+	p.watch.WatchPreemption(ctx, notice)
+}
+
+// poll lists the pool's VMs and reports the evictions seen. A notice is
+// sent here, not from refresh: its receiver may list, which refreshes.
+func (p *Provider) poll(ctx context.Context) error {
+	if err := p.refresh(ctx); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	evicted := maps.Clone(p.evicted)
+	clear(p.evicted)
+	p.mu.Unlock()
+	for name, runner := range evicted {
+		p.watch.Notify(provider.Notice{Name: runner, ID: name, At: p.opt.now(), Reason: "spot eviction: Azure deleted the Spot VM " + name}, "spot eviction")
+	}
+	return nil
+}
