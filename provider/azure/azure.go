@@ -25,7 +25,6 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -77,20 +76,19 @@ type Provider struct {
 	key   string // the admin's authorised key when the pool gives none
 	watch vm.Poller
 	fresh sync.Mutex // one list at a time
+	book  vm.Book[where]
 
-	mu       sync.Mutex
-	seen     map[string]seenVM // by VM name, from the last list
-	seenAt   time.Time
-	launched map[string]seenVM    // by name: asked for, not yet listed
-	gone     map[string]time.Time // names deleted here, hidden from List
-	evicted  map[string]string    // spot VMs deleted by Azure: name → runner
+	mu      sync.Mutex
+	evicted map[string]string // spot VMs deleted by Azure: name → runner
 }
 
-type seenVM struct {
-	inst  provider.Instance
+// where is a VM's resource group, and whether it is Spot.
+type where struct {
 	group string
 	spot  bool
 }
+
+type seenVM = vm.Entry[where]
 
 // New makes the provider of one pool; nothing is called until List,
 // Create or Watch.
@@ -122,8 +120,7 @@ func New(o Options) (*Provider, error) {
 		}
 		key = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sk)))
 	}
-	p := &Provider{opt: o, image: img, key: key, seen: map[string]seenVM{}, launched: map[string]seenVM{},
-		gone: map[string]time.Time{}, evicted: map[string]string{}}
+	p := &Provider{opt: o, image: img, key: key, evicted: map[string]string{}}
 	p.watch = vm.Poller{Interval: o.Section.PollInterval.Duration, What: "listing VMs", Logger: o.Logger, Poll: p.poll}
 	return p, nil
 }
@@ -152,7 +149,7 @@ func (p *Provider) Close() error {
 // capacity, Spot first when the pool asks for it, then regular when its
 // fallback says so.
 func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
-	if inst, ok := p.live(spec.Name); ok {
+	if inst, ok := p.book.Live(spec.Name); ok {
 		return inst, nil
 	}
 	s := p.opt.Section
@@ -160,45 +157,30 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err != nil {
 		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
 	}
-	markets := []bool{s.Spot}
-	if s.Spot && s.SpotFallback == FallbackOnDemand {
-		markets = append(markets, false)
+	var made provider.Instance
+	err = vm.Placement{
+		Spot: s.Spot, Fallback: s.SpotFallback == FallbackOnDemand, Types: s.VMSizes, Places: s.Locations,
+		What: "create VM", Standard: "regular", Limit: "Azure Resource Manager's request limit", Judge: judge, Logger: p.opt.Logger,
+	}.Try(spec.Name, func(spot bool, size, loc string) (err error) {
+		made, err = p.create(ctx, spec, script, size, loc, spot)
+		return err
+	})
+	return made, err
+}
+
+// judge says what an error of create means. A size or image not offered
+// in one location is refused there: the others are tried.
+func judge(err error) (vm.Outcome, string, string) {
+	kind, code := kindOf(err)
+	switch kind {
+	case errCapacity:
+		return vm.NoCapacity, code, ""
+	case errFatal, errNotFound:
+		return vm.Refused, code, brief(err)
+	case errThrottle:
+		return vm.Throttled, code, ""
 	}
-	var tried, fatal []string
-	for _, spot := range markets {
-		for _, size := range s.VMSizes {
-			for _, loc := range s.Locations {
-				inst, err := p.create(ctx, spec, script, size, loc, spot)
-				if err == nil {
-					return inst, nil
-				}
-				kind, code := kindOf(err)
-				switch kind {
-				case errCapacity:
-					tried = append(tried, fmt.Sprintf("%s %s in %s: %s", market(spot), size, loc, code))
-					p.opt.Logger.Info("no capacity; trying the next", "runner", spec.Name, "size", size, "location", loc, "market", market(spot), "code", code)
-					continue
-				case errFatal, errNotFound:
-					// A size or image not offered in one location is
-					// refused there: the others are tried, and the pool
-					// halts only if all refuse.
-					fatal = append(fatal, fmt.Sprintf("%s in %s: %s", size, loc, brief(err)))
-					continue
-				case errThrottle:
-					return provider.Instance{}, fmt.Errorf("create VM: Azure Resource Manager's request limit is spent (%s); the pool backs off: %s", code, brief(err))
-				}
-				return provider.Instance{}, fmt.Errorf("create VM: %s: %w", brief(err), err)
-			}
-		}
-	}
-	if len(tried) == 0 && len(fatal) > 0 {
-		return provider.Instance{}, fmt.Errorf("%w: create VM: %s", provider.ErrRejected, strings.Join(fatal, "; "))
-	}
-	why := "no capacity: " + strings.Join(append(tried, fatal...), "; ")
-	if s.Spot && s.SpotFallback != FallbackOnDemand {
-		why += " (spot_fallback: on_demand would start a regular VM)"
-	}
-	return provider.Instance{}, errors.New(why)
+	return vm.Transient, code, ""
 }
 
 // brief is an error in one line: an Azure answer's code, status and
@@ -241,9 +223,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, script []byte
 	inst := provider.Instance{ID: name, Name: spec.Name, Manager: spec.Manager, Pool: spec.Pool, State: provider.StateCreated, Created: now}
 	// Listed as coming up while it is made, so that a pass in the
 	// meantime neither starts another nor deletes it.
-	p.mu.Lock()
-	p.launched[name] = seenVM{inst: inst, group: p.opt.Section.ResourceGroup, spot: spot}
-	p.mu.Unlock()
+	p.book.Launched(seenVM{Inst: inst, Data: where{group: p.opt.Section.ResourceGroup, spot: spot}})
 	cctx, cancel := context.WithTimeout(ctx, CreateTimeout)
 	err := p.opt.API.Create(cctx, p.opt.Section.ResourceGroup, name, res)
 	cancel()
@@ -253,9 +233,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, script []byte
 			// will tell.
 			return provider.Instance{}, err
 		}
-		p.mu.Lock()
-		delete(p.launched, name)
-		p.mu.Unlock()
+		p.book.Failed(name)
 		// A VM refused after its resource was made (an allocation
 		// failure) stays, failed, until deleted; if this deletion
 		// fails, the listing shows it and the pool deletes it.
@@ -346,31 +324,12 @@ func vmName(runner string) string {
 	return strings.TrimRight(base[:min(len(base), 56)], "-") + "-" + hex.EncodeToString(b)
 }
 
-// live returns the runner's VM when one is coming up or running.
-func (p *Provider) live(name string) (provider.Instance, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, sv := range p.view() {
-		if sv.inst.Name == name && sv.inst.State != provider.StateExited {
-			return sv.inst, true
-		}
-	}
-	return provider.Instance{}, false
-}
-
 // Delete deletes the runner's VMs; their NICs, public addresses and
 // disks go with them. One already gone is no error. The deletion is not
 // waited for: a VM being deleted is hidden from List, and listed again
 // should the deletion fail.
 func (p *Provider) Delete(ctx context.Context, name string) error {
-	p.mu.Lock()
-	var found []seenVM
-	for _, sv := range p.view() {
-		if sv.inst.Name == name {
-			found = append(found, sv)
-		}
-	}
-	p.mu.Unlock()
+	found := p.book.Of(name)
 	if len(found) == 0 {
 		// Not seen here: made by an earlier manager, not listed yet.
 		var err error
@@ -380,7 +339,7 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 	}
 	var errs []error
 	for _, sv := range found {
-		if err := p.deleteVM(ctx, sv.group, sv.inst.ID, name); err != nil {
+		if err := p.deleteVM(ctx, sv.Data.group, sv.Inst.ID, name); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -395,28 +354,7 @@ func (p *Provider) deleteVM(ctx context.Context, group, id, runner string) error
 	if k, _ := kindOf(err); err != nil && k != errNotFound {
 		return fmt.Errorf("delete VM %s: %s", id, brief(err))
 	}
-	p.mu.Lock()
-	p.gone[id] = p.opt.now()
-	delete(p.launched, id)
-	p.mu.Unlock()
+	p.book.Deleted(id, p.opt.now())
 	p.opt.Logger.Info("VM deleted", "runner", runner, "vm", id)
 	return nil
-}
-
-// view merges what was listed with what was asked for since, less what
-// was deleted here. Called with p.mu held.
-func (p *Provider) view() []seenVM {
-	out := make([]seenVM, 0, len(p.seen)+len(p.launched))
-	for name, sv := range p.seen {
-		if _, hidden := p.gone[name]; !hidden {
-			out = append(out, sv)
-		}
-	}
-	for name, sv := range p.launched {
-		if _, listed := p.seen[name]; !listed {
-			out = append(out, sv)
-		}
-	}
-	slices.SortFunc(out, func(a, b seenVM) int { return strings.Compare(a.inst.ID, b.inst.ID) })
-	return out
 }

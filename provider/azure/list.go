@@ -12,10 +12,6 @@ import (
 	"github.com/runfleet/runfleet/provider"
 )
 
-// launchGrace is how long a VM asked for counts as coming up while
-// listings do not show it yet, and a deleted one stays hidden.
-const launchGrace = 2 * time.Minute
-
 // EvictionNotice is how long Azure gives a Spot VM between its Preempt
 // event and its eviction.
 const EvictionNotice = 30 * time.Second
@@ -28,30 +24,22 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 		found, err := p.list(ctx, manager, p.opt.Pool, "")
 		out := make([]provider.Instance, 0, len(found))
 		for _, sv := range found {
-			out = append(out, sv.inst)
+			out = append(out, sv.Inst)
 		}
 		return out, err
 	}
-	p.mu.Lock()
-	stale := p.opt.now().Sub(p.seenAt) >= p.opt.Section.PollInterval.Duration
-	p.mu.Unlock()
-	if stale {
+	if p.book.Stale(p.opt.now(), p.opt.Section.PollInterval.Duration) {
 		if err := p.refresh(ctx); err != nil {
 			return nil, err
 		}
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	view := p.view()
-	out := make([]provider.Instance, 0, len(view))
-	for _, sv := range view {
-		out = append(out, sv.inst)
-	}
-	return out, nil
+	return p.book.Instances(), nil
 }
 
 // refresh lists the pool's VMs, reports what changed, and notes the Spot
-// VMs that Azure deleted while they ran: evicted.
+// VMs that Azure deleted while they ran: being deleted, or gone, without
+// being deleted here, and not stopped first (a VM that stops itself is
+// deleted here).
 func (p *Provider) refresh(ctx context.Context) error {
 	p.fresh.Lock()
 	defer p.fresh.Unlock()
@@ -60,51 +48,24 @@ func (p *Provider) refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	seen := make(map[string]seenVM, len(found))
-	for _, sv := range found {
-		seen[sv.inst.ID] = sv
-	}
+	var evicted []seenVM
+	changed, known := p.book.Update(found, start, func(id string, old seenVM, now *seenVM, deleted bool) {
+		ran := old.Inst.State != provider.StateExited
+		switch {
+		case deleted || !old.Data.spot && (now == nil || !now.Data.spot) || p.watch.Noticed(id):
+		case now != nil && now.Data.spot && now.Inst.Reason == "deleting" && ran:
+			evicted = append(evicted, *now)
+		case now == nil && ran:
+			evicted = append(evicted, old)
+		}
+	})
 	p.mu.Lock()
-	var changed []string
-	for name, sv := range seen {
-		old, ok := p.seen[name]
-		if !ok {
-			old = p.launched[name]
-		}
-		if old.inst.State != sv.inst.State || old.inst.Reason != sv.inst.Reason {
-			changed = append(changed, sv.inst.Name)
-		}
-		_, deleted := p.gone[name]
-		if sv.spot && sv.inst.Reason == "deleting" && old.inst.State != provider.StateExited && !deleted && !p.watch.Noticed(name) {
-			p.evicted[name] = sv.inst.Name
-		}
-		delete(p.launched, name)
+	for _, sv := range evicted {
+		p.evicted[sv.Inst.ID] = sv.Inst.Name
 	}
-	for name, sv := range p.seen {
-		if _, ok := seen[name]; !ok {
-			changed = append(changed, sv.inst.Name) // gone from the listing
-			// A VM that stopped itself is deleted here; one that
-			// vanished while it ran was deleted by Azure.
-			if _, deleted := p.gone[name]; sv.spot && !deleted && sv.inst.State != provider.StateExited && !p.watch.Noticed(name) {
-				p.evicted[name] = sv.inst.Name
-			}
-		}
-	}
-	for name, sv := range p.launched {
-		if start.Sub(sv.inst.Created) > launchGrace {
-			delete(p.launched, name)
-			changed = append(changed, sv.inst.Name)
-		}
-	}
-	for name, at := range p.gone {
-		if _, listed := seen[name]; !listed && start.Sub(at) > launchGrace {
-			delete(p.gone, name)
-		}
-	}
-	// Forgotten once gone two listings running.
-	p.watch.Forget(func(name string) bool { _, now := seen[name]; _, before := p.seen[name]; return now || before })
-	p.seen, p.seenAt = seen, start
 	p.mu.Unlock()
+	// Forgotten once gone two listings running.
+	p.watch.Forget(known)
 	p.watch.Changed(changed)
 	return nil
 }
@@ -122,8 +83,8 @@ func (p *Provider) list(ctx context.Context, manager, pool, runner string) ([]se
 	var out []seenVM
 	for _, v := range all {
 		sv := p.vm(v)
-		if sv.inst.Manager != manager || pool != "" && sv.inst.Pool != pool || runner != "" && sv.inst.Name != runner ||
-			!strings.EqualFold(sv.group, p.opt.Section.ResourceGroup) {
+		if sv.Inst.Manager != manager || pool != "" && sv.Inst.Pool != pool || runner != "" && sv.Inst.Name != runner ||
+			!strings.EqualFold(sv.Data.group, p.opt.Section.ResourceGroup) {
 			continue
 		}
 		out = append(out, sv)
@@ -136,12 +97,12 @@ func (p *Provider) list(ctx context.Context, manager, pool, runner string) ([]se
 // deallocated, failed or being deleted has ended.
 func (p *Provider) vm(v *armcompute.VirtualMachine) seenVM {
 	inst := provider.Instance{ID: deref(v.Name), Manager: deref(v.Tags[TagManager]), Pool: deref(v.Tags[TagPool]), Name: deref(v.Tags[TagRunner])}
-	sv := seenVM{group: groupOf(deref(v.ID))}
+	sv := seenVM{Data: where{group: groupOf(deref(v.ID))}}
 	props := v.Properties
 	if props == nil {
 		props = &armcompute.VirtualMachineProperties{}
 	}
-	sv.spot = props.Priority != nil && *props.Priority == armcompute.VirtualMachinePriorityTypesSpot
+	sv.Data.spot = props.Priority != nil && *props.Priority == armcompute.VirtualMachinePriorityTypesSpot
 	inst.Created = p.opt.now()
 	if props.TimeCreated != nil {
 		inst.Created = *props.TimeCreated
@@ -170,7 +131,7 @@ func (p *Provider) vm(v *armcompute.VirtualMachine) seenVM {
 	default: // creating, starting, or no power state yet
 		inst.State = provider.StateCreated
 	}
-	sv.inst = inst
+	sv.Inst = inst
 	return sv
 }
 

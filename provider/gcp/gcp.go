@@ -22,7 +22,6 @@ import (
 	"log/slog"
 	"maps"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,20 +74,19 @@ type Provider struct {
 	opt   Options
 	watch vm.Poller
 	fresh sync.Mutex // one list at a time
+	book  vm.Book[where]
 
-	mu       sync.Mutex
-	seen     map[string]seenInstance // by instance name, from the last list
-	seenAt   time.Time
-	launched map[string]seenInstance // by name: inserted, not yet listed
-	gone     map[string]time.Time    // names deleted here, hidden from List
-	suspect  map[string]string       // spot instances stopping or vanished: name → runner
+	mu      sync.Mutex
+	suspect map[string]string // spot instances stopping or vanished: name → runner
 }
 
-type seenInstance struct {
-	inst provider.Instance
+// where is an instance's zone, and whether it is Spot.
+type where struct {
 	zone string
 	spot bool
 }
+
+type seenInstance = vm.Entry[where]
 
 // New makes the provider of one pool; nothing is called until List,
 // Create or Watch.
@@ -102,8 +100,7 @@ func New(o Options) *Provider {
 	if o.Calls == nil {
 		o.Calls = new(atomic.Int64)
 	}
-	p := &Provider{opt: o, seen: map[string]seenInstance{}, launched: map[string]seenInstance{},
-		gone: map[string]time.Time{}, suspect: map[string]string{}}
+	p := &Provider{opt: o, suspect: map[string]string{}}
 	p.watch = vm.Poller{Interval: o.Section.PollInterval.Duration, What: "listing instances", Logger: o.Logger, Poll: p.poll}
 	return p
 }
@@ -134,7 +131,7 @@ func (p *Provider) Close() error {
 // runner's instance carries its own credential in its metadata, which
 // bulkInsert's per-instance properties cannot hold.
 func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
-	if inst, ok := p.live(spec.Name); ok {
+	if inst, ok := p.book.Live(spec.Name); ok {
 		return inst, nil
 	}
 	s := p.opt.Section
@@ -142,45 +139,30 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err != nil {
 		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
 	}
-	markets := []bool{s.Spot}
-	if s.Spot && s.SpotFallback == FallbackOnDemand {
-		markets = append(markets, false)
+	var made provider.Instance
+	err = vm.Placement{
+		Spot: s.Spot, Fallback: s.SpotFallback == FallbackOnDemand, Types: s.MachineTypes, Places: s.Zones,
+		What: "insert instance", Standard: "standard", Limit: "Compute Engine's request quota", Judge: judge, Logger: p.opt.Logger,
+	}.Try(spec.Name, func(spot bool, typ, zone string) (err error) {
+		made, err = p.insert(ctx, spec, script, typ, zone, spot)
+		return err
+	})
+	return made, err
+}
+
+// judge says what an error of insert means. A type or accelerator not
+// offered in one zone is refused as invalid there: the others are tried.
+func judge(err error) (vm.Outcome, string, string) {
+	kind, code := classify(err)
+	switch kind {
+	case errCapacity:
+		return vm.NoCapacity, code, ""
+	case errFatal, errNotFound:
+		return vm.Refused, code, err.Error()
+	case errThrottle:
+		return vm.Throttled, code, ""
 	}
-	var tried, fatal []string
-	for _, spot := range markets {
-		for _, typ := range s.MachineTypes {
-			for _, zone := range s.Zones {
-				inst, err := p.insert(ctx, spec, script, typ, zone, spot)
-				if err == nil {
-					return inst, nil
-				}
-				kind, code := classify(err)
-				switch kind {
-				case errCapacity:
-					tried = append(tried, fmt.Sprintf("%s %s in %s: %s", market(spot), typ, zone, code))
-					p.opt.Logger.Info("no capacity; trying the next", "runner", spec.Name, "type", typ, "zone", zone, "market", market(spot), "code", code)
-					continue
-				case errFatal, errNotFound:
-					// A type or accelerator not offered in one zone is
-					// refused as invalid there: the others are tried,
-					// and the pool halts only if all refuse.
-					fatal = append(fatal, fmt.Sprintf("%s in %s: %v", typ, zone, err))
-					continue
-				case errThrottle:
-					return provider.Instance{}, fmt.Errorf("insert instance: Compute Engine's request quota is spent (%s); the pool backs off: %w", code, err)
-				}
-				return provider.Instance{}, fmt.Errorf("insert instance: %w", err)
-			}
-		}
-	}
-	if len(tried) == 0 && len(fatal) > 0 {
-		return provider.Instance{}, fmt.Errorf("%w: insert instance: %s", provider.ErrRejected, strings.Join(fatal, "; "))
-	}
-	why := "no capacity: " + strings.Join(append(tried, fatal...), "; ")
-	if s.Spot && s.SpotFallback != FallbackOnDemand {
-		why += " (spot_fallback: on_demand would start a standard instance)"
-	}
-	return provider.Instance{}, errors.New(why)
+	return vm.Transient, code, ""
 }
 
 // classify says what an error of insert means.
@@ -214,9 +196,7 @@ func (p *Provider) insert(ctx context.Context, spec provider.Spec, script, typ, 
 	inst := provider.Instance{ID: name, Name: spec.Name, Manager: spec.Manager, Pool: spec.Pool, State: provider.StateCreated, Created: now}
 	// Listed as coming up while its operation runs, so that a pass in
 	// the meantime neither starts another nor deletes it.
-	p.mu.Lock()
-	p.launched[name] = seenInstance{inst: inst, zone: zone, spot: spot}
-	p.mu.Unlock()
+	p.book.Launched(seenInstance{Inst: inst, Data: where{zone: zone, spot: spot}})
 	op, err = waitOp(ctx, p.opt.API, p.opt.Project, zone, op)
 	if err == nil {
 		err = failed(op)
@@ -228,9 +208,7 @@ func (p *Provider) insert(ctx context.Context, spec provider.Spec, script, typ, 
 			// will tell.
 			return provider.Instance{}, err
 		}
-		p.mu.Lock()
-		delete(p.launched, name)
-		p.mu.Unlock()
+		p.book.Failed(name)
 		return provider.Instance{}, err
 	}
 	p.opt.Logger.Info("instance inserted", "runner", spec.Name, "instance", name, "type", typ, "zone", zone, "market", market(spot))
@@ -327,31 +305,12 @@ func labelValue(s string) string {
 	return v[:min(len(v), 63)]
 }
 
-// live returns the runner's instance when one is coming up or running.
-func (p *Provider) live(name string) (provider.Instance, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, si := range p.view() {
-		if si.inst.Name == name && si.inst.State != provider.StateExited {
-			return si.inst, true
-		}
-	}
-	return provider.Instance{}, false
-}
-
 // Delete deletes the runner's instances; their boot disks go with them.
 // One already gone is no error. The deletion is not waited for: an
 // instance being deleted is hidden from List, and listed again should
 // the deletion fail.
 func (p *Provider) Delete(ctx context.Context, name string) error {
-	p.mu.Lock()
-	var found []seenInstance
-	for _, si := range p.view() {
-		if si.inst.Name == name {
-			found = append(found, si)
-		}
-	}
-	p.mu.Unlock()
+	found := p.book.Of(name)
 	if len(found) == 0 {
 		// Not seen here: made by an earlier manager, not listed yet.
 		var err error
@@ -362,35 +321,14 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 	var errs []error
 	for _, si := range found {
 		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
-		err := p.opt.API.Delete(cctx, p.opt.Project, si.zone, si.inst.ID, uuid.NewString())
+		err := p.opt.API.Delete(cctx, p.opt.Project, si.Data.zone, si.Inst.ID, uuid.NewString())
 		cancel()
 		if k, _ := kindOf(err); err != nil && k != errNotFound {
-			errs = append(errs, fmt.Errorf("delete instance %s: %w", si.inst.ID, err))
+			errs = append(errs, fmt.Errorf("delete instance %s: %w", si.Inst.ID, err))
 			continue
 		}
-		p.mu.Lock()
-		p.gone[si.inst.ID] = p.opt.now()
-		delete(p.launched, si.inst.ID)
-		p.mu.Unlock()
-		p.opt.Logger.Info("instance deleted", "runner", name, "instance", si.inst.ID, "zone", si.zone)
+		p.book.Deleted(si.Inst.ID, p.opt.now())
+		p.opt.Logger.Info("instance deleted", "runner", name, "instance", si.Inst.ID, "zone", si.Data.zone)
 	}
 	return errors.Join(errs...)
-}
-
-// view merges what was listed with what was inserted since, less what
-// was deleted here. Called with p.mu held.
-func (p *Provider) view() []seenInstance {
-	out := make([]seenInstance, 0, len(p.seen)+len(p.launched))
-	for name, si := range p.seen {
-		if _, hidden := p.gone[name]; !hidden {
-			out = append(out, si)
-		}
-	}
-	for name, si := range p.launched {
-		if _, listed := p.seen[name]; !listed {
-			out = append(out, si)
-		}
-	}
-	slices.SortFunc(out, func(a, b seenInstance) int { return strings.Compare(a.inst.ID, b.inst.ID) })
-	return out
 }

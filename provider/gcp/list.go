@@ -13,10 +13,6 @@ import (
 	"github.com/runfleet/runfleet/provider"
 )
 
-// launchGrace is how long an inserted instance counts as coming up while
-// listings do not show it yet, and a deleted one stays hidden.
-const launchGrace = 2 * time.Minute
-
 // preemptionNotice is how long Compute Engine gives a preempted
 // instance before it stops it.
 const preemptionNotice = 30 * time.Second
@@ -29,26 +25,16 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 		found, err := p.list(ctx, manager, p.opt.Pool, "")
 		out := make([]provider.Instance, 0, len(found))
 		for _, si := range found {
-			out = append(out, si.inst)
+			out = append(out, si.Inst)
 		}
 		return out, err
 	}
-	p.mu.Lock()
-	stale := p.opt.now().Sub(p.seenAt) >= p.opt.Section.PollInterval.Duration
-	p.mu.Unlock()
-	if stale {
+	if p.book.Stale(p.opt.now(), p.opt.Section.PollInterval.Duration) {
 		if err := p.refresh(ctx); err != nil {
 			return nil, err
 		}
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	view := p.view()
-	out := make([]provider.Instance, 0, len(view))
-	for _, si := range view {
-		out = append(out, si.inst)
-	}
-	return out, nil
+	return p.book.Instances(), nil
 }
 
 // refresh lists the pool's instances, reports what changed, and notes
@@ -61,48 +47,22 @@ func (p *Provider) refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	seen := make(map[string]seenInstance, len(found))
-	for _, si := range found {
-		seen[si.inst.ID] = si
-	}
+	var suspects []seenInstance
+	changed, known := p.book.Update(found, start, func(id string, old seenInstance, now *seenInstance, deleted bool) {
+		switch {
+		case now != nil && now.Data.spot && now.Inst.State == provider.StateExited && !p.watch.Noticed(id):
+			suspects = append(suspects, *now)
+		case now == nil && old.Data.spot && !deleted && !p.watch.Noticed(id):
+			suspects = append(suspects, old) // gone from the listing
+		}
+	})
 	p.mu.Lock()
-	var changed []string
-	for name, si := range seen {
-		old, ok := p.seen[name]
-		if !ok {
-			old = p.launched[name]
-		}
-		if old.inst.State != si.inst.State || old.inst.Reason != si.inst.Reason {
-			changed = append(changed, si.inst.Name)
-		}
-		if si.spot && si.inst.State == provider.StateExited && !p.watch.Noticed(name) {
-			p.suspect[name] = si.inst.Name
-		}
-		delete(p.launched, name)
+	for _, si := range suspects {
+		p.suspect[si.Inst.ID] = si.Inst.Name
 	}
-	for name, si := range p.seen {
-		if _, ok := seen[name]; !ok {
-			changed = append(changed, si.inst.Name) // gone from the listing
-			if _, deleted := p.gone[name]; si.spot && !deleted && !p.watch.Noticed(name) {
-				p.suspect[name] = si.inst.Name
-			}
-		}
-	}
-	for name, si := range p.launched {
-		if start.Sub(si.inst.Created) > launchGrace {
-			delete(p.launched, name)
-			changed = append(changed, si.inst.Name)
-		}
-	}
-	for name, at := range p.gone {
-		if _, listed := seen[name]; !listed && start.Sub(at) > launchGrace {
-			delete(p.gone, name)
-		}
-	}
-	// Forgotten once gone two listings running.
-	p.watch.Forget(func(name string) bool { _, now := seen[name]; _, before := p.seen[name]; return now || before })
-	p.seen, p.seenAt = seen, start
 	p.mu.Unlock()
+	// Forgotten once gone two listings running.
+	p.watch.Forget(known)
 	p.watch.Changed(changed)
 	return nil
 }
@@ -128,7 +88,7 @@ func (p *Provider) list(ctx context.Context, manager, pool, runner string) ([]se
 		si := p.instance(i)
 		// Labels are made label-safe, so two names may share them: the
 		// metadata holds the exact ones.
-		if si.inst.Manager != manager || pool != "" && si.inst.Pool != pool || runner != "" && si.inst.Name != runner {
+		if si.Inst.Manager != manager || pool != "" && si.Inst.Pool != pool || runner != "" && si.Inst.Name != runner {
 			continue
 		}
 		out = append(out, si)
@@ -168,7 +128,7 @@ func (p *Provider) instance(i *computepb.Instance) seenInstance {
 			inst.Reason += ": " + m
 		}
 	}
-	return seenInstance{inst: inst, zone: last(i.GetZone()), spot: i.GetScheduling().GetProvisioningModel() == computepb.Scheduling_SPOT.String()}
+	return seenInstance{Inst: inst, Data: where{zone: last(i.GetZone()), spot: i.GetScheduling().GetProvisioningModel() == computepb.Scheduling_SPOT.String()}}
 }
 
 // Watch reports changes found by the poller, which it starts.

@@ -1,8 +1,12 @@
 // Package vm holds what the providers of cloud instances share: the boot
 // script an instance runs first, which hands it to `runfleet agent`
 // (package bootstrap), and CML's --cloud-* options with each cloud's
-// tables of region and size aliases. Each cloud's provider package says
-// only what differs: its limits, its metadata service, its names.
+// tables of region and size aliases, the order a runner's machine is tried
+// in across markets, types and places (Placement), what a provider knows
+// of its machines between listings (Book), and the poller behind Watch and
+// WatchPreemption (Poller). Each cloud's provider package says only what
+// differs: its calls, its errors, its limits, its metadata service, its
+// names.
 package vm
 
 import (

@@ -1,0 +1,95 @@
+package vm
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/runfleet/runfleet/provider"
+)
+
+// Outcome is what a cloud's answer to one placement means.
+type Outcome int
+
+const (
+	// Transient: not known to have failed for good; the pool backs off.
+	Transient Outcome = iota
+	// NoCapacity: this type, place or market has none, or its quota is
+	// spent: the next is tried.
+	NoCapacity
+	// Refused: no retry fixes it here (a type not offered, a permission
+	// missing): the next is tried, and the pool halts only if all
+	// refuse.
+	Refused
+	// Throttled: the cloud's request rate is spent: the pool backs off.
+	Throttled
+)
+
+// Placement is the choices a runner's machine is tried at, in order:
+// each market (Spot first when asked for, then standard when the
+// fallback says so), each machine type, each place (zone, location).
+type Placement struct {
+	Spot, Fallback bool
+	Types, Places  []string
+	// What names the call in errors ("insert instance"); Standard the
+	// cloud's word for a machine that is not Spot ("standard",
+	// "regular"); Limit names its request limits ("Compute Engine's
+	// request quota").
+	What, Standard, Limit string
+	// Judge says what an error means, with its code and a line for
+	// the refusals' summary.
+	Judge  func(error) (o Outcome, code, line string)
+	Logger *slog.Logger
+}
+
+// Try calls try for each choice until one succeeds. It returns nil then;
+// an error naming every choice's answer when none has capacity; one
+// wrapping provider.ErrRejected when all refused; the error of the first
+// transient failure or throttling.
+func (pl Placement) Try(runner string, try func(spot bool, typ, place string) error) error {
+	markets := []bool{pl.Spot}
+	if pl.Spot && pl.Fallback {
+		markets = append(markets, false)
+	}
+	var tried, refused []string
+	for _, spot := range markets {
+		for _, typ := range pl.Types {
+			for _, place := range pl.Places {
+				err := try(spot, typ, place)
+				if err == nil {
+					return nil
+				}
+				o, code, line := pl.Judge(err)
+				switch o {
+				case NoCapacity:
+					tried = append(tried, fmt.Sprintf("%s %s in %s: %s", pl.market(spot), typ, place, code))
+					pl.Logger.Info("no capacity; trying the next", "runner", runner, "type", typ, "place", place, "market", pl.market(spot), "code", code)
+					continue
+				case Refused:
+					refused = append(refused, fmt.Sprintf("%s in %s: %s", typ, place, line))
+					continue
+				case Throttled:
+					return fmt.Errorf("%s: %s is spent (%s); the pool backs off: %w", pl.What, pl.Limit, code, err)
+				}
+				return fmt.Errorf("%s: %w", pl.What, err)
+			}
+		}
+	}
+	if len(tried) == 0 && len(refused) > 0 {
+		return fmt.Errorf("%w: %s: %s", provider.ErrRejected, pl.What, strings.Join(refused, "; "))
+	}
+	why := "no capacity: " + strings.Join(append(tried, refused...), "; ")
+	if pl.Spot && !pl.Fallback {
+		why += " (spot_fallback: on_demand would start a " + pl.Standard + " machine)"
+	}
+	return errors.New(why)
+}
+
+// market names a market as the cloud does.
+func (pl Placement) market(spot bool) string {
+	if spot {
+		return "spot"
+	}
+	return pl.Standard
+}
