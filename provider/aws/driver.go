@@ -82,7 +82,7 @@ func Client(ctx context.Context, s Section, calls *atomic.Int64, limits *Limits)
 		return nil, "", errors.New("aws.region: not set, and neither AWS_REGION nor the profile gives one")
 	}
 	if limits == nil {
-		limits = limitsFor(cfg.Region + " " + s.Endpoint)
+		limits = sharedLimits.Get(cfg.Region + " " + s.Endpoint)
 	}
 	client := ec2.NewFromConfig(cfg, func(o *ec2.Options) {
 		if s.Endpoint != "" {

@@ -3,7 +3,6 @@ package aws
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
@@ -12,6 +11,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/provider/vm"
 )
 
 // terminated is the Reason of an instance that EC2 lists as terminated.
@@ -50,22 +50,8 @@ func (l *Limits) limiter(op string) *rate.Limiter {
 	return nil
 }
 
-var (
-	limitsMu sync.Mutex
-	limits   = map[string]*Limits{}
-)
-
-// limitsFor shares one Limits per region and endpoint.
-func limitsFor(key string) *Limits {
-	limitsMu.Lock()
-	defer limitsMu.Unlock()
-	if l, ok := limits[key]; ok {
-		return l
-	}
-	l := NewLimits()
-	limits[key] = l
-	return l
-}
+// sharedLimits are the limits the pools of one region and endpoint share.
+var sharedLimits = vm.Shared[*Limits]{New: NewLimits}
 
 // List returns the instances of a manager: the pool's from the last
 // describe (at most a poll interval old) and the ones launched since,

@@ -55,11 +55,10 @@ var (
 
 // Options configure a Provider.
 type Options struct {
-	API            API
-	SubscriptionID string
-	Manager        string
-	Pool           string
-	Section        Section
+	API     API
+	Manager string
+	Pool    string
+	Section Section
 	// IdleTimeout and Lifetime are the VM side's: a VM powers off when
 	// no job came within IdleTimeout, and at Lifetime after it was
 	// asked for whatever it runs.

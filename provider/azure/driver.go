@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
@@ -74,7 +73,7 @@ func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 		life = DefaultLifetime
 	}
 	return New(Options{
-		API: api, SubscriptionID: sub, Manager: c.Manager, Pool: c.Pool, Section: s,
+		API: api, Manager: c.Manager, Pool: c.Pool, Section: s,
 		IdleTimeout: vm.InstanceIdle(s.IdleTimeout.Duration, c.IdleTimeout, DefaultIdleTimeout), Lifetime: life, Calls: calls,
 		Logger: log.With("provider", "azure", "pool", c.Pool, "subscription", sub),
 	})
@@ -106,7 +105,7 @@ func Client(s Section, calls *atomic.Int64, limits *Limits) (API, string, error)
 		return nil, "", fmt.Errorf("azure: credentials: %w", err)
 	}
 	if limits == nil {
-		limits = limitsFor(sub + " " + cfg.Services[cloud.ResourceManager].Endpoint)
+		limits = sharedLimits.Get(sub + " " + cfg.Services[cloud.ResourceManager].Endpoint)
 	}
 	vms, err := armcompute.NewVirtualMachinesClient(sub, cred, &arm.ClientOptions{ClientOptions: policy.ClientOptions{
 		Cloud: cfg, PerRetryPolicies: []policy.Policy{&meter{limits: limits, calls: calls}},
@@ -160,21 +159,8 @@ func NewLimits() *Limits {
 	return &Limits{read: rate.NewLimiter(25, 250), write: rate.NewLimiter(10, 200), delete: rate.NewLimiter(10, 200)}
 }
 
-var (
-	limitsMu sync.Mutex
-	limits   = map[string]*Limits{}
-)
-
-func limitsFor(key string) *Limits {
-	limitsMu.Lock()
-	defer limitsMu.Unlock()
-	if l, ok := limits[key]; ok {
-		return l
-	}
-	l := NewLimits()
-	limits[key] = l
-	return l
-}
+// sharedLimits are the limits the pools of one subscription and endpoint share.
+var sharedLimits = vm.Shared[*Limits]{New: NewLimits}
 
 // meter waits for each request's turn within its bucket and counts what
 // is sent, retries and polls included; token requests go through

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 
 	"cloud.google.com/go/auth"
@@ -100,7 +99,7 @@ func Client(ctx context.Context, s Section, calls *atomic.Int64, limits *Limits)
 		return nil, "", errors.New("gcp.project: not set, and neither the credentials nor GOOGLE_CLOUD_PROJECT give one")
 	}
 	if limits == nil {
-		limits = limitsFor(project + " " + s.Endpoint)
+		limits = sharedLimits.Get(project + " " + s.Endpoint)
 	}
 	base := http.DefaultTransport.(*http.Transport).Clone()
 	hc, err := httptransport.NewClient(&httptransport.Options{
@@ -186,21 +185,8 @@ func NewLimits() *Limits {
 	return &Limits{read: rate.NewLimiter(per, 75), mutate: rate.NewLimiter(per, 75)}
 }
 
-var (
-	limitsMu sync.Mutex
-	limits   = map[string]*Limits{}
-)
-
-func limitsFor(key string) *Limits {
-	limitsMu.Lock()
-	defer limitsMu.Unlock()
-	if l, ok := limits[key]; ok {
-		return l
-	}
-	l := NewLimits()
-	limits[key] = l
-	return l
-}
+// sharedLimits are the limits the pools of one project and endpoint share.
+var sharedLimits = vm.Shared[*Limits]{New: NewLimits}
 
 // meter waits for each request's turn within its quota group and counts
 // what is sent; it sits under the credentials, so token requests to the

@@ -3,7 +3,8 @@
 // (package bootstrap), and CML's --cloud-* options with each cloud's
 // tables of region and size aliases, the order a runner's machine is tried
 // in across markets, types and places (Placement), what a provider knows
-// of its machines between listings (Book), and the poller behind Watch and
+// of its machines between listings (Book), the limits shared per project
+// or subscription (Shared), and the poller behind Watch and
 // WatchPreemption (Poller). Each cloud's provider package says only what
 // differs: its calls, its errors, its limits, its metadata service, its
 // names.

@@ -106,3 +106,12 @@ func TestBook(t *testing.T) {
 		t.Error("staleness")
 	}
 }
+
+// One value per key, made once.
+func TestShared(t *testing.T) {
+	made := 0
+	s := Shared[*int]{New: func() *int { made++; return new(int) }}
+	if a, b, c := s.Get("p"), s.Get("p"), s.Get("q"); a != b || a == c || made != 2 {
+		t.Errorf("same key: %v, other key: %v, made %d", a == b, a == c, made)
+	}
+}

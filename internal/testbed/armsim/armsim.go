@@ -24,6 +24,7 @@ import (
 	"encoding/hex"
 	"encoding/pem"
 	"log/slog"
+	"maps"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -77,25 +78,23 @@ type Server struct {
 	fake        *fake.VirtualMachinesServerTransport
 	listMu      sync.Mutex // one listing through the fake's pager at a time
 
-	mu       sync.Mutex
-	tokens   map[string]time.Time
-	vms      map[string]*VM // by group/name
-	order    []*VM
-	images   map[string]string
-	subnets  map[string]string // subnet ID → location
-	groups   map[string]bool
-	noCap    map[string]bool // "<priority> <size> <location>", with "" for any
-	noSKU    map[string]bool // "<size> <location>"
-	noQuota  map[string]bool // locations
-	faults   map[string][]fault
-	calls    map[string]int
-	lro      map[string]string // path → the API whose operation it polls
-	buckets  map[string]*rate.Limiter
-	down     bool
-	closing  bool
-	wg       sync.WaitGroup
-	dir      string
-	evictAck map[string]chan struct{}
+	mu      sync.Mutex
+	tokens  map[string]time.Time
+	vms     map[string]*VM // by group/name
+	order   []*VM
+	images  map[string]string
+	subnets map[string]string // subnet ID → location
+	groups  map[string]bool
+	noCap   map[string]bool // "<priority> <size> <location>", with "" for any
+	noSKU   map[string]bool // "<size> <location>"
+	noQuota map[string]bool // locations
+	faults  map[string][]fault
+	calls   map[string]int
+	lro     map[string]string // path → the API whose operation it polls
+	buckets map[string]*rate.Limiter
+	down    bool
+	wg      sync.WaitGroup
+	dir     string
 }
 
 type fault struct {
@@ -124,7 +123,7 @@ func New(o Options) (*Server, error) {
 	s := &Server{opt: o, secret: "sp-secret-" + randHex(16), tokens: map[string]time.Time{}, vms: map[string]*VM{},
 		images: map[string]string{}, subnets: map[string]string{}, groups: map[string]bool{Group: true},
 		noCap: map[string]bool{}, noSKU: map[string]bool{}, noQuota: map[string]bool{}, faults: map[string][]fault{},
-		calls: map[string]int{}, lro: map[string]string{}, dir: dir, evictAck: map[string]chan struct{}{},
+		calls: map[string]int{}, lro: map[string]string{}, dir: dir,
 		buckets: map[string]*rate.Limiter{
 			// Azure Resource Manager's documented token buckets.
 			"read": rate.NewLimiter(25, 250), "write": rate.NewLimiter(10, 200), "delete": rate.NewLimiter(10, 200),
@@ -152,7 +151,6 @@ func (s *Server) Transport() policy.Transporter { return s.fake }
 // Close stops the API and ends every VM still up.
 func (s *Server) Close() {
 	s.mu.Lock()
-	s.closing = true
 	live := append([]*VM(nil), s.order...)
 	s.mu.Unlock()
 	s.ts.Close()
@@ -248,11 +246,7 @@ func (s *Server) SetDown(down bool) {
 func (s *Server) Calls() map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make(map[string]int, len(s.calls))
-	for k, v := range s.calls {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(s.calls)
 }
 
 func randHex(n int) string {

@@ -132,27 +132,35 @@ func (f *Fleet) CheckNoSecretOnInstances() {
 		if id == "" {
 			continue
 		}
-		procs := execOutput(t, id, "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline; echo; done 2>/dev/null")
-		files := exportedFiles(t, id)
-		for _, s := range secrets {
-			if bytes.Contains(procs, []byte(s)) {
-				t.Errorf("instance %s: a process's environment or arguments hold a long-lived secret", in.ID)
-			}
-			for name, b := range files {
-				if bytes.Contains(b, []byte(s)) {
-					t.Errorf("instance %s: file %s holds a long-lived secret", in.ID, name)
-				}
-			}
-		}
-		if !bytes.Contains(procs, []byte("gitea-runner")) {
-			t.Errorf("instance %s runs no gitea-runner:\n%s", in.ID, procs)
-		}
+		checkInside(t, "instance "+in.ID, id, secrets...)
 		checked++
 	}
 	if checked == 0 {
 		t.Error("no running instance to check")
 	}
 	t.Logf("checked %d instances (user data, processes, files): no long-lived secret", checked)
+}
+
+// checkInside looks for the secrets, inside a machine's container, in
+// every process's environment and arguments and in every file, and checks
+// that the machine runs gitea-runner.
+func checkInside(t testing.TB, what, id string, secrets ...string) {
+	t.Helper()
+	procs := execOutput(t, id, "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline; echo; done 2>/dev/null")
+	files := exportedFiles(t, id)
+	for _, s := range secrets {
+		if bytes.Contains(procs, []byte(s)) {
+			t.Errorf("%s: a process's environment or arguments hold a long-lived secret", what)
+		}
+		for name, b := range files {
+			if bytes.Contains(b, []byte(s)) {
+				t.Errorf("%s: file %s holds a long-lived secret", what, name)
+			}
+		}
+	}
+	if !bytes.Contains(procs, []byte("gitea-runner")) {
+		t.Errorf("%s runs no gitea-runner:\n%s", what, procs)
+	}
 }
 
 // execOutput runs a shell command in a container and returns its output.
