@@ -32,7 +32,7 @@ TEST_PARALLEL ?= 3
 # go test starts packages in the order they are named: the longest first,
 # so that none of them starts last and runs on alone (testsum's summary
 # gives each package's time).
-SLOWEST_FIRST = ./internal/e2e/aws ./internal/e2e/kube ./internal/e2e/chaoscloud ./internal/e2e/chaos ./internal/e2e/gitlab
+SLOWEST_FIRST = ./internal/e2e/aws ./internal/e2e/kube ./internal/e2e/chaoscloud ./internal/e2e/chaos ./internal/e2e/slurm ./internal/e2e/gitlab
 TEST_JSON ?= /dev/null
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
@@ -49,12 +49,15 @@ test: deps
 # Test images are built FROM scratch (no registry is needed) out of static
 # binaries from Debian's bash-static and busybox-static packages; the status
 # page is checked in Debian's headless Chromium; the GPU tests give their
-# private Docker engine a bridge with iproute2.
+# private Docker engine a bridge with iproute2; the Slurm tests run Debian's
+# slurmctld and slurmd with munge.
 deps:
-	@if [ ! -x /bin/bash-static ] || [ ! -x /bin/busybox ] || ! command -v chromium >/dev/null || ! command -v ip >/dev/null; then \
-		echo "installing bash-static, busybox-static, chromium and iproute2 for the tests"; \
+	@if [ ! -x /bin/bash-static ] || [ ! -x /bin/busybox ] || ! command -v chromium >/dev/null || ! command -v ip >/dev/null || \
+		! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v sbatch >/dev/null || ! command -v munged >/dev/null; then \
+		echo "installing bash-static, busybox-static, chromium, iproute2 and Slurm for the tests"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bash-static busybox-static chromium iproute2; \
+		$$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			bash-static busybox-static chromium iproute2 slurmctld slurmd slurm-client munge; \
 	fi
 
 build:

@@ -218,8 +218,19 @@ func classifyExited(f facts, p policy) verdict {
 		// to remove there. Others are asked to.
 		v.regGone = f.reg != nil && p.canEnd
 		v.ended = v.regGone
+		if f.preempted != nil && (f.reg != nil || f.regID != 0) {
+			// Its job ended as its machine was taken back (a Slurm
+			// job cancelled, signalling the job's steps with it): the
+			// job failed with it, and the forge re-runs it; a forge
+			// re-runs no job that succeeded.
+			v.lost, v.note = true, "machine taken back as its runner's job ended; the job, if it failed, is re-run"
+			v.memory.regID = cmp.Or(regOf(f), f.regID)
+		}
 	case f.phase == agent.PhaseBusy:
+		// The registration last listed with the machine names the job,
+		// also when this pass's listing lacks it.
 		v.lost, v.note = true, "agent died while running a job"
+		v.memory.regID = cmp.Or(regOf(f), f.regID)
 	case f.preempted != nil && (f.reg != nil || f.regID != 0):
 		// Taken back: its agent stopped, and the job it may have run
 		// failed with it; the forge re-runs that job, if there was one.
@@ -257,7 +268,7 @@ func classifyUnregistered(f facts, p policy) verdict {
 
 // classifyLive: a running machine with its registration.
 func classifyLive(f facts, p policy) verdict {
-	age := p.now.Sub(f.inst.Created)
+	age := p.now.Sub(cmp.Or(f.inst.Started, f.inst.Created))
 	status := f.reg.Status
 	// The agent's own word is newer than any listing of the forge.
 	switch f.phase {
@@ -295,7 +306,7 @@ func classifyLive(f facts, p policy) verdict {
 			lost: true, note: "machine taken back; its runner's job, if it ran one, is re-run", memory: mem}
 	case status == forge.StatusBusy:
 		return verdict{state: StateBusy, memory: mem}
-	case status == forge.StatusOffline && p.bootstrapTimeout > 0 && age > p.bootstrapTimeout:
+	case status == forge.StatusOffline && p.bootstrapTimeout > 0 && age > p.bootstrapTimeout && !f.inst.Queued:
 		why := fmt.Sprintf("not online after %s", p.bootstrapTimeout)
 		if f.inst.Reason != "" {
 			why += ": " + f.inst.Reason

@@ -72,8 +72,19 @@ type Instance struct {
 	GPUs []string
 	// Reason says, in the backend's words, why a machine is not running
 	// ("Unschedulable: 0/3 nodes are available", "ImagePullBackOff",
-	// "Evicted"); empty when there is nothing to say. Status shows it.
+	// "Evicted", "Resources"); empty when there is nothing to say.
+	// Status shows it.
 	Reason string
+	// Started is when the machine left its backend's queue and began to
+	// run (a batch job that waited for a node); zero when it ran as soon
+	// as it was made. The bootstrap timeout and the max lifetime count
+	// from it.
+	Started time.Time
+	// Queued is set while the machine waits in its backend's queue and
+	// the pool asked to wait as long as that takes (a Slurm pool with
+	// queue_wait: on a busy cluster the wait is the point): the bootstrap
+	// timeout does not cut the wait short.
+	Queued bool
 }
 
 // Provider is a compute backend.
@@ -125,6 +136,12 @@ type Traits struct {
 	// job ends (spot instances, preemptible VMs, evicted pods); such a
 	// provider reports it through Preempter.
 	Preemptible bool
+	// SchedulesGPUs is set when the backend gives each machine GPUs of
+	// its own nodes (Slurm's gres), as many as the pool's
+	// gpus_per_runner (PoolConfig.GPUsPerRunner), and the provider
+	// reports the ones a machine got in Instance.GPUs. This host's GPUs
+	// play no part.
+	SchedulesGPUs bool
 }
 
 // TraitsOf returns a provider's traits, the zero Traits when it does not
@@ -134,6 +151,14 @@ func TraitsOf(p Provider) Traits {
 		return d.Traits()
 	}
 	return Traits{}
+}
+
+// Labeler is implemented by providers that know from the pool's settings
+// the hardware each of its machines gets (a Slurm pool's GPUs: gpu,
+// gpu-a100, gpus-1). With hardware_labels, the pool's runners carry these
+// labels, as runners given this host's GPUs carry those of their GPUs.
+type Labeler interface {
+	HardwareLabels() []string
 }
 
 // OutputReader is implemented by providers that keep what an agent

@@ -89,6 +89,13 @@ func (g Agent) Spec(r agent.Runner, cred forge.Credential) (provider.Spec, error
 			"report_close_timeout": ReportCloseTimeout.String(),
 			"labels":               labels,
 			"timeout":              "24h",
+			// On SIGTERM the runner would cancel its job, which act
+			// then reports as a success. A runner signalled with its
+			// whole job (Slurm's scancel, a process group stopped)
+			// keeps it instead: the job's steps, dead, fail it, and
+			// the forge re-runs it. Whoever signals it kills it after
+			// a grace.
+			"shutdown_timeout": "24h",
 		},
 		// The built-in cache server would listen on a port of the host
 		// shared by every runner; off until a pool asks for it.

@@ -15,4 +15,5 @@ import (
 	_ "github.com/runfleet/runfleet/provider/gcp"
 	_ "github.com/runfleet/runfleet/provider/kubernetes"
 	_ "github.com/runfleet/runfleet/provider/process"
+	_ "github.com/runfleet/runfleet/provider/slurm"
 )

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -119,10 +120,6 @@ func openForges(cfg *config.Config, log *slog.Logger) (map[string]forge.Forge, e
 // buildPool makes one pool's provider, agent and reconciler. It may set
 // the pool's size (from its GPUs).
 func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
-	per, err := f.fitGPUs(pc)
-	if err != nil {
-		return nil, err
-	}
 	d, ok := provider.Lookup(pc.Provider)
 	if !ok {
 		return nil, fmt.Errorf("provider: %q is not in this build (known: %s)", pc.Provider, strings.Join(provider.Names(), ", "))
@@ -137,8 +134,9 @@ func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 		f.closers = append(f.closers, c)
 	}
 	traits := provider.TraitsOf(prov)
-	if per != 0 && !traits.HostGPUs {
-		return nil, fmt.Errorf("gpus_per_runner: provider %s cannot give runners this host's GPUs", pc.Provider)
+	per, err := f.poolGPUs(pc, traits)
+	if err != nil {
+		return nil, err
 	}
 	conn := f.conns[pc.Forge]
 	ag, err := conn.(agent.Maker).Agent(agent.Config{Path: pc.Agent.Path, FetchInterval: pc.Agent.FetchInterval.Duration, Local: traits.Local, IdleTimeout: pc.IdleTimeout.Duration})
@@ -173,7 +171,7 @@ func (f *Fleet) poolConfig(pc config.Pool) pool.Config {
 	return pool.Config{
 		Name:             pc.Name,
 		Manager:          f.Config.ID,
-		Labels:           pc.Labels,
+		Labels:           f.providerLabels(pc),
 		Env:              pc.Env,
 		Size:             pc.Size,
 		Max:              pc.Max,
@@ -184,6 +182,22 @@ func (f *Fleet) poolConfig(pc config.Pool) pool.Config {
 		RetryLost:        pc.RetryLost == nil || *pc.RetryLost,
 		Once:             pc.Single,
 	}
+}
+
+// providerLabels is a pool's labels and, with hardware labels, those its
+// provider gives every machine of the pool (provider.Labeler).
+func (f *Fleet) providerLabels(pc config.Pool) []string {
+	l, ok := f.Providers[pc.Name].(provider.Labeler)
+	if !ok || !pc.HasHardwareLabels() {
+		return pc.Labels
+	}
+	labels := slices.Clone(pc.Labels)
+	for _, h := range l.HardwareLabels() {
+		if !slices.Contains(labels, h) {
+			labels = append(labels, h)
+		}
+	}
+	return labels
 }
 
 // inventory reads the host's GPUs once, when a pool first needs them (its
@@ -215,6 +229,23 @@ func (f *Fleet) inventory() gpu.Inventory {
 		f.log.Info("GPUs found", "gpus", len(inv.GPUs), "units", f.GPUs.Len(), "driver", inv.Driver, "cuda", inv.CUDA, "source", inv.Source)
 	}
 	return inv
+}
+
+// poolGPUs returns how many of this host's GPUs each of a pool's runners
+// gets (-1 all, 0 none): none where the provider's backend gives machines
+// GPUs of its own (Slurm's gres), which it is told of in its PoolConfig.
+func (f *Fleet) poolGPUs(pc *config.Pool, traits provider.Traits) (int, error) {
+	switch {
+	case pc.GPUsPerRunner == 0:
+		return 0, nil
+	case traits.SchedulesGPUs && pc.SizeFromGPUs:
+		return 0, fmt.Errorf("size: not given, and provider %s gives runners GPUs of its own nodes, which this host cannot count: give a size", pc.Provider)
+	case traits.SchedulesGPUs:
+		return 0, nil
+	case !traits.HostGPUs:
+		return 0, fmt.Errorf("gpus_per_runner: provider %s cannot give runners this host's GPUs", pc.Provider)
+	}
+	return f.fitGPUs(pc)
 }
 
 // fitGPUs checks a pool's GPUs per runner against the host, and sizes a

@@ -240,7 +240,7 @@ func (f *Fleet) pools() []*pool.Pool {
 func (f *Fleet) demandPools(cfg *config.Config) []demand.Pool {
 	var out []demand.Pool
 	for _, pc := range cfg.Pools {
-		labels := slices.Clone(pc.Labels)
+		labels := f.providerLabels(pc)
 		if l, ok := f.conns[pc.Forge].(forge.Labeler); ok {
 			labels = append(labels, l.ImplicitLabels()...)
 		}

@@ -3,6 +3,7 @@ package harness
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -58,6 +59,7 @@ func run(m *testing.M) int {
 		}
 		stopGPUEngine()
 		stopKube()
+		stopSlurm()
 		if binDir != "" {
 			os.RemoveAll(binDir)
 		}
@@ -159,6 +161,11 @@ type Fleet struct {
 	// Killed counts the runners a test killed mid-job on purpose: their
 	// registrations may go while the forge still counts them busy.
 	Killed int
+	// slurm is set for a fleet of Slurm jobs, whose manager runs as cred
+	// (the cluster's ordinary user) from bin.
+	slurm bool
+	cred  *syscall.Credential
+	bin   string
 }
 
 type FleetOptions struct {
@@ -184,6 +191,10 @@ type FleetOptions struct {
 	// Azure (indented by six spaces) added to its azure section.
 	ARM   *armsim.Server
 	Azure string
+	// Slurm, when set, makes it a pool of Slurm jobs on the package's
+	// cluster (NeedSlurm), with these lines (indented by six spaces) in
+	// its slurm section; its manager runs as the cluster's ordinary user.
+	Slurm string
 	// Top is added at the top of the config, Forge to the forge.
 	Top, Forge string
 }
@@ -257,10 +268,18 @@ forges:
 		cfg += AzureVMSection(opt.ARM, opt.Azure)
 		f.Env = append(f.Env, opt.ARM.Env()...)
 	}
+	if opt.Slurm != "" {
+		f.slurm = true
+		cfg = strings.Replace(cfg, "      path: "+runnerBin+"\n", "      path: "+filepath.Join(Slurm.Bin, "gitea-runner")+"\n", 1)
+		cfg += SlurmSection(opt.Slurm)
+	}
 	cfg += opt.Extra
 	f.Config = filepath.Join(dir, "fleet.yaml")
 	if err := os.WriteFile(f.Config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	if f.slurm {
+		f.asSlurmUser()
 	}
 	t.Cleanup(f.Cleanup)
 	return f
@@ -325,8 +344,11 @@ func (f *Fleet) Start() {
 	if err != nil {
 		f.T.Fatal(err)
 	}
-	f.Cmd = exec.Command(FleetBin, "serve", "-c", f.Config, "--log-level", "debug")
+	f.Cmd = exec.Command(cmp.Or(f.bin, FleetBin), "serve", "-c", f.Config, "--log-level", "debug")
 	f.Cmd.Env = append(f.env(), "E2E_GITHUB_TOKEN="+GHToken)
+	if f.cred != nil {
+		f.Cmd.SysProcAttr = &syscall.SysProcAttr{Credential: f.cred}
+	}
 	f.Cmd.Stdout, f.Cmd.Stderr = logf, logf
 	if err := f.Cmd.Start(); err != nil {
 		f.T.Fatal(err)
@@ -428,6 +450,9 @@ func (f *Fleet) StopLeavesNothing() {
 	}
 	if f.ARM != nil {
 		f.AzureLeavesNothing()
+	}
+	if f.slurm {
+		f.SlurmLeavesNothing()
 	}
 }
 

@@ -1,0 +1,203 @@
+package slurm
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/runfleet/runfleet/config"
+)
+
+// Section is a pool's `slurm:` section: what each runner's batch job asks
+// the cluster for. The manager runs where `sbatch`, `squeue` and `scancel`
+// work (a login node) as an ordinary user; the cluster's own slurm.conf
+// (or SLURM_CONF in the manager's environment) says where the controller
+// is.
+type Section struct {
+	Partition string `json:"partition"`
+	Account   string `json:"account"`
+	QOS       string `json:"qos"`
+	// TimeLimit is the job's --time: when not given, the pool's
+	// max_lifetime (or DefaultLifetime) and LateRoom, so that the pool's
+	// own retirement comes first and Slurm's kill is the last resort.
+	TimeLimit config.Duration `json:"time_limit"`
+	// CPUs is --cpus-per-task; Memory --mem, in Slurm's units (16G).
+	CPUs   int    `json:"cpus"`
+	Memory string `json:"memory"`
+	// GPUType is the gres type of a GPU pool's GPUs (a100: --gres=gpu:a100:N);
+	// GPUOption says how GPUs are asked for: "gres" (--gres=gpu:N, the
+	// default, which every Slurm takes) or "gpus" (--gpus=N).
+	GPUType   string `json:"gpu_type"`
+	GPUOption string `json:"gpu_option"`
+	// Constraint is --constraint (node features: "a100&ib").
+	Constraint string `json:"constraint"`
+	// Options are more sbatch options, each one argument
+	// ("--reservation=ml", "--exclusive"). Those runfleet sets itself
+	// are refused here.
+	Options []string `json:"sbatch_options"`
+	// QueueWait leaves a runner pending for as long as the cluster takes
+	// to run it: on a busy cluster the wait is the point. Without it, a
+	// runner pending past the pool's bootstrap_timeout is cancelled and
+	// the pool backs off.
+	QueueWait bool `json:"queue_wait"`
+	// SpoolDir holds each runner's record, its files until its job
+	// starts, and its agent's output: on a filesystem the nodes also see
+	// (a home or project directory). <state_dir>/slurm when not given.
+	SpoolDir string `json:"spool_dir"`
+	// Bin is where sbatch, squeue and scancel are; the manager's PATH when
+	// not given.
+	Bin string `json:"bin_dir"`
+	// PollInterval is how often the cluster's queue is read (5s): one
+	// `squeue --json` for every pool of the manager.
+	PollInterval config.Duration `json:"poll_interval"`
+}
+
+// Defaults.
+const (
+	DefaultPollInterval = 5 * time.Second
+	// DefaultLifetime is a runner job's limit when the pool sets no
+	// max_lifetime: no job holds a node for ever.
+	DefaultLifetime = 24 * time.Hour
+	// LateRoom is added to max_lifetime for the job's --time: a runner
+	// may take its job late in its life.
+	LateRoom = 10 * time.Minute
+)
+
+var (
+	nameRE = regexp.MustCompile(`^[A-Za-z0-9_.+-]+$`)
+	memRE  = regexp.MustCompile(`^[0-9]+[KMGT]?$`)
+	// The options runfleet sets itself, or that would let the job's
+	// output or identity escape the manager's view.
+	ownOptions = []string{"--job-name", "-J", "--comment", "--output", "-o", "--error", "-e", "--parsable",
+		"--export", "--time", "-t", "--gres", "--gpus", "-G", "--partition", "-p", "--account", "-A", "--qos", "-q",
+		"--cpus-per-task", "-c", "--mem", "--constraint", "-C", "--chdir", "-D", "--wrap", "--array", "-a",
+		"--uid", "--gid", "--get-user-env", "--export-file", "--open-mode", "--input", "-i"}
+)
+
+// DecodeSection decodes and checks a pool's section, with defaults.
+func DecodeSection(raw json.RawMessage, gpusPerRunner int) (Section, error) {
+	var s Section
+	decodeErr := config.DecodeSection(raw, &s)
+	if !s.PollInterval.Given() {
+		s.PollInterval = config.D(DefaultPollInterval)
+	}
+	if s.GPUOption == "" {
+		s.GPUOption = "gres"
+	}
+	return s, errors.Join(decodeErr, s.check(gpusPerRunner))
+}
+
+func (s Section) check(gpusPerRunner int) error {
+	var errs []error
+	bad := func(field, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
+	}
+	for field, v := range map[string]string{"partition": s.Partition, "account": s.Account, "qos": s.QOS, "gpu_type": s.GPUType} {
+		if v != "" && !nameRE.MatchString(v) {
+			bad(field, "%q is not a Slurm name (letters, digits, _ . + -)", v)
+		}
+	}
+	if err := s.TimeLimit.Check(); err != nil {
+		bad("time_limit", "%v", err)
+	} else if s.TimeLimit.Given() && s.TimeLimit.Duration < time.Minute {
+		bad("time_limit", "%s is under Slurm's unit of a minute", s.TimeLimit.Duration)
+	}
+	if err := s.PollInterval.Check(); err != nil {
+		bad("poll_interval", "%v", err)
+	} else if s.PollInterval.Duration < time.Second {
+		bad("poll_interval", "%s is under a second", s.PollInterval.Duration)
+	}
+	if s.CPUs < 0 {
+		bad("cpus", "%d is not a number of CPUs", s.CPUs)
+	}
+	if s.Memory != "" && !memRE.MatchString(s.Memory) {
+		bad("memory", "%q is not a Slurm size (a number with K, M, G or T)", s.Memory)
+	}
+	if s.GPUOption != "gres" && s.GPUOption != "gpus" {
+		bad("gpu_option", "%q is neither gres nor gpus", s.GPUOption)
+	}
+	switch {
+	case gpusPerRunner < 0:
+		errs = append(errs, errors.New(`gpus_per_runner: "all" counts this host's GPUs; a Slurm pool asks for a number of GPUs per runner`))
+	case gpusPerRunner == 0 && s.GPUType != "":
+		bad("gpu_type", "%q is set, and gpus_per_runner is not: a runner would get no GPU", s.GPUType)
+	}
+	if strings.ContainsAny(s.Constraint, "\n\x00") {
+		bad("constraint", "holds a line break")
+	}
+	for i, o := range s.Options {
+		flag, _, _ := strings.Cut(o, "=")
+		switch {
+		case !strings.HasPrefix(o, "-"):
+			bad(fmt.Sprintf("sbatch_options[%d]", i), "%q is not an option: write each as --name=value", o)
+		case isOwn(flag):
+			bad(fmt.Sprintf("sbatch_options[%d]", i), "%s is set by runfleet (or by this section's own fields)", flag)
+		case strings.ContainsAny(o, "\n\x00"):
+			bad(fmt.Sprintf("sbatch_options[%d]", i), "holds a line break")
+		}
+	}
+	if s.SpoolDir != "" && !filepath.IsAbs(s.SpoolDir) {
+		bad("spool_dir", "%q is not an absolute path", s.SpoolDir)
+	}
+	if s.Bin != "" && !filepath.IsAbs(s.Bin) {
+		bad("bin_dir", "%q is not an absolute path", s.Bin)
+	}
+	return errors.Join(errs...)
+}
+
+func isOwn(flag string) bool {
+	for _, o := range ownOptions {
+		if flag == o {
+			return true
+		}
+	}
+	// A short option written with its value attached (-pgpu).
+	return len(flag) > 2 && !strings.HasPrefix(flag, "--") && isOwn(flag[:2])
+}
+
+// timeLimit is the job's --time, in whole minutes.
+func (s Section) timeLimit(maxLifetime time.Duration) int {
+	d := s.TimeLimit.Duration
+	if !s.TimeLimit.Given() {
+		d = DefaultLifetime
+		if maxLifetime > 0 {
+			d = maxLifetime
+		}
+		d += LateRoom
+	}
+	return int((d + time.Minute - 1) / time.Minute)
+}
+
+// submitArgs are sbatch's arguments for a runner: none of them secret.
+func (s Section) submitArgs(gpus int, maxLifetime time.Duration) []string {
+	args := []string{fmt.Sprintf("--time=%d", s.timeLimit(maxLifetime))}
+	add := func(flag, v string) {
+		if v != "" {
+			args = append(args, flag+"="+v)
+		}
+	}
+	add("--partition", s.Partition)
+	add("--account", s.Account)
+	add("--qos", s.QOS)
+	if s.CPUs > 0 {
+		add("--cpus-per-task", fmt.Sprint(s.CPUs))
+	}
+	add("--mem", s.Memory)
+	add("--constraint", s.Constraint)
+	if gpus > 0 {
+		typ := ""
+		if s.GPUType != "" {
+			typ = s.GPUType + ":"
+		}
+		if s.GPUOption == "gpus" {
+			add("--gpus", fmt.Sprintf("%s%d", typ, gpus))
+		} else {
+			add("--gres", fmt.Sprintf("gpu:%s%d", typ, gpus))
+		}
+	}
+	return append(args, s.Options...)
+}

@@ -1,0 +1,206 @@
+package slurm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/runfleet/runfleet/provider"
+)
+
+// submitLag is how long a job just submitted may be missing from a queue
+// read: the read may have started before the submission.
+const submitLag = 30 * time.Second
+
+// finished says whether a job state is one its job ended in.
+func finished(state string) bool {
+	switch state {
+	case "PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD",
+		"RUNNING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "POWER_UP_NODE":
+		return false
+	}
+	return true
+}
+
+// takenBack says whether a job that ended lost its node under it, or was
+// cancelled by someone else: its runner's job, if it ran one, is lost.
+func takenBack(state string) bool {
+	switch state {
+	case "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "CANCELLED":
+		return true
+	}
+	return false
+}
+
+// List returns the pool's runners of a manager: its records joined with
+// the queue (one `squeue --json` per poll interval for every pool), and
+// the jobs of the pool the queue holds without a record (a runner whose
+// record went, another manager's leftovers for `gc`).
+func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instance, error) {
+	jobs, at, err := p.q.read(ctx, p.opt.Section.PollInterval.Duration)
+	if err != nil {
+		return nil, fmt.Errorf("list runners: %w", err)
+	}
+	recs, err := p.records(manager)
+	if err != nil {
+		return nil, fmt.Errorf("list runners: %w", err)
+	}
+	byID := map[string]Job{}
+	named := map[string]Job{} // live jobs of the pool by runner name, for records without a job id
+	var out []provider.Instance
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, j := range jobs {
+		if m, pool, ok := owner(j.Comment); !ok || m != manager || pool != p.opt.Pool {
+			continue
+		}
+		byID[j.ID] = j
+		if !finished(j.State) {
+			named[j.Name] = j
+		}
+	}
+	known := map[string]bool{}
+	for _, rec := range recs {
+		if rec.JobID == "" {
+			if p.creating[rec.Name] {
+				continue
+			}
+			// A manager killed between sbatch and the record's update:
+			// the job is found by its name.
+			if j, ok := named[rec.Name]; ok {
+				rec.JobID = j.ID
+				_ = p.writeRecord(rec)
+			}
+		}
+		known[rec.JobID] = true
+		j, ok := byID[rec.JobID]
+		switch {
+		case ok:
+			out = append(out, p.instance(rec, j))
+		case rec.JobID != "" && rec.Created.After(at.Add(-submitLag)):
+			// Submitted after (or just before) the queue was read.
+			out = append(out, provider.Instance{Name: rec.Name, Manager: rec.Manager, Pool: rec.Pool, ID: rec.JobID,
+				State: provider.StateCreated, Created: rec.Created, Reason: "submitted", Queued: p.opt.Section.QueueWait})
+		default:
+			// Ended long enough ago to have left the queue, or never
+			// submitted: Delete clears what is left.
+			out = append(out, provider.Instance{Name: rec.Name, Manager: rec.Manager, Pool: rec.Pool, ID: rec.JobID,
+				State: provider.StateExited, Created: rec.Created})
+		}
+	}
+	for _, j := range byID {
+		if known[j.ID] || finished(j.State) || p.cancelled[j.ID] {
+			continue
+		}
+		out = append(out, p.instance(record{Name: j.Name, Manager: manager, Pool: p.opt.Pool, JobID: j.ID, Created: j.Submit}, j))
+	}
+	return out, nil
+}
+
+// instance is a runner's machine as its job's state says.
+func (p *Provider) instance(rec record, j Job) provider.Instance {
+	in := provider.Instance{Name: rec.Name, Manager: rec.Manager, Pool: rec.Pool, ID: j.ID, Created: rec.Created, GPUs: j.GPUs}
+	reason := j.Reason
+	if reason == "None" {
+		reason = ""
+	}
+	switch {
+	case p.cancelled[j.ID] || finished(j.State):
+		in.State, in.Reason = provider.StateExited, strings.TrimSuffix(j.State+": "+reason, ": ")
+	case j.State == "RUNNING" || j.State == "SUSPENDED" || j.State == "SIGNALING" || j.State == "STAGE_OUT" || j.State == "RESIZING":
+		in.State, in.Started = provider.StateRunning, j.Start
+		if in.Started.Before(in.Created) {
+			in.Started = time.Time{}
+		}
+	default:
+		// Waiting for a node: the reason is Slurm's (Resources,
+		// Priority, QOSMaxGRESPerUser, ...).
+		in.State, in.Queued = provider.StateCreated, p.opt.Section.QueueWait
+		in.Reason = strings.TrimSuffix(strings.ToLower(j.State)+": "+reason, ": ")
+	}
+	return in
+}
+
+// records reads the manager's records of the pool.
+func (p *Provider) records(manager string) ([]record, error) {
+	entries, err := os.ReadDir(p.recordDir())
+	if err != nil {
+		return nil, err
+	}
+	var out []record
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		rec, err := p.readRecord(name)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		if rec.Manager == manager && rec.Pool == p.opt.Pool {
+			out = append(out, rec)
+		}
+	}
+	return out, nil
+}
+
+// poll reads the queue for Watch and WatchPreemption: a runner whose job
+// changed state is reported changed, one whose job Slurm preempted, lost
+// with its node, or someone else cancelled is reported taken back.
+func (p *Provider) poll(ctx context.Context) error {
+	if _, _, err := p.q.read(ctx, p.opt.Section.PollInterval.Duration/2); err != nil {
+		return err
+	}
+	insts, err := p.List(ctx, p.opt.Manager)
+	if err != nil {
+		return err
+	}
+	jobs, _, _ := p.q.read(ctx, time.Hour)
+	state := map[string]string{}
+	for _, j := range jobs {
+		state[j.ID] = j.State
+	}
+	var changed []string
+	now := map[string]string{}
+	p.mu.Lock()
+	for _, in := range insts {
+		sig := in.ID + "/" + string(in.State) + "/" + in.Reason
+		now[in.Name] = sig
+		if p.last[in.Name] != sig {
+			changed = append(changed, in.Name)
+		}
+	}
+	for name := range p.last {
+		if _, ok := now[name]; !ok {
+			changed = append(changed, name)
+		}
+	}
+	p.last = now
+	var notices []provider.Notice
+	for _, in := range insts {
+		st := state[in.ID]
+		if takenBack(st) && !p.cancelled[in.ID] && p.prevState[in.ID] != st {
+			notices = append(notices, provider.Notice{Name: in.Name, ID: in.ID, At: time.Now(), Reason: "Slurm job " + st})
+		}
+	}
+	p.prevState = state
+	for id := range p.cancelled {
+		if _, ok := state[id]; !ok {
+			delete(p.cancelled, id) // left the queue: nothing lists it again
+		}
+	}
+	p.mu.Unlock()
+	p.poller.Changed(changed)
+	for _, n := range notices {
+		p.poller.Notify(n, "runner's job taken back by Slurm")
+	}
+	p.poller.Forget(func(id string) bool { _, ok := state[id]; return ok })
+	return nil
+}

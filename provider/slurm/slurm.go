@@ -1,0 +1,366 @@
+// Package slurm is the Slurm provider: each runner is a batch job, for the
+// clusters where GPUs are reached only through the scheduler. The manager
+// runs as an ordinary user where sbatch works (a login node); it needs no
+// root and no container engine.
+//
+// A runner's job is named after the runner and carries the manager id and
+// pool in its comment, so that the queue alone finds it again. A record per
+// runner (in the spool directory, written before the job is submitted)
+// names the job, so that a kill -9 at any instant leaves nothing unnamed.
+// The runner's credential never reaches sbatch's arguments, the job's
+// script or the environment Slurm records: it waits in the spool, readable
+// by the submitting user only, until the job moves it into a fresh
+// directory on its node, removed when the job ends.
+package slurm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/provider/vm"
+)
+
+// Options configures a Provider.
+type Options struct {
+	Manager, Pool string
+	Section       Section
+	// Spool is the pool's spool directory: records, runners' files until
+	// their jobs start, the agents' output. The nodes must see it.
+	Spool string
+	// Workdir is the parent of the runners' directories on the nodes.
+	Workdir string
+	// GPUs is how many GPUs each runner's job asks for.
+	GPUs        int
+	MaxLifetime time.Duration
+	// Cluster runs the commands; queue is the cluster's queue shared by
+	// the manager's pools (made from Cluster when nil).
+	Cluster Cluster
+	queue   *queue
+	Logger  *slog.Logger
+	// KeepLogs is how many agents' outputs are kept (200).
+	KeepLogs int
+}
+
+// Provider runs runners as Slurm batch jobs.
+type Provider struct {
+	opt    Options
+	log    *slog.Logger
+	q      *queue
+	poller *vm.Poller
+
+	mu        sync.Mutex
+	creating  map[string]bool
+	cancelled map[string]bool   // job ids this manager cancelled
+	last      map[string]string // by name: what the last poll saw, for Watch
+	prevState map[string]string // by job id: its state at the last poll
+}
+
+// record is what is kept per runner, before and after its job exists.
+type record struct {
+	Name    string    `json:"name"`
+	Manager string    `json:"manager"`
+	Pool    string    `json:"pool"`
+	JobID   string    `json:"job_id,omitempty"`
+	Created time.Time `json:"created"`
+}
+
+var runnerNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+
+// New returns a provider. It creates its directories.
+func New(opt Options) (*Provider, error) {
+	if opt.Spool == "" || opt.Workdir == "" || opt.Cluster == nil {
+		return nil, errors.New("slurm provider: spool, work directory and cluster are required")
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	if opt.KeepLogs == 0 {
+		opt.KeepLogs = 200
+	}
+	if opt.queue == nil {
+		opt.queue = &queue{cluster: opt.Cluster}
+	}
+	p := &Provider{opt: opt, log: opt.Logger, q: opt.queue, creating: map[string]bool{},
+		cancelled: map[string]bool{}, last: map[string]string{}, prevState: map[string]string{}}
+	for _, d := range []string{p.recordDir(), p.filesDir(), p.logDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("slurm provider: %w", err)
+		}
+	}
+	p.poller = &vm.Poller{Interval: opt.Section.PollInterval.Duration, Poll: p.poll, What: "reading the Slurm queue", Logger: p.log}
+	return p, nil
+}
+
+func (p *Provider) recordDir() string { return filepath.Join(p.opt.Spool, "runners") }
+func (p *Provider) filesDir() string  { return filepath.Join(p.opt.Spool, "files") }
+func (p *Provider) logDir() string    { return filepath.Join(p.opt.Spool, "logs") }
+func (p *Provider) recordPath(name string) string {
+	return filepath.Join(p.recordDir(), name+".json")
+}
+func (p *Provider) logPath(name, job string) string {
+	return filepath.Join(p.logDir(), name+"-"+job+".log")
+}
+
+// comment marks a job as a runner of this manager and pool.
+func comment(manager, pool, name string) string {
+	return "runfleet manager=" + manager + " pool=" + pool + " runner=" + name
+}
+
+// owner reads a job's comment: the manager and pool it is a runner of.
+func owner(c string) (manager, pool string, ok bool) {
+	rest, ok := strings.CutPrefix(c, "runfleet ")
+	if !ok {
+		return "", "", false
+	}
+	for _, f := range strings.Fields(rest) {
+		k, v, _ := strings.Cut(f, "=")
+		switch k {
+		case "manager":
+			manager = v
+		case "pool":
+			pool = v
+		}
+	}
+	return manager, pool, manager != "" && pool != ""
+}
+
+// Traits: the agent runs on a node of the cluster, found where this host
+// finds it (clusters share their software), and Slurm hands out the
+// nodes' GPUs; a job may be preempted or lose its node.
+func (p *Provider) Traits() provider.Traits {
+	return provider.Traits{Local: true, Preemptible: true, SchedulesGPUs: true}
+}
+
+// HardwareLabels describe the GPUs each runner's job asks for.
+func (p *Provider) HardwareLabels() []string {
+	if p.opt.GPUs <= 0 {
+		return nil
+	}
+	l := []string{"gpu"}
+	if t := p.opt.Section.GPUType; t != "" {
+		l = append(l, "gpu-"+strings.ToLower(t))
+	}
+	return append(l, fmt.Sprintf("gpus-%d", p.opt.GPUs))
+}
+
+// Calls counts the Slurm commands run, for the metrics.
+func (p *Provider) Calls() int64 {
+	if c, ok := p.opt.Cluster.(provider.CallCounter); ok {
+		return c.Calls()
+	}
+	return 0
+}
+
+// Create submits the runner's job. A runner of that name whose job is
+// still queued or running is returned instead.
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+	if err := ctx.Err(); err != nil {
+		return provider.Instance{}, err
+	}
+	if !runnerNameRE.MatchString(spec.Name) {
+		return provider.Instance{}, fmt.Errorf("create runner: invalid name %q", spec.Name)
+	}
+	defer p.markCreating(spec.Name)()
+	if rec, err := p.readRecord(spec.Name); err == nil {
+		if inst, ok := p.live(ctx, rec); ok {
+			return inst, nil
+		}
+		if err := p.Delete(ctx, spec.Name); err != nil {
+			return provider.Instance{}, err
+		}
+	}
+	rec := record{Name: spec.Name, Manager: spec.Manager, Pool: spec.Pool, Created: time.Now().UTC()}
+	// The record first: a crash from here on leaves a name to clean up.
+	err := p.writeRecord(rec)
+	spool := filepath.Join(p.filesDir(), spec.Name)
+	if err == nil {
+		err = writeSpool(spool, spec)
+	}
+	if err == nil {
+		rec.JobID, err = p.submit(ctx, spec, spool)
+	}
+	if err == nil {
+		err = p.writeRecord(rec)
+	}
+	if err != nil {
+		if rec.JobID != "" {
+			_ = p.opt.Cluster.Cancel(context.WithoutCancel(ctx), []string{rec.JobID})
+		}
+		_ = os.RemoveAll(spool)
+		_ = os.Remove(p.recordPath(spec.Name))
+		return provider.Instance{}, fmt.Errorf("create runner %s: %w", spec.Name, err)
+	}
+	p.log.Debug("runner job submitted", "runner", spec.Name, "job", rec.JobID)
+	return provider.Instance{Name: rec.Name, Manager: rec.Manager, Pool: rec.Pool, ID: rec.JobID,
+		State: provider.StateCreated, Created: rec.Created, Reason: "submitted", Queued: p.opt.Section.QueueWait}, nil
+}
+
+func (p *Provider) submit(ctx context.Context, spec provider.Spec, spool string) (string, error) {
+	args := []string{
+		"--job-name=" + spec.Name,
+		"--comment=" + comment(spec.Manager, spec.Pool, spec.Name),
+		"--output=" + p.logPath(spec.Name, "%j"),
+		// The job starts with the user's login environment on its node,
+		// not sbatch's (which is the manager's: see cleanEnv).
+		"--export=NONE",
+		// Its credential is single-use and gone once it started: a job
+		// requeued after a preemption could not run again.
+		"--no-requeue",
+		"--chdir=" + p.opt.Spool,
+	}
+	args = append(args, p.opt.Section.submitArgs(p.opt.GPUs, p.opt.MaxLifetime)...)
+	return p.opt.Cluster.Submit(ctx, batchScript(spec, spool, p.opt.Workdir), args)
+}
+
+// live returns a record's job when the queue holds it queued or running.
+func (p *Provider) live(ctx context.Context, rec record) (provider.Instance, bool) {
+	insts, err := p.List(ctx, rec.Manager)
+	if err != nil {
+		return provider.Instance{}, false
+	}
+	for _, in := range insts {
+		if in.Name == rec.Name && in.State != provider.StateExited {
+			return in, true
+		}
+	}
+	return provider.Instance{}, false
+}
+
+// markCreating notes a Create under way, so that a List meanwhile does
+// not take its record without a job for one a crash left.
+func (p *Provider) markCreating(name string) (done func()) {
+	p.mu.Lock()
+	p.creating[name] = true
+	p.mu.Unlock()
+	return func() {
+		p.mu.Lock()
+		delete(p.creating, name)
+		p.mu.Unlock()
+	}
+}
+
+// Delete cancels the runner's job (and any other job of its name this
+// manager's pool submitted) and removes its files and record. The job's
+// own trap removes its directory on the node.
+func (p *Provider) Delete(ctx context.Context, name string) error {
+	rec, err := p.readRecord(name)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("delete runner %s: %w", name, err)
+	}
+	var ids []string
+	if rec.JobID != "" {
+		ids = append(ids, rec.JobID)
+	}
+	jobs, _, err := p.q.read(ctx, p.opt.Section.PollInterval.Duration)
+	if err != nil {
+		return fmt.Errorf("delete runner %s: %w", name, err)
+	}
+	for _, j := range jobs {
+		if m, pool, ok := owner(j.Comment); ok && m == p.opt.Manager && pool == p.opt.Pool && j.Name == name && !finished(j.State) && !slices.Contains(ids, j.ID) {
+			ids = append(ids, j.ID)
+		}
+	}
+	if err := p.opt.Cluster.Cancel(ctx, ids); err != nil {
+		return fmt.Errorf("delete runner %s: %w", name, err)
+	}
+	p.mu.Lock()
+	for _, id := range ids {
+		p.cancelled[id] = true
+	}
+	p.mu.Unlock()
+	if err := os.RemoveAll(filepath.Join(p.filesDir(), name)); err != nil {
+		return fmt.Errorf("delete runner %s: %w", name, err)
+	}
+	if err := os.Remove(p.recordPath(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("delete runner %s: %w", name, err)
+	}
+	p.pruneLogs()
+	return nil
+}
+
+// Output opens the end of a runner's output (sbatch's --output).
+func (p *Provider) Output(_ context.Context, inst provider.Instance, max int64) (io.ReadCloser, error) {
+	if inst.ID == "" {
+		return nil, provider.ErrNoOutput
+	}
+	return provider.TailFile(p.logPath(inst.Name, inst.ID), max)
+}
+
+// Watch reports the runners whose jobs changed state, from one queue
+// read per poll interval.
+func (p *Provider) Watch(ctx context.Context, changed func(name string)) {
+	p.poller.Watch(ctx, changed)
+}
+
+// WatchPreemption reports the runners whose jobs Slurm preempted, lost
+// with their node, or someone cancelled.
+func (p *Provider) WatchPreemption(ctx context.Context, notice func(provider.Notice)) {
+	p.poller.WatchPreemption(ctx, notice)
+}
+
+// Close stops the polling. Jobs keep running.
+func (p *Provider) Close() error {
+	p.poller.Stop()
+	return nil
+}
+
+func (p *Provider) readRecord(name string) (record, error) {
+	var rec record
+	b, err := os.ReadFile(p.recordPath(name))
+	if err != nil {
+		return rec, err
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return rec, fmt.Errorf("record of %s: %w", name, err)
+	}
+	return rec, nil
+}
+
+// writeRecord replaces a record whole (a temporary file renamed), so that
+// a crash never leaves half of one.
+func (p *Provider) writeRecord(rec record) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	tmp := p.recordPath(rec.Name) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p.recordPath(rec.Name))
+}
+
+// pruneLogs keeps the newest KeepLogs outputs.
+func (p *Provider) pruneLogs() {
+	entries, err := os.ReadDir(p.logDir())
+	if err != nil || len(entries) <= p.opt.KeepLogs {
+		return
+	}
+	type aged struct {
+		name string
+		mod  time.Time
+	}
+	var logs []aged
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil {
+			logs = append(logs, aged{e.Name(), info.ModTime()})
+		}
+	}
+	slices.SortFunc(logs, func(a, b aged) int { return a.mod.Compare(b.mod) })
+	for _, l := range logs[:max(0, len(logs)-p.opt.KeepLogs)] {
+		_ = os.Remove(filepath.Join(p.logDir(), l.name))
+	}
+}
