@@ -169,6 +169,53 @@ func TestBootstrapTimeoutGivesTheReason(t *testing.T) {
 	}
 }
 
+// A machine waiting in its backend's queue by the pool's choice (Slurm's
+// queue_wait) outlives the bootstrap timeout, which counts, once it runs,
+// from its start.
+func TestQueuedMachineWaits(t *testing.T) {
+	pol := policy{now: classifyNow, bootstrapTimeout: 2 * time.Minute}
+	inst := machine(created, time.Hour)
+	inst.Queued, inst.Reason = true, "pending: Resources"
+	if got := classify(facts{inst: inst, reg: registration(off)}, pol); got.retire != "" || got.state != StateStarting {
+		t.Errorf("queued an hour: %+v", got)
+	}
+	inst = machine(running, time.Hour)
+	inst.Started = classifyNow.Add(-time.Minute)
+	if got := classify(facts{inst: inst, reg: registration(off)}, pol); got.retire != "" {
+		t.Errorf("running a minute after an hour queued: %+v", got)
+	}
+	inst.Started = classifyNow.Add(-3 * time.Minute)
+	if got := classify(facts{inst: inst, reg: registration(off)}, pol); got.retire == "" {
+		t.Errorf("running 3 minutes, never online: %+v", got)
+	}
+}
+
+// An agent that died mid-job, or ended its job as its machine was taken
+// back (a Slurm job cancelled with its steps), reports the job lost with
+// the registration last listed, also when this pass's listing lacks it.
+func TestLostKeepsTheRegistration(t *testing.T) {
+	pol := policy{now: classifyNow, bootstrapTimeout: 2 * time.Minute, canEnd: true, phases: true}
+	for _, tc := range []struct {
+		name    string
+		phase   agent.Phase
+		preempt bool
+		lost    bool
+	}{
+		{"died busy", agent.PhaseBusy, false, true},
+		{"done as taken back", agent.PhaseDone, true, true},
+		{"done, not taken back", agent.PhaseDone, false, false},
+	} {
+		f := facts{inst: machine(exited, time.Minute), phase: tc.phase, memory: memory{regID: 7}}
+		if tc.preempt {
+			f.preempted = &provider.Notice{Name: "p-1", ID: "m1", Reason: "Slurm job CANCELLED"}
+		}
+		got := classify(f, pol)
+		if got.lost != tc.lost || tc.lost && got.memory.regID != 7 {
+			t.Errorf("%s: %+v", tc.name, got)
+		}
+	}
+}
+
 // Classification is pure: the same facts give the same verdict, and the
 // facts are not changed.
 func TestClassifyIsPure(t *testing.T) {

@@ -272,3 +272,39 @@ func shorten(t testing.TB, f *harness.Fleet, old, new string) {
 		t.Fatal(err)
 	}
 }
+
+// kill -9 of the manager, not restarted: `runfleet gc`, run as the same
+// ordinary user, lists the runners' jobs and registrations, and with --yes
+// cancels the jobs (whose traps remove their directories) and removes the
+// registrations, records and credentials.
+func TestSlurmGC(t *testing.T) {
+	harness.NeedSlurm(t)
+	f := harness.NewFleet(t, "slurmgc", harness.FleetOptions{Size: 2, Max: 2, Slurm: mem})
+	f.Start()
+	harness.Eventually(t, 2*time.Minute, "2 idle runners", func() bool { return f.IdleOnline() == 2 })
+	f.Kill9()
+	listed := f.Runfleet("gc", "-c", f.Config)
+	t.Logf("gc:\n%s", listed)
+	if strings.Count(listed, "machine") != 2 || strings.Count(listed, "registration") != 2 {
+		t.Errorf("gc lists, want 2 machines and 2 registrations:\n%s", listed)
+	}
+	removed := f.Runfleet("gc", "-c", f.Config, "--yes")
+	t.Logf("gc --yes:\n%s", removed)
+	if !strings.Contains(removed, "removed 4 of 4") {
+		t.Errorf("gc --yes did not remove 2 jobs and 2 registrations")
+	}
+	harness.Eventually(t, 30*time.Second, "no live job, no runner process", func() bool {
+		return len(f.SlurmJobs()) == 0 && len(f.RunnerPIDs()) == 0
+	})
+	harness.Eventually(t, 30*time.Second, "the jobs' directories removed", func() bool {
+		left, _ := os.ReadDir(f.Work)
+		return len(left) == 0
+	})
+	if len(f.Runners()) != 0 {
+		t.Errorf("registrations left after gc --yes: %d", len(f.Runners()))
+	}
+	f.SlurmLeavesNothing()
+	if out := f.Runfleet("gc", "-c", f.Config); !strings.Contains(out, "left nothing") {
+		t.Errorf("gc after gc --yes:\n%s", out)
+	}
+}

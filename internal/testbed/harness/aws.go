@@ -3,6 +3,7 @@ package harness
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -213,8 +215,11 @@ func exportedFiles(t testing.TB, id string) map[string][]byte {
 // returns its output.
 func (f *Fleet) Runfleet(args ...string) string {
 	f.T.Helper()
-	cmd := exec.Command(FleetBin, args...)
+	cmd := exec.Command(cmp.Or(f.bin, FleetBin), args...)
 	cmd.Env = f.env()
+	if f.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: f.cred}
+	}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		f.T.Fatalf("runfleet %s: %v\n%s", strings.Join(args, " "), err, out)
