@@ -23,9 +23,14 @@ func ParseQueue(b []byte) ([]Job, error) {
 	if err := json.Unmarshal(b, &doc); err != nil {
 		return nil, fmt.Errorf("squeue --json: %w", err)
 	}
-	if doc.Jobs == nil && len(doc.Errors) > 0 {
+	// A controller that does not answer in time makes squeue exit 0 with
+	// an empty list and an error beside it: that is no empty queue.
+	if len(doc.Errors) > 0 {
 		e := doc.Errors[0]
-		return nil, fmt.Errorf("squeue --json: %s", strings.TrimSpace(e.Error+" "+e.Description))
+		return nil, fmt.Errorf("squeue --json: %s", strings.TrimSpace(e.Error+": "+e.Description))
+	}
+	if doc.Jobs == nil {
+		return nil, fmt.Errorf("squeue --json: no job list in the answer")
 	}
 	jobs := make([]Job, 0, len(doc.Jobs))
 	for _, r := range doc.Jobs {

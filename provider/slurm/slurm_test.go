@@ -60,6 +60,15 @@ func TestParseQueueNewShapes(t *testing.T) {
 		!strings.Contains(err.Error(), "Unable to contact") {
 		t.Errorf("an answer of errors only: %v", err)
 	}
+	// What squeue 22.05 prints, exiting 0, when slurmctld does not answer
+	// within MessageTimeout.
+	frozen := `{"meta":{"plugin":{"type":"openapi\/v0.0.38"}},"errors":[{"description":"Failed while looking for jobs","error_number":-1,"error":"Unspecified error","source":"slurm_load_jobs"}],"jobs":[]}`
+	if _, err := ParseQueue([]byte(frozen)); err == nil || !strings.Contains(err.Error(), "Failed while looking for jobs") {
+		t.Errorf("an empty list beside an error read as an empty queue: %v", err)
+	}
+	if _, err := ParseQueue([]byte(`{"meta":{}}`)); err == nil {
+		t.Error("an answer without a job list read as an empty queue")
+	}
 	if _, err := ParseQueue([]byte(`squeue: error: Invalid user`)); err == nil {
 		t.Error("a non-JSON answer read without error")
 	}

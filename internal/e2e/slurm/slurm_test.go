@@ -308,3 +308,44 @@ func TestSlurmGC(t *testing.T) {
 		t.Errorf("gc after gc --yes:\n%s", out)
 	}
 }
+
+// slurmctld frozen for 40 s while a job runs (it accepts connections and
+// answers nothing, and squeue exits 0 with an empty list and an error
+// beside it): the manager keeps answering, removes and submits nothing
+// while the queue cannot be read, logs the failure once, and once the
+// controller is back the job has succeeded and the pool is whole.
+func TestSlurmControllerOutage(t *testing.T) {
+	s := harness.NeedSlurm(t)
+	top, _, status := harness.Listeners(t)
+	f := harness.NewFleet(t, "slurmout", harness.FleetOptions{Size: 2, Max: 2, Slurm: mem, Top: top})
+	f.Start()
+	harness.Eventually(t, 2*time.Minute, "2 idle runners", func() bool { return f.IdleOnline() == 2 })
+	// Older than a submission a queue read may miss: a failed read taken
+	// for an empty queue would read them as ended.
+	time.Sleep(35 * time.Second)
+	f.Push(harness.Matrix("slurmout", 1, "sleep 25\necho done"))
+	f.WaitInProgress(1)
+	removedBefore := len(harness.LogLines(f.LogPath, "runner removed"))
+	thaw := s.FreezeController(t)
+	frozen := time.Now()
+	for time.Since(frozen) < 40*time.Second {
+		if code, _ := harness.Get(t, status+"/healthz"); code != 200 {
+			t.Errorf("/healthz answered %d %s into the outage", code, time.Since(frozen).Round(time.Second))
+			break
+		}
+		time.Sleep(2 * time.Second)
+	}
+	if n := len(harness.LogLines(f.LogPath, "runner removed")); n != removedBefore {
+		t.Errorf("%d runners removed while the controller was frozen", n-removedBefore)
+	}
+	thaw()
+	back := time.Now()
+	jobs := f.WaitJobs(1, 3*time.Minute)
+	harness.CheckJobs(t, jobs)
+	harness.Eventually(t, 2*time.Minute, "the pool whole again", func() bool { return f.IdleOnline() == 2 })
+	t.Logf("pool back to 2 idle runners %s after the controller", time.Since(back).Round(100*time.Millisecond))
+	if n := len(harness.LogLines(f.LogPath, "reading the Slurm queue failed")); n < 1 || n > 3 {
+		t.Errorf("the outage logged %d times, want once a minute", n)
+	}
+	f.StopLeavesNothing()
+}

@@ -324,7 +324,10 @@ func (f *Fleet) asSlurmUser() {
 // SlurmSection is a pool's slurm section (each line indented by six
 // spaces) in a fleet's config.
 func SlurmSection(extra string) string {
-	return "    provider: slurm\n    slurm:\n      poll_interval: 1s\n" + extra
+	if !strings.Contains(extra, "poll_interval:") {
+		extra = "      poll_interval: 1s\n" + extra
+	}
+	return "    provider: slurm\n    slurm:\n" + extra
 }
 
 // SlurmJobs are the live (pending or running) jobs of this fleet's
@@ -471,4 +474,18 @@ func Scancel(t testing.TB, id string) {
 	if out, err := exec.CommandContext(ctx, "scancel", id).CombinedOutput(); err != nil {
 		t.Fatalf("scancel %s: %v: %s", id, err, out)
 	}
+}
+
+// FreezeController stops slurmctld with SIGSTOP (it accepts connections
+// and answers nothing) until the returned function continues it.
+func (s *SlurmCluster) FreezeController(t testing.TB) (thaw func()) {
+	t.Helper()
+	pid := s.cmds[0].Process.Pid // slurmctld, started first
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	thaw = func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }
+	t.Cleanup(thaw)
+	return thaw
 }
