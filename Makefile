@@ -56,7 +56,7 @@ deps:
 		! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v sbatch >/dev/null || ! command -v munged >/dev/null; then \
 		echo "installing bash-static, busybox-static, chromium, iproute2 and Slurm for the tests"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			bash-static busybox-static chromium iproute2 slurmctld slurmd slurm-client munge; \
 	fi
 

@@ -142,7 +142,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		_ = os.Remove(p.recordPath(spec.Name))
 		return provider.Instance{}, fmt.Errorf("create runner %s: %w", spec.Name, err)
 	}
-	p.pruneLogs()
+	provider.PruneFiles(p.logDir(), p.opt.KeepLogs)
 	return instance(rec, provider.StateRunning), nil
 }
 
@@ -474,28 +474,6 @@ func (p *Provider) removeStaleTemp(e os.DirEntry) {
 	}
 	if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > time.Minute {
 		_ = os.Remove(filepath.Join(p.recordDir(), e.Name()))
-	}
-}
-
-// pruneLogs keeps the newest KeepLogs agent logs.
-func (p *Provider) pruneLogs() {
-	entries, err := os.ReadDir(p.logDir())
-	if err != nil || len(entries) <= p.opt.KeepLogs {
-		return
-	}
-	type f struct {
-		name string
-		mod  time.Time
-	}
-	var fs []f
-	for _, e := range entries {
-		if info, err := e.Info(); err == nil {
-			fs = append(fs, f{e.Name(), info.ModTime()})
-		}
-	}
-	slices.SortFunc(fs, func(a, b f) int { return a.mod.Compare(b.mod) })
-	for _, x := range fs[:max(0, len(fs)-p.opt.KeepLogs)] {
-		_ = os.Remove(filepath.Join(p.logDir(), x.name))
 	}
 }
 

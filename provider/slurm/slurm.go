@@ -284,10 +284,11 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 	if err := os.RemoveAll(filepath.Join(p.filesDir(), name)); err != nil {
 		return fmt.Errorf("delete runner %s: %w", name, err)
 	}
+	_ = os.Remove(p.recordPath(name) + ".tmp") // a crash mid-write left it
 	if err := os.Remove(p.recordPath(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete runner %s: %w", name, err)
 	}
-	p.pruneLogs()
+	provider.PruneFiles(p.logDir(), p.opt.KeepLogs)
 	return nil
 }
 
@@ -341,26 +342,4 @@ func (p *Provider) writeRecord(rec record) error {
 		return err
 	}
 	return os.Rename(tmp, p.recordPath(rec.Name))
-}
-
-// pruneLogs keeps the newest KeepLogs outputs.
-func (p *Provider) pruneLogs() {
-	entries, err := os.ReadDir(p.logDir())
-	if err != nil || len(entries) <= p.opt.KeepLogs {
-		return
-	}
-	type aged struct {
-		name string
-		mod  time.Time
-	}
-	var logs []aged
-	for _, e := range entries {
-		if info, err := e.Info(); err == nil {
-			logs = append(logs, aged{e.Name(), info.ModTime()})
-		}
-	}
-	slices.SortFunc(logs, func(a, b aged) int { return a.mod.Compare(b.mod) })
-	for _, l := range logs[:max(0, len(logs)-p.opt.KeepLogs)] {
-		_ = os.Remove(filepath.Join(p.logDir(), l.name))
-	}
 }
