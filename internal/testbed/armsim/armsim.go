@@ -20,11 +20,13 @@
 package armsim
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/pem"
 	"log/slog"
 	"maps"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -146,7 +148,18 @@ func New(o Options) (*Server, error) {
 
 // Transport is the fake server as a client's transport, in-process: no
 // token, no limits, no latency.
-func (s *Server) Transport() policy.Transporter { return s.fake }
+func (s *Server) Transport() policy.Transporter { return uncancelled{s.fake} }
+
+// uncancelled hands requests to the fake without their cancellation: its
+// dispatch (armcompute v7.3.0's fake) closes its result channel when a
+// request's context ends first, and the handler's goroutine may then send
+// on it, which panics the whole process (a manager killed mid-request did
+// so in TestChaosAzureVM). The fake's handlers are in memory and quick.
+type uncancelled struct{ t policy.Transporter }
+
+func (u uncancelled) Do(r *http.Request) (*http.Response, error) {
+	return u.t.Do(r.WithContext(context.WithoutCancel(r.Context())))
+}
 
 // Close stops the API and ends every VM still up.
 func (s *Server) Close() {

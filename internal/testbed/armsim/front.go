@@ -132,7 +132,7 @@ func (s *Server) arm(w http.ResponseWriter, r *http.Request) {
 		s.listMu.Lock()
 		defer s.listMu.Unlock()
 	}
-	resp, err := s.fake.Do(r.WithContext(ctx))
+	resp, err := s.Transport().Do(r.WithContext(ctx))
 	if err != nil {
 		var re *azcore.ResponseError
 		if errors.As(err, &re) {
