@@ -16,14 +16,25 @@ import (
 // read: the read may have started before the submission.
 const submitLag = 30 * time.Second
 
-// finished says whether a job state is one its job ended in.
+// finished says whether a job state is one its job ended in. A job
+// COMPLETING has not: its processes are still ending (the agent reporting
+// its job), and whether it ends COMPLETED or CANCELLED is not known yet.
 func finished(state string) bool {
 	switch state {
 	case "PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD",
-		"RUNNING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "POWER_UP_NODE":
+		"RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "POWER_UP_NODE":
 		return false
 	}
 	return true
+}
+
+// running says whether a job's processes run (or are ending) on its node.
+func running(state string) bool {
+	switch state {
+	case "RUNNING", "COMPLETING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "RESIZING":
+		return true
+	}
+	return false
 }
 
 // takenBack says whether a job that ended lost its node under it, or was
@@ -40,6 +51,11 @@ func takenBack(state string) bool {
 // the queue (one `squeue --json` per poll interval for every pool), and
 // the jobs of the pool the queue holds without a record (a runner whose
 // record went, another manager's leftovers for `gc`).
+//
+// A job taken back (preempted, lost with its node, cancelled by someone
+// else) is noticed here, before List returns, by whichever read sees it
+// first: a pass that saw the job ended without its notice would retire its
+// runner as one whose job simply ended.
 func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instance, error) {
 	jobs, at, err := p.q.read(ctx, p.opt.Section.PollInterval.Duration)
 	if err != nil {
@@ -49,9 +65,18 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 	if err != nil {
 		return nil, fmt.Errorf("list runners: %w", err)
 	}
+	out, notices := p.join(manager, jobs, at, recs)
+	for _, n := range notices {
+		p.poller.Notify(n, "runner's job taken back by Slurm")
+	}
+	return out, nil
+}
+
+// join joins a manager's records with the queue, and finds the jobs taken
+// back.
+func (p *Provider) join(manager string, jobs []Job, at time.Time, recs []record) (out []provider.Instance, notices []provider.Notice) {
 	byID := map[string]Job{}
 	named := map[string]Job{} // live jobs of the pool by runner name, for records without a job id
-	var out []provider.Instance
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, j := range jobs {
@@ -78,6 +103,9 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 		}
 		known[rec.JobID] = true
 		j, ok := byID[rec.JobID]
+		if ok && takenBack(j.State) && !p.cancelled[j.ID] {
+			notices = append(notices, provider.Notice{Name: rec.Name, ID: j.ID, At: time.Now(), Reason: "Slurm job " + j.State})
+		}
 		switch {
 		case ok:
 			out = append(out, p.instance(rec, j))
@@ -98,7 +126,7 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 		}
 		out = append(out, p.instance(record{Name: j.Name, Manager: manager, Pool: p.opt.Pool, JobID: j.ID, Created: j.Submit}, j))
 	}
-	return out, nil
+	return out, notices
 }
 
 // instance is a runner's machine as its job's state says.
@@ -111,7 +139,7 @@ func (p *Provider) instance(rec record, j Job) provider.Instance {
 	switch {
 	case p.cancelled[j.ID] || finished(j.State):
 		in.State, in.Reason = provider.StateExited, strings.TrimSuffix(j.State+": "+reason, ": ")
-	case j.State == "RUNNING" || j.State == "SUSPENDED" || j.State == "SIGNALING" || j.State == "STAGE_OUT" || j.State == "RESIZING":
+	case running(j.State):
 		in.State, in.Started = provider.StateRunning, j.Start
 		if in.Started.Before(in.Created) {
 			in.Started = time.Time{}
@@ -152,8 +180,8 @@ func (p *Provider) records(manager string) ([]record, error) {
 }
 
 // poll reads the queue for Watch and WatchPreemption: a runner whose job
-// changed state is reported changed, one whose job Slurm preempted, lost
-// with its node, or someone else cancelled is reported taken back.
+// changed state is reported changed; List, which it calls, notices the
+// jobs taken back.
 func (p *Provider) poll(ctx context.Context) error {
 	if _, _, err := p.q.read(ctx, p.opt.Section.PollInterval.Duration/2); err != nil {
 		return err
@@ -163,9 +191,9 @@ func (p *Provider) poll(ctx context.Context) error {
 		return err
 	}
 	jobs, _, _ := p.q.read(ctx, time.Hour)
-	state := map[string]string{}
+	inQueue := map[string]bool{}
 	for _, j := range jobs {
-		state[j.ID] = j.State
+		inQueue[j.ID] = true
 	}
 	var changed []string
 	now := map[string]string{}
@@ -183,24 +211,13 @@ func (p *Provider) poll(ctx context.Context) error {
 		}
 	}
 	p.last = now
-	var notices []provider.Notice
-	for _, in := range insts {
-		st := state[in.ID]
-		if takenBack(st) && !p.cancelled[in.ID] && p.prevState[in.ID] != st {
-			notices = append(notices, provider.Notice{Name: in.Name, ID: in.ID, At: time.Now(), Reason: "Slurm job " + st})
-		}
-	}
-	p.prevState = state
 	for id := range p.cancelled {
-		if _, ok := state[id]; !ok {
+		if !inQueue[id] {
 			delete(p.cancelled, id) // left the queue: nothing lists it again
 		}
 	}
 	p.mu.Unlock()
 	p.poller.Changed(changed)
-	for _, n := range notices {
-		p.poller.Notify(n, "runner's job taken back by Slurm")
-	}
-	p.poller.Forget(func(id string) bool { _, ok := state[id]; return ok })
+	p.poller.Forget(func(id string) bool { return inQueue[id] })
 	return nil
 }

@@ -65,7 +65,6 @@ type Provider struct {
 	creating  map[string]bool
 	cancelled map[string]bool   // job ids this manager cancelled
 	last      map[string]string // by name: what the last poll saw, for Watch
-	prevState map[string]string // by job id: its state at the last poll
 }
 
 // record is what is kept per runner, before and after its job exists.
@@ -94,7 +93,7 @@ func New(opt Options) (*Provider, error) {
 		opt.queue = &queue{cluster: opt.Cluster}
 	}
 	p := &Provider{opt: opt, log: opt.Logger, q: opt.queue, creating: map[string]bool{},
-		cancelled: map[string]bool{}, last: map[string]string{}, prevState: map[string]string{}}
+		cancelled: map[string]bool{}, last: map[string]string{}}
 	for _, d := range []string{p.recordDir(), p.filesDir(), p.logDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("slurm provider: %w", err)

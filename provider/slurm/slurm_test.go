@@ -304,6 +304,10 @@ func TestNoticeForPreemptedJob(t *testing.T) {
 	fc.set("1", "RUNNING")
 	fc.set("2", "RUNNING")
 	_ = p.poll(context.Background())
+	fc.set("1", "COMPLETING") // as Slurm shows a cancelled or preempted job while its processes end
+	if list, _ := p.List(context.Background(), "m"); len(list) != 2 || list[0].State != provider.StateRunning && list[1].State != provider.StateRunning {
+		t.Errorf("a completing job is not running: %+v", list)
+	}
 	fc.set("1", "PREEMPTED")
 	if err := p.Delete(context.Background(), "p-2"); err != nil { // cancelled by the manager: no notice
 		t.Fatal(err)
