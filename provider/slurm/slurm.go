@@ -21,6 +21,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -311,10 +312,43 @@ func (p *Provider) WatchPreemption(ctx context.Context, notice func(provider.Not
 	p.poller.WatchPreemption(ctx, notice)
 }
 
-// Close stops the polling. Jobs keep running.
+// closeWait bounds how long Close waits for cancelled jobs to end.
+const closeWait = time.Minute
+
+// Close stops the polling and waits, within closeWait, for the jobs this
+// manager cancelled to end (their processes gone, their directories
+// removed by their traps), so that a pool that drained leaves nothing on
+// a node. Jobs it did not cancel keep running.
 func (p *Provider) Close() error {
 	p.poller.Stop()
-	return nil
+	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
+	defer cancel()
+	for {
+		p.mu.Lock()
+		ids := maps.Clone(p.cancelled)
+		p.mu.Unlock()
+		if len(ids) == 0 {
+			return nil
+		}
+		jobs, _, err := p.q.read(ctx, 0)
+		if err != nil {
+			return fmt.Errorf("slurm provider: waiting for cancelled jobs to end: %w", err)
+		}
+		var live []string
+		for _, j := range jobs {
+			if ids[j.ID] && !finished(j.State) {
+				live = append(live, j.ID)
+			}
+		}
+		if len(live) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("slurm provider: cancelled jobs %v still ending after %s", live, closeWait)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 func (p *Provider) readRecord(name string) (record, error) {
