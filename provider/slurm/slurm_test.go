@@ -313,6 +313,16 @@ func TestNoticeForPreemptedJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = p.poll(context.Background())
+	// The poller's own goroutine may be the one handing the notice on.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		n := len(notices)
+		mu.Unlock()
+		if n > 0 {
+			break
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // a second notice, were there one
 	mu.Lock()
 	defer mu.Unlock()
 	if len(notices) != 1 || notices[0].Name != "p-1" || notices[0].ID != "1" || !strings.Contains(notices[0].Reason, "PREEMPTED") {
