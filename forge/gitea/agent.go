@@ -89,13 +89,14 @@ func (g Agent) Spec(r agent.Runner, cred forge.Credential) (provider.Spec, error
 			"report_close_timeout": ReportCloseTimeout.String(),
 			"labels":               labels,
 			"timeout":              "24h",
-			// On SIGTERM the runner would cancel its job, which act
+			// On SIGTERM the runner cancels its job at once, which act
 			// then reports as a success. A runner signalled with its
 			// whole job (Slurm's scancel, a process group stopped)
-			// keeps it instead: the job's steps, dead, fail it, and
-			// the forge re-runs it. Whoever signals it kills it after
-			// a grace.
-			"shutdown_timeout": "24h",
+			// keeps it a while instead: the job's steps, dead, fail
+			// it, and the forge re-runs it. Short, so that a runner
+			// signalled alone (a cloud's notice before any step ran)
+			// still stops well within its killer's grace (30 s).
+			"shutdown_timeout": "10s",
 		},
 		// The built-in cache server would listen on a port of the host
 		// shared by every runner; off until a pool asks for it.
