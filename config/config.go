@@ -43,6 +43,10 @@ type Config struct {
 	// /metrics need. It may be "${ENV_VAR}".
 	StatusToken secret.String `json:"status_token"`
 
+	// History is where the manager keeps the record of each runner and
+	// its job (`runfleet jobs`, the status page).
+	History History `json:"history"`
+
 	// LeaderElection, when set, lets several managers with this id share
 	// the fleet: only the holder of a Kubernetes Lease acts.
 	LeaderElection *LeaderElection `json:"leader_election"`
@@ -60,6 +64,24 @@ type GPUDetection struct {
 	// virtual machines (Host VGPU mode), which are skipped otherwise.
 	AllowHostVGPU bool `json:"allow_host_vgpu"`
 }
+
+// History bounds the manager's history of jobs.
+type History struct {
+	// Path is its file: <state_dir>/history.db by default. With leader
+	// election, a volume every candidate mounts keeps it over a
+	// failover; the leader alone opens it.
+	Path string `json:"path"`
+	// MaxJobs is how many records are kept (100000 by default), Keep how
+	// long (2160h, 90 days, by default); the oldest go first.
+	MaxJobs int      `json:"max_jobs"`
+	Keep    Duration `json:"keep"`
+}
+
+// History's defaults.
+const (
+	DefaultHistoryMaxJobs = 100_000
+	DefaultHistoryKeep    = 90 * 24 * time.Hour
+)
 
 // LeaderElection names the Lease the managers of one id take turns on,
 // and the cluster that holds it.

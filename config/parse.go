@@ -367,6 +367,15 @@ func (c *Config) setDefaults() {
 		c.DrainTimeout = D(DefaultDrainTimeout)
 	}
 	c.StatusListen = c.DefaultStatus(c.StatusListen)
+	if c.History.Path == "" {
+		c.History.Path = filepath.Join(c.StateDir, "history.db")
+	}
+	if c.History.MaxJobs == 0 {
+		c.History.MaxJobs = DefaultHistoryMaxJobs
+	}
+	if !c.History.Keep.Given() {
+		c.History.Keep = D(DefaultHistoryKeep)
+	}
 	if le := c.LeaderElection; le != nil {
 		if le.Lease == "" {
 			le.Lease = "runfleet-" + c.ID

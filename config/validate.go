@@ -85,6 +85,14 @@ func (c *Config) Validate() error {
 		ps.add("drain_timeout", "%v", err)
 	}
 	c.validateListeners(&ps)
+	if c.History.MaxJobs < 0 {
+		ps.add("history.max_jobs", "%d is negative", c.History.MaxJobs)
+	}
+	if err := c.History.Keep.Check(); err != nil {
+		ps.add("history.keep", "%v", err)
+	} else if c.History.Keep.Duration < time.Hour {
+		ps.add("history.keep", "%s is too short (at least 1h)", c.History.Keep)
+	}
 	if le := c.LeaderElection; le != nil {
 		le.validate(&ps)
 	}

@@ -40,6 +40,7 @@ type Job struct {
 	// When the forge says it was queued, started and completed; zero
 	// where it does not say.
 	Queued, Started, Completed time.Time
+	URL                        string // the job's page, where the forge says
 }
 
 // JobOf is the report of a job that a forge's driver read (from a
@@ -48,7 +49,7 @@ func JobOf(forgeName string, j forge.Job) Job {
 	return Job{
 		Forge: forgeName, ID: j.ID, RunID: j.RunID, Name: j.Name, Labels: j.Labels,
 		Status: j.Status, Conclusion: j.Conclusion, Attempt: j.Attempt, Runner: j.RunnerName, RunnerID: j.RunnerID,
-		Queued: j.CreatedAt, Started: j.StartedAt, Completed: j.EndedAt,
+		Queued: j.CreatedAt, Started: j.StartedAt, Completed: j.EndedAt, URL: j.URL,
 	}
 }
 
@@ -212,6 +213,9 @@ func merge(dst *Job, src Job) {
 	}
 	if src.RunnerID != 0 {
 		dst.RunnerID = src.RunnerID
+	}
+	if src.URL != "" {
+		dst.URL = src.URL
 	}
 	if !src.Started.IsZero() {
 		dst.Started = src.Started

@@ -111,6 +111,8 @@ type Job struct {
 	CreatedAt  time.Time
 	StartedAt  time.Time
 	EndedAt    time.Time
+	// URL is the job's page at the forge, where the forge says.
+	URL string
 }
 
 // Forge is a CI forge that runfleet provides runners for.

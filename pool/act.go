@@ -90,6 +90,10 @@ func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit) {
 			// And its registration, which the forge may delete with a
 			// one-second job before any listing shows it (tookJob).
 			p.registered[name] = reg
+			if p.cfg.History != nil && reg != 0 {
+				// Its end is told even if no pass sees it run.
+				p.noted[reg] = noted{slot: name}
+			}
 			p.mu.Unlock()
 			took := p.now().Sub(start)
 			if p.cfg.OnStarted != nil {
@@ -119,12 +123,24 @@ func (p *Pool) createRunner(ctx context.Context, name string, units []gpu.Unit) 
 		return provider.Instance{}, 0, err
 	}
 	var inst provider.Instance
+	rec := p.newRecord(name, cred.RunnerID, labels, units)
+	if rec != nil && p.cfg.History != nil {
+		// Known before its machine is asked for, so that a job's report
+		// that comes first finds it.
+		p.cfg.History.Add(*rec)
+	}
 	spec, err := p.agent.Spec(agent.Runner{
 		Name: name, Manager: p.cfg.Manager, Pool: p.cfg.Name, Labels: labels, Env: p.cfg.Env,
 	}, cred)
 	if err == nil {
 		spec.GPUs = gpu.IDs(units)
+		spec.Record = rec
 		inst, err = p.prov.Create(ctx, spec)
+	}
+	if err == nil {
+		p.recordCreated(rec, inst)
+	} else if rec != nil && p.cfg.History != nil {
+		p.cfg.History.Drop(rec.Forge, rec.Registration)
 	}
 	if err != nil {
 		// A fresh context: the caller's may be what ended.

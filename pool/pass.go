@@ -43,6 +43,7 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 			continue
 		}
 		p.apply(ctx, s, debug)
+		p.recordPass(s)
 		switch {
 		case s.verdict.state == StateBusy, s.phase == agent.PhaseBusy, s.phase == agent.PhaseDone:
 			p.recovered()
@@ -50,6 +51,7 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 			crashed = s
 		}
 	}
+	p.recordGone(snap)
 	if crashed != nil && !p.draining {
 		// One step a pass, however many runners of a burst failed.
 		p.crashed(crashed)

@@ -39,6 +39,7 @@ import (
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/gpu"
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/record"
 )
 
 // Forge is what the pool needs from a forge driver. It may also implement
@@ -114,6 +115,15 @@ type Config struct {
 	// Backoff is where a previous manager's backoff stood, so that a
 	// restart does not reset a failing pool's wait.
 	Backoff Backoff
+
+	// Record is what every runner's environment record starts from (the
+	// manager's version, the forge, the provider, the GPU driver): each
+	// runner's machine gets its own, for its job to read. Nil gives
+	// none.
+	Record *record.Record
+	// History keeps the records and what becomes of each runner; nil
+	// keeps none.
+	History History
 }
 
 // Pool reconciles one pool.
@@ -151,6 +161,7 @@ type Pool struct {
 	refused        map[int64]refusal            // registration whose removal the forge refused after its machine went
 	backoff        Backoff                      // runners failing one after another
 	backoffChanged bool                         // since the last OnBackoff
+	noted          map[int64]noted              // registration -> what the history was told of it
 	view           []Runner                     // after the last pass
 	lastErr        error
 	failingSince   time.Time // first of the passes failing in a row; zero after a pass that worked
@@ -194,6 +205,7 @@ func New(cfg Config, f Forge, prov provider.Provider, a agent.Agent, opts ...Opt
 		took:       map[int64]time.Time{},
 		registered: map[string]int64{},
 		refused:    map[int64]refusal{},
+		noted:      map[int64]noted{},
 		backoff:    cfg.Backoff,
 	}
 	for _, o := range opts {

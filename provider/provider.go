@@ -10,7 +10,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"time"
+
+	"github.com/runfleet/runfleet/record"
 )
 
 // Spec describes one runner machine.
@@ -43,6 +46,48 @@ type Spec struct {
 	// job came within the idle timeout, also when the manager is gone.
 	// Empty when the agent does not say.
 	BusyMarker string
+	// Record is the runner's environment record (package record); nil
+	// for none. The provider fills in what it decides of the machine
+	// (Record.Machine: image and digest, limits, instance type, zone,
+	// host) before the machine starts, and gives it to the agent with
+	// WithRecord: the file record.File in the working directory and
+	// RUNFLEET_RECORD and the record's other variables in the
+	// environment, so that the job can read it. Create's caller reads
+	// what was filled in.
+	Record *record.Record
+}
+
+// Hostname is this host's name, for the records of the machines it runs
+// (processes, containers); "" when it has none.
+func Hostname() string {
+	h, _ := os.Hostname()
+	return h
+}
+
+// WithRecordOnNode is WithRecord for machines whose node is known only
+// once they run (a pod, a batch job): the record's file holds
+// record.NodeMark where the node goes, for the machine to replace as it
+// starts; the environment has no RUNFLEET_NODE, which the machine sets.
+func (s Spec) WithRecordOnNode(dir string) Spec {
+	if s.Record == nil {
+		return s
+	}
+	s.Record.Machine.Node = ""
+	s = s.WithRecord(dir)
+	marked := *s.Record
+	marked.Machine.Node = record.NodeMark
+	s.Files[record.File] = marked.Marshal()
+	return s
+}
+
+// WithRecord returns the spec with its record, if it has one, among its
+// files and its variables in its environment; dir is the runner's working
+// directory as the agent sees it, where the files are written.
+func (s Spec) WithRecord(dir string) Spec {
+	if s.Record != nil {
+		s.Files, s.Env = s.Record.WithFiles(s.Files, s.Env, dir)
+	}
+	return s
 }
 
 // State is a machine's lifecycle state.
@@ -85,6 +130,11 @@ type Instance struct {
 	// queue_wait: on a busy cluster the wait is the point): the bootstrap
 	// timeout does not cut the wait short.
 	Queued bool
+	// Machine is what a listing tells of where the machine runs, for the
+	// runner's record: what was decided after it was made (a pod's node,
+	// a Slurm job's node, the zone a cloud placed it in). Empty fields
+	// add nothing to what Create filled in.
+	Machine record.Machine
 }
 
 // Provider is a compute backend.

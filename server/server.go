@@ -18,7 +18,9 @@ import (
 
 	"github.com/runfleet/runfleet/demand"
 	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/history"
 	"github.com/runfleet/runfleet/metrics"
+	"github.com/runfleet/runfleet/record"
 )
 
 // Hook is one forge's webhook settings.
@@ -46,6 +48,15 @@ type Config struct {
 	// need; /healthz then tells others only healthy or not.
 	Token  []byte
 	Logger *slog.Logger
+	// Jobs is the history of jobs, served at /jobs and /jobs/<id>; nil
+	// serves none.
+	Jobs Jobs
+}
+
+// Jobs is what the status listener reads of the history of jobs.
+type Jobs interface {
+	Jobs(q history.Query) ([]record.Record, error)
+	JobRecord(id string) (record.Record, error)
 }
 
 // maxPayload bounds a webhook body; GitHub's are at most 25 MB.
@@ -103,6 +114,8 @@ func (s *server) routeStatus(mux *http.ServeMux) {
 	}
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.Handle("GET /{$}", s.guard(http.HandlerFunc(s.page)))
+	mux.Handle("GET /jobs", s.guard(http.HandlerFunc(s.jobs)))
+	mux.Handle("GET /jobs/{id}", s.guard(http.HandlerFunc(s.jobRecord)))
 }
 
 type server struct {
@@ -196,7 +209,7 @@ func (s *server) webhook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.count(name, "accepted")
-	log.Debug("webhook", "job", job.ID, "run", job.RunID, "name", job.Name, "status", job.Status, "labels", job.Labels)
+	log.Debug("webhook", "job", job.ID, "run", job.RunID, "name", job.Name, "status", job.Status, "labels", job.Labels, "runner", job.RunnerID)
 	w.WriteHeader(http.StatusAccepted)
 }
 
@@ -254,6 +267,9 @@ type GPURow struct {
 // JobRow is one recent job.
 type JobRow struct {
 	Name, Pool, Status, Conclusion, Runner, Wait, Duration string
+	// Record is the ID of the job's runner's record in the history,
+	// linked as /jobs/<id>; "" when there is none.
+	Record string
 }
 
 //go:embed page.html

@@ -57,6 +57,7 @@ func job(j *sdk.ActionWorkflowJob, action string) forge.Job {
 		ID: j.ID, RunID: j.RunID, Name: j.Name, Labels: j.Labels, Status: st, Conclusion: j.Conclusion,
 		RunnerID: j.RunnerID, RunnerName: j.RunnerName, Attempt: int(j.RunAttempt),
 		CreatedAt: cleanTime(j.CreatedAt), StartedAt: cleanTime(j.StartedAt), EndedAt: cleanTime(j.CompletedAt),
+		URL: j.HTMLURL,
 	}
 }
 

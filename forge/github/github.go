@@ -728,6 +728,7 @@ func job(j *gh.WorkflowJob) forge.Job {
 		ID: j.GetID(), RunID: j.GetRunID(), Name: j.GetName(), Labels: j.Labels, Status: statuses[j.GetStatus()],
 		Conclusion: j.GetConclusion(), RunnerID: j.GetRunnerID(), RunnerName: j.GetRunnerName(), Attempt: int(j.GetRunAttempt()),
 		CreatedAt: j.GetCreatedAt().Time, StartedAt: j.GetStartedAt().Time, EndedAt: j.GetCompletedAt().Time,
+		URL: j.GetHTMLURL(),
 	}
 }
 

@@ -504,7 +504,7 @@ func (d *Driver) labels(tags []string) []string {
 func job(j *gl.Job) forge.Job {
 	out := forge.Job{
 		ID: j.ID, RunID: j.Pipeline.ID, Name: j.Name, Labels: j.TagList,
-		RunnerID: j.Runner.ID, RunnerName: j.Runner.Description,
+		RunnerID: j.Runner.ID, RunnerName: j.Runner.Description, URL: j.WebURL,
 	}
 	out.Status, out.Conclusion = jobStatus(j.Status, j.FailureReason)
 	if j.CreatedAt != nil {

@@ -54,6 +54,7 @@ type Fleet struct {
 
 	gpuMu   sync.Mutex // guards Inventory and GPUs while they are read
 	closers []io.Closer
+	history jobHistory
 }
 
 // New builds the fleet for a validated config. It makes no network call;
@@ -151,6 +152,7 @@ func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 		pcfg.GPUs, pcfg.GPUsPerRunner = f.GPUs, per
 		pcfg.CUDA, pcfg.HardwareLabels = f.Inventory.CUDA, pc.HasHardwareLabels()
 	}
+	pcfg.Record, pcfg.History = f.recordTemplate(*pc, per != 0), &f.history
 	pcfg.TookWindow = time.Minute
 	pcfg.Demand = func(took []int64) int { return f.Demand.Unserved(name, took, pcfg.TookWindow) }
 	if d, ok := conn.(forge.Demander); ok {

@@ -41,6 +41,7 @@ func (f *Fleet) serverConfig() server.Config {
 		Healthy: f.healthy,
 		Token:   []byte(f.Config.StatusToken.Reveal()),
 		Logger:  f.log.With("component", "server"),
+		Jobs:    f,
 	}
 }
 
@@ -124,7 +125,7 @@ func (f *Fleet) Page(ctx context.Context) server.Page {
 		page.GPUs = gpuView(*inventory, alloc)
 	}
 	for _, j := range jobs {
-		row := server.JobRow{Name: j.Name, Pool: j.Pool, Status: j.Status.String(), Conclusion: j.Conclusion, Runner: j.Runner, Wait: "-", Duration: "-"}
+		row := server.JobRow{Name: j.Name, Pool: j.Pool, Status: j.Status.String(), Conclusion: j.Conclusion, Runner: j.Runner, Wait: "-", Duration: "-", Record: f.recordOf(j)}
 		if row.Name == "" {
 			row.Name = fmt.Sprintf("job %d", j.ID)
 		}

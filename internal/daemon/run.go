@@ -43,6 +43,11 @@ const standDownWait = 2 * time.Second
 func (f *Fleet) RunLeader(ctx context.Context, lost <-chan struct{}) []pool.Runner {
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	f.mu.Lock()
+	hist, leader := f.Config.History, f.Config.LeaderElection != nil
+	f.mu.Unlock()
+	f.openHistory(hist, leader)
+	defer f.closeHistory()
+	f.mu.Lock()
 	f.runCtx = runCtx
 	cfg, npools := f.Config, len(f.Pools)
 	for _, p := range f.Pools {
@@ -187,6 +192,8 @@ func (f *Fleet) PollOnce(ctx context.Context, forgeName string) error {
 // jobChanged is told of every job that moved forward: it counts it and
 // wakes the pool that serves it.
 func (f *Fleet) jobChanged(e demand.Event) {
+	// Whatever pool it matched: the history knows its runner.
+	f.recordJob(e.Job)
 	if e.Pool == "" {
 		if !e.New || e.Job.Status != demand.Queued {
 			return

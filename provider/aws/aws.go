@@ -141,6 +141,13 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	for _, spot := range markets {
 		for _, typ := range orEmpty(s.InstanceTypes) {
 			for _, subnet := range orEmpty(s.Subnets) {
+				if spec.Record != nil {
+					// The subnet's zone comes with the instance's listing.
+					vm.Placed(spec, s.Image, typ, "", spot)
+					if ud, err = userData(s, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime); err != nil {
+						return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
+					}
+				}
 				inst, err := p.run(ctx, spec, ud, typ, subnet, spot)
 				if err == nil {
 					return inst, nil

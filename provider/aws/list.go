@@ -12,6 +12,7 @@ import (
 
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
+	"github.com/runfleet/runfleet/record"
 )
 
 // terminated is the Reason of an instance that EC2 lists as terminated.
@@ -179,6 +180,10 @@ func (p *Provider) instance(i types.Instance) provider.Instance {
 	inst := provider.Instance{ID: awssdk.ToString(i.InstanceId), Created: awssdk.ToTime(i.LaunchTime)}
 	if inst.Created.IsZero() {
 		inst.Created = p.opt.now()
+	}
+	inst.Machine = record.Machine{ID: inst.ID, InstanceType: string(i.InstanceType), Spot: i.InstanceLifecycle == types.InstanceLifecycleTypeSpot}
+	if i.Placement != nil {
+		inst.Machine.Zone = awssdk.ToString(i.Placement.AvailabilityZone)
 	}
 	for _, t := range i.Tags {
 		switch awssdk.ToString(t.Key) {

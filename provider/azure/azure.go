@@ -161,6 +161,12 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		Spot: s.Spot, Fallback: s.SpotFallback == FallbackOnDemand, Types: s.VMSizes, Places: s.Locations,
 		What: "create VM", Standard: "regular", Limit: "Azure Resource Manager's request limit", Judge: judge, Logger: p.opt.Logger,
 	}.Try(spec.Name, func(spot bool, size, loc string) (err error) {
+		if spec.Record != nil {
+			vm.Placed(spec, s.Image, size, loc, spot)
+			if script, err = customData(s, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime); err != nil {
+				return fmt.Errorf("%w: %w", provider.ErrRejected, err)
+			}
+		}
 		made, err = p.create(ctx, spec, script, size, loc, spot)
 		return err
 	})

@@ -10,6 +10,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7"
 
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/record"
 )
 
 // EvictionNotice is how long Azure gives a Spot VM between its Preempt
@@ -103,6 +104,10 @@ func (p *Provider) vm(v *armcompute.VirtualMachine) seenVM {
 		props = &armcompute.VirtualMachineProperties{}
 	}
 	sv.Data.spot = props.Priority != nil && *props.Priority == armcompute.VirtualMachinePriorityTypesSpot
+	inst.Machine = record.Machine{ID: inst.ID, Zone: deref(v.Location), Spot: sv.Data.spot}
+	if hw := props.HardwareProfile; hw != nil && hw.VMSize != nil {
+		inst.Machine.InstanceType = string(*hw.VMSize)
+	}
 	inst.Created = p.opt.now()
 	if props.TimeCreated != nil {
 		inst.Created = *props.TimeCreated

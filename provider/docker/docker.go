@@ -25,6 +25,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/record"
 )
 
 // Labels on every container runfleet creates.
@@ -117,12 +119,15 @@ type Provider struct {
 
 	mu     sync.Mutex
 	pulled bool
-	// The image's user, read once to choose between mounting and
-	// copying files.
-	imageUserKnown bool
-	imageUser      string
-	// Whether the engine has live-restore, asked once.
+	// The image's user (to choose between mounting and copying files)
+	// and its identity (for runners' records), read once, and again
+	// after a pull.
+	imageKnown bool
+	img        imageFacts
+	// Whether the engine has live-restore, and its host's name, asked
+	// once.
 	liveRestoreKnown, liveRestoreOn bool
+	engineHost                      string
 	// followed holds the containers whose output this provider copies
 	// (true) or has copied (false), until they are gone.
 	followed map[string]bool
@@ -378,11 +383,16 @@ func (p *Provider) containerConfig(spec provider.Spec) (*container.Config, *cont
 // without starting it. It returns the container's id and name.
 func (p *Provider) create(ctx context.Context, spec provider.Spec) (string, string, error) {
 	name := containerName(spec.Manager, spec.Name)
-	cfg, host := p.containerConfig(spec)
-	host.AutoRemove = !p.liveRestore(ctx)
+	autoRemove := !p.liveRestore(ctx)
 	if err := p.pull(ctx, false); err != nil {
 		return "", "", err
 	}
+	if err := p.describe(ctx, spec.Record); err != nil {
+		return "", "", err
+	}
+	spec = spec.WithRecord(p.opt.Workdir)
+	cfg, host := p.containerConfig(spec)
+	host.AutoRemove = autoRemove
 	mount, err := p.mountFiles(ctx)
 	if err != nil {
 		return "", "", err
@@ -431,6 +441,81 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec) (string, stri
 	return res.ID, name, nil
 }
 
+// imageFacts is what the provider reads of its image.
+type imageFacts struct {
+	user string
+	// digest is the registry's digest where the engine knows one, else
+	// the image's id: both name its content.
+	digest string
+}
+
+// image inspects the pool's image once (and again after a pull), pulling
+// it when it is missing and the pool may.
+func (p *Provider) image(ctx context.Context) (imageFacts, error) {
+	p.mu.Lock()
+	known, img := p.imageKnown, p.img
+	p.mu.Unlock()
+	if known {
+		return img, nil
+	}
+	res, err := p.inspectImage(ctx)
+	if cerrdefs.IsNotFound(err) {
+		if p.opt.Pull == "never" {
+			return img, fmt.Errorf("image %s is not on the engine, and pull is never", p.opt.Image)
+		}
+		if err := p.pull(ctx, true); err != nil {
+			return img, fmt.Errorf("image %s is not on the engine: %w", p.opt.Image, err)
+		}
+		res, err = p.inspectImage(ctx)
+	}
+	if err != nil {
+		return img, fmt.Errorf("inspect image %s: %w", p.opt.Image, err)
+	}
+	if res.Config != nil {
+		img.user = res.Config.User
+	}
+	img.digest = res.ID
+	for _, d := range res.RepoDigests {
+		if _, dg, ok := strings.Cut(d, "@"); ok {
+			img.digest = dg
+			break
+		}
+	}
+	p.mu.Lock()
+	p.imageKnown, p.img = true, img
+	p.mu.Unlock()
+	return img, nil
+}
+
+// describe fills in a runner's record what this pool gives its machines:
+// the engine's host, the image and its digest, limits and datasets.
+func (p *Provider) describe(ctx context.Context, r *record.Record) error {
+	if r == nil {
+		return nil
+	}
+	img, err := p.image(ctx)
+	if err != nil {
+		return err
+	}
+	p.liveRestore(ctx) // reads the engine's host name with it
+	p.mu.Lock()
+	host := p.engineHost
+	p.mu.Unlock()
+	m := &r.Machine
+	m.Host, m.Image, m.ImageDigest = host, p.opt.Image, img.digest
+	if p.opt.NanoCPUs > 0 {
+		m.CPUs = strconv.FormatFloat(float64(p.opt.NanoCPUs)/1e9, 'f', -1, 64)
+	}
+	if p.opt.Memory > 0 {
+		m.Memory = record.Bytes(p.opt.Memory)
+	}
+	m.Datasets = nil
+	for _, d := range p.opt.Mounts {
+		m.Datasets = append(m.Datasets, record.Mount{Source: d.Source, Target: d.Target, ReadOnly: d.ReadOnly})
+	}
+	return nil
+}
+
 // mountFiles reports whether the spec's files are bind-mounted from the
 // manager's host rather than copied into the container. Mounting saves a
 // copy into the container's layer, which the engine does by unpacking a
@@ -442,30 +527,11 @@ func (p *Provider) mountFiles(ctx context.Context) (bool, error) {
 	if p.opt.FilesDir == "" || p.opt.User != "" {
 		return false, nil
 	}
-	p.mu.Lock()
-	known, user := p.imageUserKnown, p.imageUser
-	p.mu.Unlock()
-	if !known {
-		res, err := p.inspectImage(ctx)
-		if cerrdefs.IsNotFound(err) {
-			if p.opt.Pull == "never" {
-				return false, fmt.Errorf("image %s is not on the engine, and pull is never", p.opt.Image)
-			}
-			if err := p.pull(ctx, true); err != nil {
-				return false, fmt.Errorf("image %s is not on the engine: %w", p.opt.Image, err)
-			}
-			res, err = p.inspectImage(ctx)
-		}
-		if err != nil {
-			return false, fmt.Errorf("inspect image %s: %w", p.opt.Image, err)
-		}
-		if res.Config != nil {
-			user = res.Config.User
-		}
-		p.mu.Lock()
-		p.imageUserKnown, p.imageUser = true, user
-		p.mu.Unlock()
+	img, err := p.image(ctx)
+	if err != nil {
+		return false, err
 	}
+	user := img.user
 	return user == "" || user == "root" || user == "0" || strings.HasPrefix(user, "0:") || strings.HasPrefix(user, "root:"), nil
 }
 
@@ -547,6 +613,7 @@ func (p *Provider) pull(ctx context.Context, missing bool) error {
 	}
 	p.mu.Lock()
 	p.pulled = true
+	p.imageKnown = false // it may be another image now
 	p.mu.Unlock()
 	p.log.Info("pulled image", "image", p.opt.Image, "took", time.Since(start).Round(time.Millisecond))
 	return nil
@@ -637,7 +704,7 @@ func (p *Provider) liveRestore(ctx context.Context) bool {
 	}
 	on = res.Info.LiveRestoreEnabled
 	p.mu.Lock()
-	p.liveRestoreKnown, p.liveRestoreOn = true, on
+	p.liveRestoreKnown, p.liveRestoreOn, p.engineHost = true, on, res.Info.Name
 	p.mu.Unlock()
 	if on {
 		p.log.Info("the engine has live-restore: runfleet removes exited runner containers itself, not AutoRemove")

@@ -144,6 +144,12 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		Spot: s.Spot, Fallback: s.SpotFallback == FallbackOnDemand, Types: s.MachineTypes, Places: s.Zones,
 		What: "insert instance", Standard: "standard", Limit: "Compute Engine's request quota", Judge: judge, Logger: p.opt.Logger,
 	}.Try(spec.Name, func(spot bool, typ, zone string) (err error) {
+		if spec.Record != nil {
+			vm.Placed(spec, s.Image, typ, zone, spot)
+			if script, err = startupScript(s, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime); err != nil {
+				return fmt.Errorf("%w: %w", provider.ErrRejected, err)
+			}
+		}
 		made, err = p.insert(ctx, spec, script, typ, zone, spot)
 		return err
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"cloud.google.com/go/compute/apiv1/computepb"
 
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/record"
 )
 
 // preemptionNotice is how long Compute Engine gives a preempted
@@ -105,6 +107,10 @@ func (p *Provider) instance(i *computepb.Instance) seenInstance {
 		inst.Created = t
 	} else {
 		inst.Created = p.opt.now()
+	}
+	inst.Machine = record.Machine{
+		ID: inst.ID, InstanceType: path.Base(i.GetMachineType()), Zone: path.Base(i.GetZone()),
+		Spot: i.GetScheduling().GetProvisioningModel() == "SPOT",
 	}
 	for _, item := range i.GetMetadata().GetItems() {
 		switch item.GetKey() {

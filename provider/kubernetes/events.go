@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/record"
 )
 
 // instance is the provider's record of a pod.
@@ -27,6 +28,7 @@ func (p *Provider) instance(pod *corev1.Pod) provider.Instance {
 		Created: pod.CreationTimestamp.Time,
 		ID:      string(pod.UID),
 		Reason:  reasonOf(pod),
+		Machine: record.Machine{ID: pod.Name, Node: pod.Spec.NodeName},
 	}
 }
 

@@ -264,6 +264,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if pod := p.live(spec.Name); pod != nil {
 		return p.instance(pod), nil
 	}
+	spec = p.withRecord(spec)
 	var created *corev1.Pod
 	for attempt := 0; ; attempt++ {
 		name := podName(spec.Manager, spec.Name)

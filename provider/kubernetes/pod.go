@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/record"
 )
 
 // Labels on every pod and Secret: List finds a manager's pods by them
@@ -106,6 +107,9 @@ func (p *Provider) podFor(name string, spec provider.Spec) (*corev1.Pod, error) 
 			SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: name}, Key: envKey(k)},
 		}})
 	}
+	if spec.Record != nil {
+		agent.Env = append(agent.Env, nodeEnv)
+	}
 	if n := p.opt.GPUs; n > 0 {
 		if agent.Resources.Limits == nil {
 			agent.Resources.Limits = corev1.ResourceList{}
@@ -128,6 +132,9 @@ func (p *Provider) podFor(name string, spec provider.Spec) (*corev1.Pod, error) 
 			{Name: filesVolume, MountPath: filesMount, ReadOnly: true},
 			{Name: workVolume, MountPath: s.Workdir},
 		},
+	}
+	if spec.Record != nil {
+		init.Env = append(init.Env, nodeEnv)
 	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: podLabels(spec)},
@@ -220,10 +227,44 @@ func filesScript(workdir string, files map[string][]byte) (string, error) {
 		if rel == "" || path.IsAbs(rel) || clean == "." || clean == ".." || strings.HasPrefix(clean, "../") {
 			return "", fmt.Errorf("file %q is not inside the working directory", rel)
 		}
-		dst := path.Join(workdir, clean)
-		fmt.Fprintf(&b, "; mkdir -p %s; cp %s %s; chmod 600 %[3]s", quote(path.Dir(dst)), quote(path.Join(filesMount, strconv.Itoa(i))), quote(dst))
+		dst, src := path.Join(workdir, clean), path.Join(filesMount, strconv.Itoa(i))
+		fmt.Fprintf(&b, "; mkdir -p %s", quote(path.Dir(dst)))
+		if rel == record.File {
+			// The node the pod landed on, known only now (RUNFLEET_NODE,
+			// from the downward API).
+			fmt.Fprintf(&b, "; sed \"s/%s/$RUNFLEET_NODE/\" %s > %s || cp %[2]s %[3]s", record.NodeMark, quote(src), quote(dst))
+		} else {
+			fmt.Fprintf(&b, "; cp %s %s", quote(src), quote(dst))
+		}
+		fmt.Fprintf(&b, "; chmod 600 %s", quote(dst))
 	}
 	return b.String(), nil
+}
+
+// nodeEnv gives a container the node its pod runs on.
+var nodeEnv = corev1.EnvVar{Name: "RUNFLEET_NODE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}}
+
+// withRecord fills a runner's record with what its pod is given (image,
+// limits, datasets) and adds it to the spec's files and environment; the
+// file names the node once the pod has one.
+func (p *Provider) withRecord(spec provider.Spec) provider.Spec {
+	if spec.Record == nil {
+		return spec
+	}
+	s := p.opt.Section
+	m := &spec.Record.Machine
+	m.Image = s.Image
+	if q, ok := s.Resources.Limits[corev1.ResourceCPU]; ok {
+		m.CPUs = q.String()
+	}
+	if q, ok := s.Resources.Limits[corev1.ResourceMemory]; ok {
+		m.Memory = q.String()
+	}
+	m.Datasets = nil
+	for _, v := range p.opt.volumes {
+		m.Datasets = append(m.Datasets, record.Mount{Source: v.Kind + ":" + v.Source, Target: v.Target, ReadOnly: v.ReadOnly})
+	}
+	return spec.WithRecordOnNode(s.Workdir)
 }
 
 // quote quotes a string for sh.

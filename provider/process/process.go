@@ -163,6 +163,10 @@ func (p *Provider) markCreating(name string) (done func()) {
 // start writes the runner's files into its working directory and starts
 // its agent, recording and watching the process.
 func (p *Provider) start(spec provider.Spec, rec record) (record, error) {
+	if spec.Record != nil {
+		spec.Record.Machine.Host = provider.Hostname()
+	}
+	spec = spec.WithRecord(rec.Workdir)
 	for rel, data := range spec.Files {
 		path := filepath.Join(rec.Workdir, filepath.Clean("/"+rel))
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {

@@ -132,6 +132,7 @@ func (p *Provider) join(manager string, jobs []Job, at time.Time, recs []record)
 // instance is a runner's machine as its job's state says.
 func (p *Provider) instance(rec record, j Job) provider.Instance {
 	in := provider.Instance{Name: rec.Name, Manager: rec.Manager, Pool: rec.Pool, ID: j.ID, Created: rec.Created, GPUs: j.GPUs}
+	in.Machine.ID, in.Machine.Node = j.ID, j.Nodes
 	reason := j.Reason
 	if reason == "None" {
 		reason = ""

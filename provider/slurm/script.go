@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/runfleet/runfleet/provider"
+	// The package's own record is a runner's spool record.
+	jobrecord "github.com/runfleet/runfleet/record"
 )
 
 // The job's own variables that its agent and the agent's job keep: which
@@ -50,10 +52,22 @@ if ! { cp -R "$spool/files/." "$work/" && mv "$spool/env" "$work/.runfleet-env";
 fi
 rm -rf "$spool"
 mkdir "$work/tmp" && cd "$work" || exit 1
-env -i HOME="$work" TMPDIR="$work/tmp"%[6]s /bin/sh -c '. ./.runfleet-env && rm -f ./.runfleet-env && exec "$@"' agent %[7]s &
+%[8]senv -i HOME="$work" TMPDIR="$work/tmp"%[6]s /bin/sh -c '. ./.runfleet-env && rm -f ./.runfleet-env && exec "$@"' agent %[7]s &
 pid=$!
 wait "$pid"
-`, spec.Name, spec.Pool, spec.Manager, quote(spool), quote(parent), keep.String(), agent)
+`, spec.Name, spec.Pool, spec.Manager, quote(spool), quote(parent), keep.String(), agent, recordLines(spec))
+}
+
+// recordLines complete the runner's record on its node: the node's name in
+// its file, and RUNFLEET_RECORD and RUNFLEET_NODE in the agent's
+// environment (exported before the env -i, which keeps what it names).
+func recordLines(spec provider.Spec) string {
+	if spec.Record == nil {
+		return ""
+	}
+	return fmt.Sprintf(`sed -i "s/%s/$SLURMD_NODENAME/" %s 2>/dev/null
+echo "export RUNFLEET_RECORD=\"$work/%[2]s\" RUNFLEET_NODE=\"$SLURMD_NODENAME\"" >> .runfleet-env
+`, jobrecord.NodeMark, jobrecord.File)
 }
 
 // writeSpool writes a runner's files and environment for its job into

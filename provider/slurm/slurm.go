@@ -26,6 +26,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -186,6 +187,16 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	// The record first: a crash from here on leaves a name to clean up.
 	err := p.writeRecord(rec)
 	spool := filepath.Join(p.filesDir(), spec.Name)
+	if spec.Record != nil {
+		m := &spec.Record.Machine
+		m.Zone, m.Memory = p.opt.Section.Partition, p.opt.Section.Memory
+		if c := p.opt.Section.CPUs; c > 0 {
+			m.CPUs = strconv.Itoa(c)
+		}
+		// The directory is made on the node: the script sets the path.
+		spec = spec.WithRecordOnNode(".")
+		delete(spec.Env, "RUNFLEET_RECORD")
+	}
 	if err == nil {
 		err = writeSpool(spool, spec)
 	}

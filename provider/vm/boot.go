@@ -42,6 +42,15 @@ type Boot struct {
 	IdleTimeout, Lifetime time.Duration
 }
 
+// Placed notes in a runner's record the placement being tried: the
+// image, the instance type, the zone or location ("" where the cloud
+// chooses) and the market. The last one tried is the one that ran.
+func Placed(spec provider.Spec, image, typ, zone string, spot bool) {
+	if r := spec.Record; r != nil {
+		r.Machine.Image, r.Machine.InstanceType, r.Machine.Zone, r.Machine.Spot = image, typ, zone, spot
+	}
+}
+
 // Script is the shell script an instance runs at its first boot
 // (cloud-init runs user data that starts with #!; GCE its startup-script
 // metadata): it writes the runner's plan, runs the pool's startup script,
@@ -51,6 +60,7 @@ type Boot struct {
 // token, never a cloud credential. An instance that cannot start the agent
 // powers off at once rather than sit idle at a cost.
 func (b Boot) Script(spec provider.Spec, now time.Time) ([]byte, error) {
+	spec = spec.WithRecord(b.Workdir)
 	plan := bootstrap.Plan{
 		Runner: spec.Name, Command: spec.Command, Args: spec.Args, Env: spec.Env, Files: spec.Files,
 		Workdir: b.Workdir, BusyMarker: spec.BusyMarker, IdleTimeout: b.IdleTimeout,

@@ -197,6 +197,10 @@ type FleetOptions struct {
 	Slurm string
 	// Top is added at the top of the config, Forge to the forge.
 	Top, Forge string
+	// Engine runs a Docker pool's containers instead of the default
+	// engine (the GPU engine), with host networking: the section gives
+	// `network: host` and the engine's image (Engine.GiteaRunnerImage).
+	Engine *GPUEngine
 }
 
 func NewFleet(t testing.TB, name string, opt FleetOptions) *Fleet {
@@ -238,7 +242,12 @@ forges:
 		f.docker = true
 		// The agent is the image's; the forge is reached from the bridge.
 		cfg = strings.Replace(cfg, "      path: "+runnerBin+"\n", "", 1)
-		cfg = strings.Replace(cfg, "    repo: ", "    runner_url: "+dockerForgeURL()+"\n    repo: ", 1)
+		runnerURL := dockerForgeURL()
+		if opt.Engine != nil {
+			runnerURL = Gitea.URL // host networking
+			f.engine, f.Env = opt.Engine.cli, []string{"DOCKER_HOST=" + opt.Engine.host}
+		}
+		cfg = strings.Replace(cfg, "    repo: ", "    runner_url: "+runnerURL+"\n    repo: ", 1)
 		cfg += "    docker:\n" + opt.Docker
 	}
 	if opt.Kube != "" {

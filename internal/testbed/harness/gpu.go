@@ -212,6 +212,28 @@ func (e *GPUEngine) image(t testing.TB, bin string) string {
 	return e.img
 }
 
+// GiteaRunnerImage builds the gitea-runner image on this engine.
+func (e *GPUEngine) GiteaRunnerImage(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	img, err := peers.RunnerImage(ctx, e.cli, runnerBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// ImageID is the engine's id of an image: the digest of its content.
+func (e *GPUEngine) ImageID(t testing.TB, ref string) string {
+	t.Helper()
+	res, err := e.cli.ImageInspect(context.Background(), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.ID
+}
+
 // Stop ends the engine and removes everything it made.
 func (e *GPUEngine) Stop() {
 	if e.cli != nil {

@@ -274,7 +274,7 @@ func writeSecret(dir string, v *corev1.SecretVolumeSource, s *corev1.Secret) err
 // container runs one of the pod's containers to its end and returns its
 // exit code; its output goes to its log file.
 func (r *run) container(ctx context.Context, c corev1.Container, vols map[string]string, secrets map[string]*corev1.Secret) (int, error) {
-	env, err := envOf(c, secrets)
+	env, err := envOf(c, r.pod, secrets)
 	if err != nil {
 		return 0, err
 	}
@@ -345,14 +345,29 @@ func (r *run) copyLogs(ctx context.Context, id, ctr string) {
 	_, _ = stdcopy.StdCopy(f, f, rc)
 }
 
-// envOf is a container's environment with Secret references resolved.
-func envOf(c corev1.Container, secrets map[string]*corev1.Secret) ([]string, error) {
+// envOf is a container's environment with Secret references and the
+// downward API's pod fields resolved.
+func envOf(c corev1.Container, pod *corev1.Pod, secrets map[string]*corev1.Secret) ([]string, error) {
 	var env []string
 	for _, e := range c.Env {
 		v := e.Value
+		if ref := e.ValueFrom; ref != nil && ref.FieldRef != nil {
+			switch ref.FieldRef.FieldPath {
+			case "spec.nodeName":
+				v = pod.Spec.NodeName
+			case "metadata.name":
+				v = pod.Name
+			case "metadata.namespace":
+				v = pod.Namespace
+			default:
+				return nil, fmt.Errorf("env %s: field %s is not served on this node", e.Name, ref.FieldRef.FieldPath)
+			}
+			env = append(env, e.Name+"="+v)
+			continue
+		}
 		if ref := e.ValueFrom; ref != nil {
 			if ref.SecretKeyRef == nil {
-				return nil, fmt.Errorf("env %s: only secretKeyRef runs on this node", e.Name)
+				return nil, fmt.Errorf("env %s: only secretKeyRef and fieldRef run on this node", e.Name)
 			}
 			s := secrets[ref.SecretKeyRef.Name]
 			b, ok := s.Data[ref.SecretKeyRef.Key]

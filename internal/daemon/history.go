@@ -1,0 +1,172 @@
+package daemon
+
+import (
+	"cmp"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/demand"
+	"github.com/runfleet/runfleet/history"
+	"github.com/runfleet/runfleet/record"
+)
+
+// jobHistory is the fleet's history of jobs. The store is open only while
+// the fleet runs its pools (serve, as the leader), so that `status`, `gc`
+// and `jobs`, which build a fleet too, never hold its file, and a standby
+// manager opens it only once it leads. Until then what is told is
+// dropped: the passes tell it again.
+type jobHistory struct {
+	mu    sync.Mutex
+	store *history.Store
+}
+
+func (h *jobHistory) get() *history.Store {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.store
+}
+
+func (h *jobHistory) Add(r record.Record) {
+	if s := h.get(); s != nil {
+		s.Add(r)
+	}
+}
+
+func (h *jobHistory) Update(forge string, reg int64, change func(*record.Record) bool) {
+	if s := h.get(); s != nil {
+		s.Update(forge, reg, change)
+	}
+}
+
+func (h *jobHistory) Drop(forge string, reg int64) {
+	if s := h.get(); s != nil {
+		s.Drop(forge, reg)
+	}
+}
+
+// lockWait is how long a manager that takes the lead waits for its
+// predecessor, which may still be stopping, to let go of the history.
+const lockWait = 30 * time.Second
+
+// openHistory opens the store of a config's history; a leader waits for
+// its predecessor's. A store that cannot be
+// opened is logged, and the fleet runs without one: a history is no
+// reason to leave jobs without runners.
+func (f *Fleet) openHistory(c config.History, leader bool) {
+	wait := time.Duration(0)
+	if leader {
+		wait = lockWait
+	}
+	s, err := history.Open(c.Path, history.Options{
+		MaxRecords: c.MaxJobs, Keep: c.Keep.Duration, LockWait: wait, Logger: f.log.With("component", "history"),
+	})
+	if err != nil {
+		f.log.Error("the history of jobs cannot be opened; runners start without it", "err", err)
+		return
+	}
+	f.history.mu.Lock()
+	f.history.store = s
+	f.history.mu.Unlock()
+}
+
+// closeHistory writes what is queued and closes the store.
+func (f *Fleet) closeHistory() {
+	f.history.mu.Lock()
+	s := f.history.store
+	f.history.store = nil
+	f.history.mu.Unlock()
+	if s != nil {
+		if err := s.Close(); err != nil {
+			f.log.Warn("close the history of jobs", "err", err)
+		}
+	}
+}
+
+// recordJob tells the history what the forge says of a runner's job.
+func (f *Fleet) recordJob(j demand.Job) {
+	if j.RunnerID == 0 {
+		return
+	}
+	f.history.Update(j.Forge, j.RunnerID, func(r *record.Record) bool {
+		if r.Job != nil && r.Job.ID != j.ID && r.Job.ID != 0 {
+			return false // a registration takes one job
+		}
+		old := r.Job
+		job := record.Job{}
+		if old != nil {
+			job = *old
+		}
+		job.ID, job.RunID = j.ID, cmp.Or(j.RunID, job.RunID)
+		job.Name, job.Attempt = cmp.Or(j.Name, job.Name), cmp.Or(j.Attempt, job.Attempt)
+		job.URL = cmp.Or(j.URL, job.URL)
+		job.Status, job.Conclusion = j.Status.String(), cmp.Or(j.Conclusion, job.Conclusion)
+		job.Queued = first(job.Queued, j.Queued)
+		job.Started = first(job.Started, j.Started)
+		job.Completed = first(job.Completed, j.Completed)
+		if old != nil && *old == job {
+			return false
+		}
+		r.Job = &job
+		if r.JobStarted.IsZero() {
+			// A job that ran between two passes: the forge's word.
+			r.JobStarted = job.Started
+		}
+		return true
+	})
+}
+
+func first(have, got time.Time) time.Time {
+	if have.IsZero() {
+		return got.UTC()
+	}
+	return have
+}
+
+// Jobs lists the history's records, for the status listener's /jobs.
+func (f *Fleet) Jobs(q history.Query) ([]record.Record, error) {
+	s := f.history.get()
+	if s == nil {
+		return nil, errNoHistory
+	}
+	return s.List(q)
+}
+
+// JobRecord returns one record of the history, for /jobs/<id>.
+func (f *Fleet) JobRecord(id string) (record.Record, error) {
+	s := f.history.get()
+	if s == nil {
+		return record.Record{}, errNoHistory
+	}
+	return s.Get(id)
+}
+
+var errNoHistory = errors.New("this manager keeps no history now (see its log)")
+
+// recordOf names the record of a job's runner, "" when there is none.
+func (f *Fleet) recordOf(j demand.JobView) string {
+	s := f.history.get()
+	if s == nil || j.RunnerID == 0 {
+		return ""
+	}
+	r, err := s.Find(j.Forge, j.RunnerID)
+	if err != nil {
+		return ""
+	}
+	return r.ID
+}
+
+// recordTemplate is what every record of a pool starts from.
+func (f *Fleet) recordTemplate(pc config.Pool, hostGPUs bool) *record.Record {
+	r := &record.Record{ManagerVersion: Version, Forge: pc.Forge, Provider: pc.Provider}
+	if fc, ok := f.Config.Forge(pc.Forge); ok {
+		r.ForgeType = fc.Type
+	}
+	f.gpuMu.Lock()
+	if inv := f.Inventory; hostGPUs && inv != nil {
+		r.Driver, r.CUDA = inv.Driver, inv.CUDA.String()
+	}
+	f.gpuMu.Unlock()
+	return r
+}

@@ -1,0 +1,196 @@
+package docker
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/internal/testbed/harness"
+	"github.com/runfleet/runfleet/record"
+)
+
+// recordJob prints the runner's record between markers (written so that
+// the log's echo of the script holds neither), and what the engine set
+// for it.
+const recordJob = `echo "visible=$NVIDIA_VISIBLE_DEVICES uuids=$RUNFLEET_GPU_UUIDS digest=$RUNFLEET_IMAGE_DIGEST"
+echo "record at $RUNFLEET_RECORD"
+echo "--""-record---"
+cat "$RUNFLEET_RECORD"
+echo "--""-end---"`
+
+// TestJobReadsItsRecord: on the real Gitea with Docker and the GPU engine,
+// a job reads its runner's record (the file RUNFLEET_RECORD names, and the
+// variables beside it); the record's GPU UUID is the device the engine
+// gave the container and its image digest the engine's; the manager keeps
+// the record, with the forge's job, in its history: `runfleet jobs -o
+// json` lists it while the manager runs (asking it) and after a restart
+// and a stop (reading the file), and the status page links it.
+func TestJobReadsItsRecord(t *testing.T) {
+	eng := harness.NeedGPUEngine(t)
+	img := eng.GiteaRunnerImage(t)
+	data := t.TempDir()
+	top, hooks, status := harness.Listeners(t)
+	f := harness.NewFleet(t, "gpurec", harness.FleetOptions{
+		Size: 1, Max: 2, Engine: eng,
+		Top:   top + "gpu:\n  nvidia_smi: " + harness.FakeNvidiaSMI(t) + "\n",
+		Forge: "    webhook_secret: " + harness.HookSecret + "\n",
+		Docker: "      image: " + img + "\n      pull: never\n      network: host\n      memory: 512m\n      cpus: 1\n" +
+			"      volumes: [\"" + data + ":/data\"]\n",
+		Extra: "    gpus_per_runner: 1\n    hardware_labels: true\n",
+	})
+	f.Hooks = hooks
+	f.AddWebhook()
+	f.Start()
+	harness.Eventually(t, time.Minute, "an idle runner", func() bool { return f.IdleOnline() == 1 })
+	f.Push(harness.Matrix("gpurec", 1, recordJob))
+	jobs := f.WaitJobs(1, 3*time.Minute)
+	if jobs[0].Conclusion != "success" {
+		t.Fatalf("job %s", jobs[0].Conclusion)
+	}
+	logs, _, err := f.Client().GetRepoActionJobLogs(harness.Gitea.User, f.Repo, jobs[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := string(logs)
+	visible := regexp.MustCompile(`visible=(GPU-\S+) uuids=(\S+) digest=(sha256:\S+)`).FindStringSubmatch(out)
+	if visible == nil {
+		t.Fatalf("the job printed no GPU or digest:\n%s", out)
+	}
+	rec := recordIn(t, out)
+	t.Logf("the job saw NVIDIA_VISIBLE_DEVICES=%s RUNFLEET_GPU_UUIDS=%s RUNFLEET_IMAGE_DIGEST=%s", visible[1], visible[2], visible[3])
+	digest := eng.ImageID(t, img)
+	switch {
+	case len(rec.GPUs) != 1 || rec.GPUs[0].UUID != visible[1] || visible[2] != visible[1]:
+		t.Errorf("record GPUs %+v, RUNFLEET_GPU_UUIDS %s; the engine gave the container %s", rec.GPUs, visible[2], visible[1])
+	case !slices.Contains(harness.H100UUIDs, visible[1]):
+		t.Errorf("the container got %s, not one of the host's GPUs", visible[1])
+	}
+	if rec.Machine.ImageDigest != digest || visible[3] != digest || rec.Machine.Image != img {
+		t.Errorf("record image %s@%s, RUNFLEET_IMAGE_DIGEST %s; the engine's: %s@%s", rec.Machine.Image, rec.Machine.ImageDigest, visible[3], img, digest)
+	}
+	if rec.GPUs[0].Model != "NVIDIA H100 80GB HBM3" || rec.Driver == "" || rec.CUDA != "12.4" || rec.Machine.Memory != "512m" || rec.Machine.CPUs != "1" ||
+		len(rec.Machine.Datasets) != 1 || !rec.Machine.Datasets[0].ReadOnly || rec.Machine.Host == "" ||
+		rec.Pool != "gpurec" || rec.Provider != "docker" || rec.ForgeType != "gitea" || !slices.Contains(rec.Labels, "gpus-1") {
+		t.Errorf("record lacks what the runner was given: %+v", rec)
+	}
+	t.Logf("the job's record: runner %s, GPU %s (%s), driver %s, CUDA %s, image %s@%s, host %s, limits %s CPUs %s memory",
+		rec.Runner, rec.GPUs[0].UUID, rec.GPUs[0].Model, rec.Driver, rec.CUDA, rec.Machine.Image, rec.Machine.ImageDigest, rec.Machine.Host, rec.Machine.CPUs, rec.Machine.Memory)
+
+	// The manager's history, while it runs: asked through its status
+	// listener.
+	var kept record.Record
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("runfleet jobs --all -o json:\n%s", runJobs(t, f, "--all", "-o", "json"))
+		}
+	})
+	harness.Eventually(t, time.Minute, "the history to hold the job, completed", func() bool {
+		rs := jobsJSON(t, f)
+		if len(rs) != 1 || rs[0].Job == nil || rs[0].Job.Conclusion == "" || rs[0].Ended.IsZero() {
+			return false
+		}
+		kept = rs[0]
+		return true
+	})
+	checkKept(t, kept, rec, jobs[0].ID, visible[1], digest)
+	code, page := harness.Get(t, status+"/")
+	if code != 200 || !strings.Contains(page, `href="jobs/`+kept.ID+`"`) {
+		t.Errorf("the status page (%d) does not link the job's record %s", code, kept.ID)
+	}
+	code, one := harness.Get(t, status+"/jobs/"+kept.ID)
+	if code != 200 || !strings.Contains(one, visible[1]) {
+		t.Errorf("GET /jobs/%s: %d %s", kept.ID, code, one)
+	}
+
+	// Killed and restarted: the history is the file's.
+	f.Kill9()
+	f.Start()
+	harness.Eventually(t, time.Minute, "an idle runner after the restart", func() bool { return f.IdleOnline() == 1 })
+	after := jobsJSON(t, f)
+	if len(after) != 1 {
+		t.Fatalf("after a restart, runfleet jobs lists %d records, want 1", len(after))
+	}
+	checkKept(t, after[0], rec, jobs[0].ID, visible[1], digest)
+	f.StopLeavesNothing()
+	stopped := jobsJSON(t, f)
+	if len(stopped) != 1 || stopped[0].ID != kept.ID {
+		t.Fatalf("with no manager running, runfleet jobs lists %+v", stopped)
+	}
+	table := runJobs(t, f)
+	t.Logf("runfleet jobs:\n%s", table)
+	if !strings.Contains(table, visible[1]) || !strings.Contains(table, "success") {
+		t.Errorf("the table lacks the job's GPU or result")
+	}
+	// No secret in the history.
+	b, err := os.ReadFile(filepath.Join(f.State, "history.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), harness.Gitea.Token) {
+		t.Error("the history holds the forge's token")
+	}
+}
+
+// recordIn reads the record a job printed between its markers.
+func recordIn(t *testing.T, log string) record.Record {
+	t.Helper()
+	_, rest, ok := strings.Cut(log, "---record---")
+	body, _, ok2 := strings.Cut(rest, "---end---")
+	if !ok || !ok2 {
+		t.Fatalf("the job printed no record:\n%s", log)
+	}
+	// Each line of the log carries a timestamp before the text.
+	var js strings.Builder
+	for line := range strings.Lines(body) {
+		if _, text, ok := strings.Cut(line, "Z "); ok {
+			js.WriteString(text)
+		} else {
+			js.WriteString(line)
+		}
+	}
+	var r record.Record
+	if err := json.Unmarshal([]byte(js.String()), &r); err != nil {
+		t.Fatalf("the job's record is not JSON: %v\n%s", err, js.String())
+	}
+	return r
+}
+
+func checkKept(t *testing.T, kept, rec record.Record, jobID int64, gpu, digest string) {
+	t.Helper()
+	if kept.Runner != rec.Runner || len(kept.GPUs) != 1 || kept.GPUs[0].UUID != gpu || kept.Machine.ImageDigest != digest ||
+		kept.Machine.ID == "" || kept.JobStarted.IsZero() || kept.Ended.IsZero() {
+		t.Errorf("the history's record differs from the job's: %+v", kept)
+	}
+	if j := kept.Job; j == nil || j.ID != jobID || j.Conclusion != "success" || j.URL == "" || j.RunID == 0 {
+		t.Errorf("the history's job: %+v, want job %d, success, with its URL", kept.Job, jobID)
+	} else {
+		t.Logf("history: %s ran job %d (run %d, %s) on %s with %s, waited %s, ran %s, %s", kept.Runner, j.ID, j.RunID, j.URL,
+			kept.Machine.Host, kept.GPUs[0].UUID, j.Waited().Round(time.Millisecond), j.Ran().Round(time.Millisecond), j.Conclusion)
+	}
+}
+
+func runJobs(t *testing.T, f *harness.Fleet, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(harness.FleetBin, append([]string{"jobs", "-c", f.Config}, args...)...)
+	cmd.Env = append(append(os.Environ(), f.Env...), "E2E_GITEA_TOKEN="+harness.Gitea.Token)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("runfleet jobs %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+func jobsJSON(t *testing.T, f *harness.Fleet) []record.Record {
+	t.Helper()
+	var rs []record.Record
+	if err := json.Unmarshal([]byte(runJobs(t, f, "-o", "json")), &rs); err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
