@@ -170,10 +170,12 @@ func (t *Tracker) Observe(j Job) bool {
 		e = &entry{job: j, seen: t.now()}
 		e.pool = t.match(j)
 		t.jobs[k] = e
-	case j.Status <= e.job.Status:
+	case j.Status < e.job.Status, j.Status == e.job.Status && (j.RunnerID == 0 || e.job.RunnerID != 0):
 		t.mu.Unlock()
 		return false
 	default:
+		// Forward, or the same status with the runner that took it,
+		// which a poll's inference lacked.
 		ev.From = e.job.Status
 		merge(&e.job, j)
 	}
@@ -348,4 +350,18 @@ type JobView struct {
 	Job
 	Pool string
 	Seen time.Time
+}
+
+// Taken returns the runners (registration ids) of a forge that the tracker
+// knows a job of: a report named the runner that took it.
+func (t *Tracker) Taken(forge string) map[int64]bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := map[int64]bool{}
+	for k, e := range t.jobs {
+		if k.forge == forge && e.job.RunnerID != 0 {
+			out[e.job.RunnerID] = true
+		}
+	}
+	return out
 }

@@ -192,3 +192,25 @@ func TestMatchByForgeRule(t *testing.T) {
 		t.Errorf("matched %q, want none by names", got)
 	}
 }
+
+// A job a poll saw leave the queue is in progress without its runner; a
+// later report that names the runner is news (the history needs it), one
+// that repeats it is not.
+func TestRunnerOfAJobInferredInProgress(t *testing.T) {
+	var events []Event
+	tr := New([]Pool{{Name: "p", Forge: "f", Labels: []string{"gpu"}}}, func(e Event) { events = append(events, e) })
+	tr.Observe(Job{Forge: "f", ID: 1, Labels: []string{"gpu"}, Status: Queued})
+	tr.Poll("f", nil, time.Now().Add(time.Second)) // gone from the queue: in progress
+	if !tr.Observe(Job{Forge: "f", ID: 1, Status: InProgress, RunnerID: 7}) {
+		t.Fatal("the runner of a job in progress was not news")
+	}
+	if tr.Observe(Job{Forge: "f", ID: 1, Status: InProgress, RunnerID: 7}) {
+		t.Fatal("a repeated report was news")
+	}
+	if !tr.Taken("f")[7] || tr.Taken("other")[7] {
+		t.Fatalf("Taken = %v", tr.Taken("f"))
+	}
+	if last := events[len(events)-1]; last.Job.RunnerID != 7 || last.From != InProgress {
+		t.Fatalf("last event %+v", last)
+	}
+}

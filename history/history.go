@@ -4,9 +4,10 @@
 // forge reports the job. It survives restarts, is bounded in count and age,
 // and answers "the jobs since" by a seek on keys ordered by time.
 //
-// Only one process opens a store for writing (bbolt locks the file); a
-// reader opens it read-only while no manager holds it, and asks the
-// manager otherwise.
+// The file is opened for each batch of writes and each read, and closed
+// after: bbolt locks it only meanwhile, so that `runfleet jobs` reads it
+// while a manager runs, and the candidates of a leader election may share
+// it (the leader writes; a new leader goes on where the last one stopped).
 package history
 
 import (
@@ -36,8 +37,9 @@ var (
 // ErrNotFound is returned by Get for an ID the store does not hold.
 var ErrNotFound = errors.New("no such record")
 
-// ErrLocked is returned by OpenReadOnly while a manager holds the store.
-var ErrLocked = errors.New("the history is held by a running manager")
+// ErrLocked is returned when the file stays locked by another process
+// past the wait.
+var ErrLocked = errors.New("the history is locked by another process")
 
 // Options bound a store.
 type Options struct {
@@ -46,8 +48,8 @@ type Options struct {
 	MaxRecords int
 	// Keep is how long a record is kept; DefaultKeep when zero.
 	Keep time.Duration
-	// LockWait is how long Open waits for another process (a manager
-	// that lost its lease, still stopping) to let go of the file.
+	// LockWait is how long a write waits for readers to let go of the
+	// file; 10s when zero.
 	LockWait time.Duration
 	Logger   *slog.Logger
 	// Now replaces time.Now, for tests.
@@ -63,9 +65,11 @@ const (
 // Store is a manager's history. Its writes are queued and applied in
 // batches by one goroutine, so that a pool's pass never waits for a disk.
 type Store struct {
-	db  *bolt.DB
-	opt Options
-	log *slog.Logger
+	path     string
+	readOnly bool
+	opt      Options
+	log      *slog.Logger
+	dbMu     sync.Mutex // one open of the file at a time in this process: bbolt's locks are per open
 
 	mu      sync.Mutex
 	queue   []op
@@ -95,6 +99,9 @@ func Open(path string, opt Options) (*Store, error) {
 	if opt.Keep <= 0 {
 		opt.Keep = DefaultKeep
 	}
+	if opt.LockWait <= 0 {
+		opt.LockWait = 10 * time.Second
+	}
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
@@ -104,14 +111,8 @@ func Open(path string, opt Options) (*Store, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("history: %w", err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: max(opt.LockWait, 100*time.Millisecond)})
-	if errors.Is(err, bolt.ErrTimeout) {
-		return nil, fmt.Errorf("history %s: %w", path, ErrLocked)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("history %s: %w", path, err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
+	s := &Store{path: path, opt: opt, log: opt.Logger, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	err := s.update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketRecords, bucketRegs, bucketMeta} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
@@ -120,29 +121,69 @@ func Open(path string, opt Options) (*Store, error) {
 		return nil
 	})
 	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("history %s: %w", path, err)
+		return nil, err
 	}
-	s := &Store{db: db, opt: opt, log: opt.Logger, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	s.flushed = sync.NewCond(&s.mu)
 	go s.write()
 	return s, nil
 }
 
-// OpenReadOnly opens a store to read while no manager writes it; it
-// returns ErrLocked while one does.
+// OpenReadOnly opens a store to read, never to write; the file must exist.
 func OpenReadOnly(path string) (*Store, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("history: %w", err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 100 * time.Millisecond})
+	s := &Store{path: path, readOnly: true, closed: true, done: make(chan struct{}), opt: Options{LockWait: 10 * time.Second}}
+	close(s.done)
+	return s, nil
+}
+
+// open opens the file for one transaction, waiting for other processes'
+// transactions up to LockWait.
+func (s *Store) open(readOnly bool) (*bolt.DB, error) {
+	db, err := bolt.Open(s.path, 0o600, &bolt.Options{ReadOnly: readOnly, Timeout: s.opt.LockWait})
 	if errors.Is(err, bolt.ErrTimeout) {
-		return nil, fmt.Errorf("history %s: %w", path, ErrLocked)
+		return nil, fmt.Errorf("history %s: %w", s.path, ErrLocked)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("history %s: %w", path, err)
+		return nil, fmt.Errorf("history %s: %w", s.path, err)
 	}
-	return &Store{db: db, closed: true, done: make(chan struct{})}, nil
+	return db, nil
+}
+
+// update runs fn in a write transaction on the file, opened for it.
+func (s *Store) update(fn func(*bolt.Tx) error) error {
+	s.dbMu.Lock()
+	defer s.dbMu.Unlock()
+	db, err := s.open(false)
+	if err != nil {
+		return err
+	}
+	err = db.Update(fn)
+	if cerr := db.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("history %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// view runs fn in a read transaction on the file, opened for it.
+func (s *Store) view(fn func(*bolt.Tx) error) error {
+	s.dbMu.Lock()
+	defer s.dbMu.Unlock()
+	db, err := s.open(true)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketRecords) == nil {
+			return nil // made, never written
+		}
+		return fn(tx)
+	})
 }
 
 // ID is a record's key: its creation time, fixed-width so that keys sort
@@ -186,7 +227,13 @@ func (s *Store) push(o op) {
 	}
 	s.queue = append(s.queue, o)
 	s.queued++
+	s.signal()
 	s.mu.Unlock()
+}
+
+// signal wakes the writer. Called with s.mu held, so that Close, which
+// marks the store closed under it, never closes the channel in between.
+func (s *Store) signal() {
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -208,17 +255,14 @@ func (s *Store) Close() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		if s.wake == nil {
-			return s.db.Close() // read-only
-		}
 		<-s.done
 		return nil
 	}
 	s.closed = true
-	s.mu.Unlock()
 	close(s.wake)
+	s.mu.Unlock()
 	<-s.done
-	return s.db.Close()
+	return nil
 }
 
 // write applies the queue in batches until Close.
@@ -256,11 +300,14 @@ func (s *Store) apply() {
 		return
 	}
 	var added int
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
 		var err error
 		added, err = applyOps(tx, batch)
 		return err
 	})
+	if errors.Is(err, ErrLocked) && s.retry(batch) {
+		return
+	}
 	if err != nil {
 		s.log.Error("history: write failed; these runners' records miss changes", "ops", len(batch), "err", err)
 	}
@@ -275,6 +322,27 @@ func (s *Store) apply() {
 			}
 		}
 	}
+}
+
+// retry puts back a batch that found the file locked (a long read by
+// another process), to be written at the next wake, in a second or so. It
+// reports false once the store is closing: the batch is then given up.
+func (s *Store) retry(batch []op) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.queue = append(batch, s.queue...)
+	s.log.Warn("history: the file is locked; writing later", "ops", len(batch))
+	time.AfterFunc(time.Second, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if !s.closed {
+			s.signal()
+		}
+	})
+	return true
 }
 
 func applyOps(tx *bolt.Tx, batch []op) (added int, err error) {
@@ -360,7 +428,7 @@ func addCount(tx *bolt.Tx, d int) error {
 // count is how many records the store holds.
 func (s *Store) count() (int, error) {
 	n := 0
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		if b := tx.Bucket(bucketMeta).Get(keyCount); len(b) == 8 {
 			n = int(binary.BigEndian.Uint64(b))
 		}
@@ -373,7 +441,7 @@ func (s *Store) count() (int, error) {
 // Keep.
 func (s *Store) prune() error {
 	cutoff := fmt.Sprintf("%019d", s.opt.Now().Add(-s.opt.Keep).UnixNano())
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		recs, regs := tx.Bucket(bucketRecords), tx.Bucket(bucketRegs)
 		n := 0
 		if b := tx.Bucket(bucketMeta).Get(keyCount); len(b) == 8 {
@@ -410,7 +478,7 @@ type Query struct {
 func (s *Store) List(q Query) ([]record.Record, error) {
 	var out []record.Record
 	since := fmt.Sprintf("%019d", max(q.Since.UnixNano(), 0))
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketRecords).Cursor()
 		for k, v := c.Last(); k != nil && string(k) >= since; k, v = c.Prev() {
 			if q.Pool != "" && !strings.Contains(string(v), `"pool":"`+q.Pool+`"`) {
@@ -439,7 +507,7 @@ func (s *Store) List(q Query) ([]record.Record, error) {
 // Get returns one record by ID.
 func (s *Store) Get(id string) (record.Record, error) {
 	var r record.Record
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketRecords).Get([]byte(id))
 		if v == nil {
 			return fmt.Errorf("%q: %w", id, ErrNotFound)
@@ -455,7 +523,7 @@ func (s *Store) Len() (int, error) { return s.count() }
 // Find returns the record of a forge's registration.
 func (s *Store) Find(forge string, reg int64) (record.Record, error) {
 	var r record.Record
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		id := tx.Bucket(bucketRegs).Get(regKey(forge, reg))
 		if id == nil {
 			return fmt.Errorf("registration %d of %s: %w", reg, forge, ErrNotFound)

@@ -159,18 +159,37 @@ func TestBoundedByCountAndAge(t *testing.T) {
 	}
 }
 
-func TestReadOnlyWhileHeld(t *testing.T) {
+// TestReadWhileAManagerWrites: `runfleet jobs` reads the file while a
+// manager has it open, and two managers sharing it (a leader election's
+// candidates, one after the other) write to one history.
+func TestReadWhileAManagerWrites(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "h.db")
-	s, err := Open(path, Options{})
+	a, err := Open(path, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	if _, err := OpenReadOnly(path); !errors.Is(err, ErrLocked) {
-		t.Fatalf("OpenReadOnly while a manager holds it: %v, want ErrLocked", err)
+	defer a.Close()
+	t0 := time.Now()
+	a.Add(rec("gpu-1", 1, t0))
+	a.Update("local", 1, started(t0))
+	a.Flush()
+	r, err := OpenReadOnly(path)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := Open(path, Options{}); !errors.Is(err, ErrLocked) {
-		t.Fatalf("a second writer: %v, want ErrLocked", err)
+	if got, err := r.List(Query{}); err != nil || len(got) != 1 {
+		t.Fatalf("a reader beside a writer: %d records, %v", len(got), err)
+	}
+	b, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Update("local", 1, func(r *record.Record) bool { r.Ended = t0; return true })
+	b.Add(rec("gpu-2", 2, t0.Add(time.Second)))
+	b.Close()
+	got, _ := r.List(Query{All: true})
+	if len(got) != 2 || got[1].Ended.IsZero() {
+		t.Fatalf("after the second writer: %+v", got)
 	}
 	if _, err := OpenReadOnly(filepath.Join(t.TempDir(), "none.db")); err == nil {
 		t.Fatal("OpenReadOnly of a missing file made one")
@@ -202,7 +221,7 @@ func TestConcurrentWriters(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	path := s.db.Path()
+	path := s.path
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}

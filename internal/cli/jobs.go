@@ -33,8 +33,9 @@ func jobsCmd() *cobra.Command {
 		Long: `jobs reads the manager's history of jobs (history.path, <state_dir>/history.db
 by default): one record per runner, with the machine, image and digest, GPUs,
 driver and CUDA versions it was given, and the forge's job it ran. While a
-manager runs, it holds the file and jobs asks it through its status listener
-(with status_token); otherwise jobs opens the file itself.`,
+manager runs, jobs reads the file between the manager's writes; should the
+file stay locked, it asks the manager through its status listener (with
+status_token).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
@@ -79,15 +80,19 @@ manager runs, it holds the file and jobs asks it through its status listener
 // it.
 func readJobs(ctx context.Context, cfg *config.Config, q history.Query) ([]record.Record, error) {
 	s, err := history.OpenReadOnly(cfg.History.Path)
-	switch {
-	case err == nil:
-		defer s.Close()
-		return s.List(q)
-	case errors.Is(err, fs.ErrNotExist):
+	if errors.Is(err, fs.ErrNotExist) {
 		return []record.Record{}, nil // no manager has run yet
-	case !errors.Is(err, history.ErrLocked):
-		return nil, err
 	}
+	var recs []record.Record
+	if err == nil {
+		recs, err = s.List(q)
+		s.Close()
+	}
+	if !errors.Is(err, history.ErrLocked) {
+		return recs, err
+	}
+	// A write that holds the file for long (a prune of a large history):
+	// the manager answers from its side.
 	if cfg.StatusListen == "" {
 		return nil, fmt.Errorf("%w, and it serves no status listener (status_listen) to ask", err)
 	}
@@ -150,6 +155,9 @@ func jobsTable(w io.Writer, recs []record.Record) error {
 		if j := r.Job; j != nil {
 			job = cmp.Or(j.Name, strconv.FormatInt(j.ID, 10))
 			result = cmp.Or(j.Conclusion, j.Status)
+			if j.Conclusion == "" && !r.Ended.IsZero() {
+				result = "ended, unreported" // no webhook told how
+			}
 			if d := j.Waited(); d > 0 {
 				waited = d.Round(time.Second).String()
 			}

@@ -12,11 +12,10 @@ import (
 	"github.com/runfleet/runfleet/record"
 )
 
-// jobHistory is the fleet's history of jobs. The store is open only while
-// the fleet runs its pools (serve, as the leader), so that `status`, `gc`
-// and `jobs`, which build a fleet too, never hold its file, and a standby
-// manager opens it only once it leads. Until then what is told is
-// dropped: the passes tell it again.
+// jobHistory is the fleet's history of jobs, written only while the fleet
+// runs its pools (serve, as the leader): a standby manager writes nothing
+// until it leads. Until then what is told is dropped: the passes tell it
+// again.
 type jobHistory struct {
 	mu    sync.Mutex
 	store *history.Store
@@ -46,21 +45,12 @@ func (h *jobHistory) Drop(forge string, reg int64) {
 	}
 }
 
-// lockWait is how long a manager that takes the lead waits for its
-// predecessor, which may still be stopping, to let go of the history.
-const lockWait = 30 * time.Second
-
-// openHistory opens the store of a config's history; a leader waits for
-// its predecessor's. A store that cannot be
-// opened is logged, and the fleet runs without one: a history is no
-// reason to leave jobs without runners.
-func (f *Fleet) openHistory(c config.History, leader bool) {
-	wait := time.Duration(0)
-	if leader {
-		wait = lockWait
-	}
+// openHistory opens the store of a config's history. A store that
+// cannot be opened is logged, and the fleet runs without one: a history
+// is no reason to leave jobs without runners.
+func (f *Fleet) openHistory(c config.History) {
 	s, err := history.Open(c.Path, history.Options{
-		MaxRecords: c.MaxJobs, Keep: c.Keep.Duration, LockWait: wait, Logger: f.log.With("component", "history"),
+		MaxRecords: c.MaxJobs, Keep: c.Keep.Duration, Logger: f.log.With("component", "history"),
 	})
 	if err != nil {
 		f.log.Error("the history of jobs cannot be opened; runners start without it", "err", err)

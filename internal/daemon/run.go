@@ -43,9 +43,9 @@ const standDownWait = 2 * time.Second
 func (f *Fleet) RunLeader(ctx context.Context, lost <-chan struct{}) []pool.Runner {
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	f.mu.Lock()
-	hist, leader := f.Config.History, f.Config.LeaderElection != nil
+	hist := f.Config.History
 	f.mu.Unlock()
-	f.openHistory(hist, leader)
+	f.openHistory(hist)
 	defer f.closeHistory()
 	f.mu.Lock()
 	f.runCtx = runCtx
@@ -186,7 +186,48 @@ func (f *Fleet) PollOnce(ctx context.Context, forgeName string) error {
 		queued = append(queued, demand.JobOf(forgeName, j))
 	}
 	f.Demand.Poll(forgeName, queued, listed)
+	f.pollRunning(ctx, forgeName, lister)
 	return nil
+}
+
+// pollRunning reads the forge's jobs in progress when a busy runner's job
+// is unknown (no webhook named it), so that its record names the job. A
+// failure is logged: the next poll asks again.
+func (f *Fleet) pollRunning(ctx context.Context, forgeName string, lister forge.JobLister) {
+	taken := f.Demand.Taken(forgeName)
+	unknown := map[int64]bool{}
+	for _, p := range f.pools() {
+		if pc, ok := f.poolConfigOf(p.Name()); !ok || pc.Forge != forgeName {
+			continue
+		}
+		for _, r := range p.Runners() {
+			if r.State == pool.StateBusy && r.RunnerID != 0 && !taken[r.RunnerID] {
+				unknown[r.RunnerID] = true
+			}
+		}
+	}
+	if len(unknown) == 0 {
+		return
+	}
+	jobs, err := lister.Jobs(ctx, forge.JobInProgress)
+	if err != nil {
+		if !errors.Is(err, errors.ErrUnsupported) {
+			f.log.Warn("could not read the jobs in progress for the history", "forge", forgeName, "err", err)
+		}
+		return
+	}
+	for _, j := range jobs {
+		if unknown[j.RunnerID] {
+			f.Demand.Observe(demand.JobOf(forgeName, j))
+		}
+	}
+}
+
+// poolConfigOf is the config of a pool by name.
+func (f *Fleet) poolConfigOf(name string) (config.Pool, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.Config.Pool(name)
 }
 
 // jobChanged is told of every job that moved forward: it counts it and

@@ -3,7 +3,6 @@ package docker
 import (
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -15,14 +14,11 @@ import (
 	"github.com/runfleet/runfleet/record"
 )
 
-// recordJob prints the runner's record between markers (written so that
-// the log's echo of the script holds neither), and what the engine set
-// for it.
+// recordJob prints what the engine set for the job and the runner's
+// record.
 const recordJob = `echo "visible=$NVIDIA_VISIBLE_DEVICES uuids=$RUNFLEET_GPU_UUIDS digest=$RUNFLEET_IMAGE_DIGEST"
 echo "record at $RUNFLEET_RECORD"
-echo "--""-record---"
-cat "$RUNFLEET_RECORD"
-echo "--""-end---"`
+` + harness.RecordJob
 
 // TestJobReadsItsRecord: on the real Gitea with Docker and the GPU engine,
 // a job reads its runner's record (the file RUNFLEET_RECORD names, and the
@@ -62,7 +58,7 @@ func TestJobReadsItsRecord(t *testing.T) {
 	if visible == nil {
 		t.Fatalf("the job printed no GPU or digest:\n%s", out)
 	}
-	rec := recordIn(t, out)
+	rec := harness.NeedRecordIn(t, out)
 	t.Logf("the job saw NVIDIA_VISIBLE_DEVICES=%s RUNFLEET_GPU_UUIDS=%s RUNFLEET_IMAGE_DIGEST=%s", visible[1], visible[2], visible[3])
 	digest := eng.ImageID(t, img)
 	switch {
@@ -87,11 +83,11 @@ func TestJobReadsItsRecord(t *testing.T) {
 	var kept record.Record
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("runfleet jobs --all -o json:\n%s", runJobs(t, f, "--all", "-o", "json"))
+			t.Logf("runfleet jobs --all -o json:\n%s", f.RunJobs("--all", "-o", "json"))
 		}
 	})
 	harness.Eventually(t, time.Minute, "the history to hold the job, completed", func() bool {
-		rs := jobsJSON(t, f)
+		rs := jobsOf(t, f)
 		if len(rs) != 1 || rs[0].Job == nil || rs[0].Job.Conclusion == "" || rs[0].Ended.IsZero() {
 			return false
 		}
@@ -112,17 +108,17 @@ func TestJobReadsItsRecord(t *testing.T) {
 	f.Kill9()
 	f.Start()
 	harness.Eventually(t, time.Minute, "an idle runner after the restart", func() bool { return f.IdleOnline() == 1 })
-	after := jobsJSON(t, f)
+	after := jobsOf(t, f)
 	if len(after) != 1 {
 		t.Fatalf("after a restart, runfleet jobs lists %d records, want 1", len(after))
 	}
 	checkKept(t, after[0], rec, jobs[0].ID, visible[1], digest)
 	f.StopLeavesNothing()
-	stopped := jobsJSON(t, f)
+	stopped := jobsOf(t, f)
 	if len(stopped) != 1 || stopped[0].ID != kept.ID {
 		t.Fatalf("with no manager running, runfleet jobs lists %+v", stopped)
 	}
-	table := runJobs(t, f)
+	table := f.RunJobs()
 	t.Logf("runfleet jobs:\n%s", table)
 	if !strings.Contains(table, visible[1]) || !strings.Contains(table, "success") {
 		t.Errorf("the table lacks the job's GPU or result")
@@ -135,30 +131,6 @@ func TestJobReadsItsRecord(t *testing.T) {
 	if strings.Contains(string(b), harness.Gitea.Token) {
 		t.Error("the history holds the forge's token")
 	}
-}
-
-// recordIn reads the record a job printed between its markers.
-func recordIn(t *testing.T, log string) record.Record {
-	t.Helper()
-	_, rest, ok := strings.Cut(log, "---record---")
-	body, _, ok2 := strings.Cut(rest, "---end---")
-	if !ok || !ok2 {
-		t.Fatalf("the job printed no record:\n%s", log)
-	}
-	// Each line of the log carries a timestamp before the text.
-	var js strings.Builder
-	for line := range strings.Lines(body) {
-		if _, text, ok := strings.Cut(line, "Z "); ok {
-			js.WriteString(text)
-		} else {
-			js.WriteString(line)
-		}
-	}
-	var r record.Record
-	if err := json.Unmarshal([]byte(js.String()), &r); err != nil {
-		t.Fatalf("the job's record is not JSON: %v\n%s", err, js.String())
-	}
-	return r
 }
 
 func checkKept(t *testing.T, kept, rec record.Record, jobID int64, gpu, digest string) {
@@ -175,21 +147,12 @@ func checkKept(t *testing.T, kept, rec record.Record, jobID int64, gpu, digest s
 	}
 }
 
-func runJobs(t *testing.T, f *harness.Fleet, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(harness.FleetBin, append([]string{"jobs", "-c", f.Config}, args...)...)
-	cmd.Env = append(append(os.Environ(), f.Env...), "E2E_GITEA_TOKEN="+harness.Gitea.Token)
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("runfleet jobs %v: %v\n%s", args, err, out)
-	}
-	return string(out)
-}
-
-func jobsJSON(t *testing.T, f *harness.Fleet) []record.Record {
+// jobsOf is `runfleet jobs -o json`: the records of the last 24 hours'
+// runners that took a job.
+func jobsOf(t *testing.T, f *harness.Fleet) []record.Record {
 	t.Helper()
 	var rs []record.Record
-	if err := json.Unmarshal([]byte(runJobs(t, f, "-o", "json")), &rs); err != nil {
+	if err := json.Unmarshal([]byte(f.RunJobs("-o", "json")), &rs); err != nil {
 		t.Fatal(err)
 	}
 	return rs

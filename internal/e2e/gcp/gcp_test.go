@@ -12,6 +12,7 @@ import (
 	"github.com/runfleet/runfleet/internal/testbed/gcesim"
 	"github.com/runfleet/runfleet/internal/testbed/ghsim"
 	"github.com/runfleet/runfleet/internal/testbed/harness"
+	"github.com/runfleet/runfleet/record"
 )
 
 // A Spot pool of Compute Engine instances (size 1, max 3) on the
@@ -31,8 +32,17 @@ func TestGCPSpotRunsJobs(t *testing.T) {
 	}
 	f.CheckNoSecretOnGCE()
 
-	f.Push(harness.Matrix("gcpspot", 4, harness.HostJob+"sleep 5\n"))
-	f.CheckFresh(f.WaitJobs(4, 5*time.Minute), regexp.MustCompile(`host=(gcpspot-\d+-[0-9a-f]{6})`), "")
+	f.Push(harness.Matrix("gcpspot", 4, harness.HostJob+"sleep 5\n"+harness.RecordJob))
+	jobs := f.WaitJobs(4, 5*time.Minute)
+	f.CheckFresh(jobs, regexp.MustCompile(`host=(gcpspot-\d+-[0-9a-f]{6})`), "")
+	f.CheckRecords(jobs, func(printed, kept record.Record) {
+		m, k := printed.Machine, kept.Machine
+		if m.InstanceType == "" || m.Zone == "" || !m.Spot || m.Image == "" || printed.Provider != "gcp" ||
+			k.InstanceType != m.InstanceType || k.Zone != m.Zone || !k.Spot || !strings.HasPrefix(k.ID, printed.Runner+"-") {
+			t.Errorf("instance records: the job's %+v, the history's %+v", m, k)
+		}
+	})
+	t.Logf("a job's instance as its record tells it: %+v", f.JobRecords()[0].Machine)
 	harness.Eventually(t, 2*time.Minute, "back to 1 idle runner on 1 instance", func() bool {
 		return f.IdleOnline() == 1 && len(f.Runners()) == 1 && f.LiveGCE() == 1
 	})

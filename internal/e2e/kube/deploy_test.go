@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	authzv1 "k8s.io/api/authorization/v1"
@@ -58,6 +59,25 @@ func TestDeployManifests(t *testing.T) {
 	}
 	if cfg.LeaderElection == nil || !cfg.LeaderElection.InCluster || cfg.LeaderElection.Identity != "runfleet-abc" || cfg.Pools[0].Provider != "kubernetes" {
 		t.Errorf("config: %+v", cfg)
+	}
+	// The history lives on the claim both replicas mount, not on a pod's
+	// own emptyDir: a failover loses none of it.
+	onClaim := false
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.PersistentVolumeClaim == nil {
+			continue
+		}
+		if _, err := harness.KubeCP.Client.CoreV1().PersistentVolumeClaims(harness.KubeNamespace).Get(ctx, v.PersistentVolumeClaim.ClaimName, metav1.GetOptions{}); err != nil {
+			t.Errorf("volume %s: %v", v.Name, err)
+		}
+		for _, m := range d.Spec.Template.Spec.Containers[0].VolumeMounts {
+			if m.Name == v.Name && strings.HasPrefix(cfg.History.Path, m.MountPath+"/") {
+				onClaim = true
+			}
+		}
+	}
+	if !onClaim {
+		t.Errorf("history.path %s is on no PersistentVolumeClaim the replicas mount", cfg.History.Path)
 	}
 
 	sa := "system:serviceaccount:" + harness.KubeNamespace + ":runfleet"

@@ -84,7 +84,8 @@ func TestKubeFailover(t *testing.T) {
 	harness.Eventually(t, time.Minute, "manager-b leads", func() bool { return harness.LogHas(b.LogPath, "this manager leads") })
 	t.Logf("manager-b leads %s after the kill (lease_duration 6s)", time.Since(killed).Round(100*time.Millisecond))
 
-	harness.CheckJobs(t, a.WaitJobs(20, 5*time.Minute))
+	jobs := a.WaitJobs(20, 5*time.Minute)
+	harness.CheckJobs(t, jobs)
 	harness.Eventually(t, time.Minute, "2 idle pods under manager-b", func() bool {
 		return len(b.Runners()) == 2 && b.IdleOnline() == 2 && b.LivePods() == 2
 	})
@@ -114,6 +115,16 @@ func TestKubeFailover(t *testing.T) {
 		}
 	}
 	b.StopLeavesNothing()
+	// The history, in the state directory both managers share, lost
+	// nothing at the failover: every job's runner has its record, made
+	// by the manager that started it.
+	recs := b.JobRecords()
+	for _, j := range jobs {
+		if _, ok := harness.RecordOfRegistration(recs, j.RunnerID); !ok {
+			t.Errorf("job %s ran on runner %d, which the history lacks", j.Name, j.RunnerID)
+		}
+	}
+	t.Logf("the history after the failover holds %d runners' records, the %d jobs' runners among them", len(recs), len(jobs))
 	if b, _ := os.ReadFile(filepath.Join(a.Dir, "manager-1.log")); strings.Contains(string(b), harness.Gitea.Token) {
 		t.Error("manager-a's log shows the forge token")
 	}

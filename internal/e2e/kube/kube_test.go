@@ -21,6 +21,7 @@ import (
 	"github.com/runfleet/runfleet/internal/testbed/harness"
 	"github.com/runfleet/runfleet/provider"
 	kube "github.com/runfleet/runfleet/provider/kubernetes"
+	"github.com/runfleet/runfleet/record"
 )
 
 // A pool of 2 pods runs an 8-job matrix: each job on its own registration
@@ -47,8 +48,17 @@ func TestKubePodsRunJobs(t *testing.T) {
 		t.Errorf("pod %s: restart policy %s, labels %v", p.Name, p.Spec.RestartPolicy, p.Labels)
 	}
 
-	f.Push(harness.Matrix("kpods", 8, harness.FreshJob))
-	f.CheckFresh(f.WaitJobs(8, 4*time.Minute), regexp.MustCompile(`host=(e2e-kpods-kpods-\d+-[a-z0-9]{5})`), data)
+	f.Push(harness.Matrix("kpods", 8, harness.FreshJob+"\n"+harness.RecordJob))
+	jobs := f.WaitJobs(8, 4*time.Minute)
+	f.CheckFresh(jobs, regexp.MustCompile(`host=(e2e-kpods-kpods-\d+-[a-z0-9]{5})`), data)
+	f.CheckRecords(jobs, func(printed, kept record.Record) {
+		m, k := printed.Machine, kept.Machine
+		if m.Node != harness.KubeNode || m.Image != img || len(m.Datasets) != 1 || !m.Datasets[0].ReadOnly || printed.Provider != "kubernetes" ||
+			k.Node != m.Node || !strings.HasPrefix(k.ID, "e2e-kpods-"+printed.Runner+"-") {
+			t.Errorf("pod records: the job's %+v, the history's %+v", m, k)
+		}
+	})
+	t.Logf("a job's pod as its record tells it: %+v", f.JobRecords()[0].Machine)
 	harness.Eventually(t, time.Minute, "2 idle registrations, 2 pods", func() bool {
 		return len(f.Runners()) == 2 && f.IdleOnline() == 2 && f.LivePods() == 2 && len(f.Pods()) == 2
 	})

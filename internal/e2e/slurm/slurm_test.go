@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/internal/testbed/harness"
+	"github.com/runfleet/runfleet/record"
 )
 
 // A GPU pool on the 2-GPU node: 2 warm runners, at most 3, one GPU each.
@@ -61,7 +62,8 @@ func TestSlurmGPUPool(t *testing.T) {
 		}
 	}()
 	f.Push(harness.Matrix("[slurmgpu, gpus-1]", 6, `echo "gpus=[$CUDA_VISIBLE_DEVICES] job=$SLURM_JOB_ID node=$SLURMD_NODENAME"
-sleep 20`))
+sleep 20
+`+harness.RecordJob))
 	// The third runner pends for a GPU past its bootstrap timeout, its
 	// reason in status.
 	shown := ""
@@ -101,6 +103,15 @@ sleep 20`))
 		got = append(got, "slurm job "+m[2]+" GPU "+m[1])
 	}
 	t.Logf("jobs printed: %s", strings.Join(got, ", "))
+	// Each job's record names its node (written on the node), and the
+	// history the node and the GPU Slurm gave it.
+	f.CheckRecords(jobs, func(printed, kept record.Record) {
+		if printed.Machine.Node != harness.Slurm.Node || printed.Provider != "slurm" || kept.Machine.Node != harness.Slurm.Node ||
+			kept.Machine.ID == "" || len(kept.GPUs) != 1 || !strings.HasPrefix(kept.GPUs[0].ID, harness.Slurm.Node+":") {
+			t.Errorf("Slurm job records: the job's %+v, the history's %+v %+v", printed.Machine, kept.Machine, kept.GPUs)
+		}
+	})
+	t.Logf("a job's Slurm job as its record tells it: %+v, GPUs %+v", f.JobRecords()[0].Machine, f.JobRecords()[0].GPUs)
 	if n := len(harness.LogLines(f.LogPath, "retiring", "not online after")); n > 0 {
 		t.Errorf("a pending runner was retired by the bootstrap timeout despite queue_wait")
 	}

@@ -31,6 +31,9 @@ const (
 	KubeNodeLabel = "runfleet.dev/test-node"
 )
 
+// KubeNode is the name of the node that runs pods on the Docker engine.
+var KubeNode string
+
 var (
 	kubeOnce       sync.Once
 	KubeCP         *peers.Kube
@@ -71,6 +74,7 @@ func NeedKube(t testing.TB) string {
 		// container labelled with its name when it stops, and packages
 		// running side by side share the Docker engine.
 		nodeName := fmt.Sprintf("e2e-node-%d", os.Getpid())
+		KubeNode = nodeName
 		cert, err := KubeCP.ServingCert(nodeName)
 		if err != nil {
 			kubeErr = err

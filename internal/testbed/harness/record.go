@@ -1,0 +1,119 @@
+package harness
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	sdk "code.gitea.io/sdk/gitea"
+
+	"github.com/runfleet/runfleet/record"
+)
+
+// RecordJob is a job's script that prints its runner's record between
+// markers, written so that the log's echo of the script holds neither.
+const RecordJob = `echo "--""-record---"
+cat "$RUNFLEET_RECORD"
+echo "--""-end---"
+`
+
+// RecordIn reads the record a job printed with RecordJob; ok is false when
+// the log holds none.
+func RecordIn(log string) (r record.Record, ok bool, err error) {
+	i := strings.LastIndex(log, "---record---")
+	if i < 0 {
+		return r, false, nil
+	}
+	body, _, found := strings.Cut(log[i+len("---record---"):], "---end---")
+	if !found {
+		return r, false, nil
+	}
+	// Each line of a forge's log may carry a timestamp before the text.
+	var js strings.Builder
+	for line := range strings.Lines(body) {
+		if _, text, ok := strings.Cut(line, "Z "); ok && strings.HasPrefix(line, "20") {
+			line = text
+		}
+		js.WriteString(line)
+	}
+	return r, true, json.Unmarshal([]byte(js.String()), &r)
+}
+
+// NeedRecordIn is RecordIn that fails the test without a record.
+func NeedRecordIn(t testing.TB, log string) record.Record {
+	t.Helper()
+	r, ok, err := RecordIn(log)
+	if !ok || err != nil {
+		t.Fatalf("the job printed no record (%v):\n%s", err, log)
+	}
+	return r
+}
+
+// JobRecords runs `runfleet jobs --all --since "" -o json` (every record of
+// the history) against the fleet's config.
+func (f *Fleet) JobRecords() []record.Record {
+	f.T.Helper()
+	out := f.RunJobs("--all", "--since", "", "-o", "json")
+	var rs []record.Record
+	if err := json.Unmarshal([]byte(out), &rs); err != nil {
+		f.T.Fatalf("runfleet jobs -o json: %v\n%s", err, out)
+	}
+	return rs
+}
+
+// RunJobs runs `runfleet jobs` with args.
+func (f *Fleet) RunJobs(args ...string) string {
+	f.T.Helper()
+	cmd := exec.Command(FleetBin, append([]string{"jobs", "-c", f.Config}, args...)...)
+	cmd.Env = f.env()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		f.T.Fatalf("runfleet jobs %v: %v\n%s%s", args, err, out, stderr.String())
+	}
+	return string(out)
+}
+
+// RecordOfRegistration finds the record of a runner's registration.
+func RecordOfRegistration(rs []record.Record, reg int64) (record.Record, bool) {
+	for _, r := range rs {
+		if r.Registration == reg {
+			return r, true
+		}
+	}
+	return record.Record{}, false
+}
+
+// CheckRecords reads the record each job printed (with RecordJob) and the
+// history's record of the job's runner, once that runner ended, and hands
+// both to check. (The history names the job where the forge reported it
+// with its runner: a webhook.)
+func (f *Fleet) CheckRecords(jobs []*sdk.ActionWorkflowJob, check func(printed, kept record.Record)) {
+	f.T.Helper()
+	var kept []record.Record
+	Eventually(f.T, time.Minute, "the history to hold every job's runner, ended", func() bool {
+		kept = f.JobRecords()
+		for _, j := range jobs {
+			r, ok := RecordOfRegistration(kept, j.RunnerID)
+			if !ok || r.Ended.IsZero() {
+				return false
+			}
+		}
+		return true
+	})
+	for _, j := range jobs {
+		logs, _, err := f.Client().GetRepoActionJobLogs(Gitea.User, f.Repo, j.ID)
+		if err != nil {
+			f.T.Fatal(err)
+		}
+		printed := NeedRecordIn(f.T, string(logs))
+		r, _ := RecordOfRegistration(kept, j.RunnerID)
+		if printed.Runner != r.Runner || printed.Registration != r.Registration {
+			f.T.Errorf("job %d printed the record of %s (%d), the history gives it %s (%d)", j.ID, printed.Runner, printed.Registration, r.Runner, r.Registration)
+		}
+		check(printed, r)
+	}
+}
