@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/runfleet/runfleet/dynamic"
 	"github.com/runfleet/runfleet/secret"
 )
 
@@ -201,6 +202,10 @@ type Pool struct {
 	// gpu-h200, gpus-1, cuda-12.4), so that jobs can ask for hardware in
 	// runs-on. Default true.
 	HardwareLabels *bool `json:"hardware_labels,omitempty"`
+	// Dynamic lets the pool's jobs choose their machine in their labels
+	// (gpus=2, cpu=8, mem=64g, image=cuda12.4), within these limits: each
+	// such job gets a runner of its own with what it asked for.
+	Dynamic *dynamic.Limits `json:"dynamic,omitempty"`
 	// SizeFromGPUs is set when gpus_per_runner is and size is not: the
 	// size is then what the host's GPUs allow, known once they are found.
 	SizeFromGPUs bool `json:"-"`

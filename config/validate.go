@@ -275,6 +275,15 @@ func (p Pool) validate(ps *problems, field string) {
 	if p.GPUsPerRunner == badGPUCount {
 		ps.add(field+".gpus_per_runner", "must be a whole number of GPUs or \"all\"")
 	}
+	if d := p.Dynamic; d != nil {
+		ps.addAll(field+".dynamic", d.Check())
+		if len(d.Keys()) == 0 {
+			ps.add(field+".dynamic", "allows nothing: give at least one of gpus, gpu, cpu, mem, image, spot")
+		}
+		if (len(d.GPUs) > 0 || len(d.GPU) > 0) && p.GPUsPerRunner == 0 {
+			ps.add(field+".dynamic.gpus", "needs gpus_per_runner: the GPUs of a job that asks for none")
+		}
+	}
 	if p.Workdir != "" && !filepath.IsAbs(p.Workdir) {
 		ps.add(field+".workdir", "%q must be an absolute path", p.Workdir)
 	}

@@ -9,11 +9,13 @@
 package demand
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/runfleet/runfleet/dynamic"
 	"github.com/runfleet/runfleet/forge"
 )
 
@@ -364,4 +366,68 @@ func (t *Tracker) Taken(forge string) map[int64]bool {
 		}
 	}
 	return out
+}
+
+// UnservedShapes is Unserved for a pool whose jobs choose their machine:
+// by shape (dynamic.Shape of a job's labels), the queued jobs that no
+// runner of that shape took, given by shape the runners that took a job
+// lately.
+func (t *Tracker) UnservedShapes(pool string, took map[string][]int64, window time.Duration) map[string]int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now()
+	queued := map[string]int{}
+	named := map[int64]bool{}
+	anonymous := map[string][]*entry{}
+	for _, e := range t.jobs {
+		if e.pool != pool {
+			continue
+		}
+		shape := dynamic.Shape(e.job.Labels)
+		switch {
+		case e.job.Status == Queued && now.Sub(e.seen) <= maxQueued:
+			queued[shape]++
+		case e.job.Status < InProgress:
+		case e.job.RunnerID != 0:
+			named[e.job.RunnerID] = true
+		case now.Sub(e.job.Started) <= window:
+			anonymous[shape] = append(anonymous[shape], e)
+		}
+	}
+	for shape, ids := range took {
+		anon := anonymous[shape]
+		slices.SortFunc(anon, func(a, b *entry) int { return a.job.Started.Compare(b.job.Started) })
+		for _, r := range ids {
+			switch {
+			case named[r]:
+			case len(anon) > 0:
+				anon[0].job.RunnerID = r
+				anon = anon[1:]
+			default:
+				queued[shape]--
+			}
+		}
+	}
+	for shape, n := range queued {
+		if n <= 0 {
+			delete(queued, shape)
+		}
+	}
+	return queued
+}
+
+// Fewer returns a queued job of a forge that a runner with labels, made
+// for jobs of shape, could take although it asks for another shape: its
+// labels are all among the runner's, and fewer. ok is false when there is
+// none.
+func (t *Tracker) Fewer(forge string, labels []string, shape string) (job string, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, e := range t.jobs {
+		if k.forge != forge || e.job.Status != Queued || !covers(labels, e.job.Labels) || dynamic.Shape(e.job.Labels) == shape {
+			continue
+		}
+		return fmt.Sprintf("%d (%s: %s)", e.job.ID, e.job.Name, strings.Join(e.job.Labels, ", ")), true
+	}
+	return "", false
 }

@@ -2,6 +2,7 @@ package demand
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -212,5 +213,27 @@ func TestRunnerOfAJobInferredInProgress(t *testing.T) {
 	}
 	if last := events[len(events)-1]; last.Job.RunnerID != 7 || last.From != InProgress {
 		t.Fatalf("last event %+v", last)
+	}
+}
+
+// A dynamic pool's demand comes by shape, less the runners of each shape
+// that took a job; Fewer finds a queued job a bigger runner could take.
+func TestShapes(t *testing.T) {
+	tr := New([]Pool{{Name: "p", Forge: "f", Labels: []string{"gpu"}, Meets: func(have, want []string) bool { return true }}}, nil)
+	for id, labels := range map[int64][]string{1: {"gpu", "gpus=2"}, 2: {"gpu", "gpus=2"}, 3: {"gpu", "gpus=2", "mem=8g"}, 4: {"gpu"}} {
+		tr.Observe(Job{Forge: "f", ID: id, Labels: labels, Status: Queued})
+	}
+	got := tr.UnservedShapes("p", map[string][]int64{"gpus=2": {11}}, time.Minute)
+	if got["gpus=2"] != 1 || got["gpus=2,mem=8g"] != 1 || got[""] != 1 || len(got) != 3 {
+		t.Fatalf("UnservedShapes = %v", got)
+	}
+	if job, ok := tr.Fewer("f", []string{"gpu", "gpus=2", "mem=8g"}, "gpus=2,mem=8g"); !ok || strings.Contains(job, "mem=8g") {
+		t.Fatalf("Fewer for the mem=8g runner: %q %v", job, ok)
+	}
+	tr.Observe(Job{Forge: "f", ID: 1, Status: InProgress, RunnerID: 11})
+	tr.Observe(Job{Forge: "f", ID: 2, Status: InProgress, RunnerID: 12})
+	tr.Observe(Job{Forge: "f", ID: 4, Status: InProgress, RunnerID: 14})
+	if job, ok := tr.Fewer("f", []string{"gpu", "gpus=2", "mem=8g"}, "gpus=2,mem=8g"); ok {
+		t.Fatalf("Fewer once the smaller jobs were taken: %q", job)
 	}
 }

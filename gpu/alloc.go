@@ -31,6 +31,12 @@ func (a *Allocator) Len() int { return len(a.units) }
 // already holds units gets those back. Nothing is taken when not enough
 // are free.
 func (a *Allocator) Take(runner string, n int) ([]Unit, error) {
+	return a.TakeModel(runner, n, "")
+}
+
+// TakeModel is Take of units of one model only (Model's name: h100), or
+// of any when model is "".
+func (a *Allocator) TakeModel(runner string, n int, model string) ([]Unit, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if held := a.heldBy(runner); len(held) > 0 {
@@ -44,12 +50,16 @@ func (a *Allocator) Take(runner string, n int) ([]Unit, error) {
 		if len(got) == n {
 			break
 		}
-		if _, used := a.owner[u.ID]; !used {
+		if _, used := a.owner[u.ID]; !used && (model == "" || Model(u.Device.Name) == model) {
 			got = append(got, u)
 		}
 	}
 	if len(got) < n || n == 0 {
-		return nil, fmt.Errorf("runner %s needs %d GPUs, %d of %d are free", runner, n, len(got), len(a.units))
+		what := "GPUs"
+		if model != "" {
+			what = model + " GPUs"
+		}
+		return nil, fmt.Errorf("runner %s needs %d %s, %d of %d are free", runner, n, what, len(got), len(a.units))
 	}
 	for _, u := range got {
 		a.owner[u.ID] = runner

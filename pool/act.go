@@ -45,12 +45,12 @@ func (p *Pool) finish(name string, o op) {
 
 // create registers a runner and starts its machine, in the background,
 // with the GPUs taken for it. Called with p.mu held.
-func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit) {
+func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit, sh shaped) {
 	p.pending[name] = opCreate
 	p.created++
 	p.wg.Go(func() {
 		start := p.now()
-		inst, reg, err := p.createRunner(ctx, name, units)
+		inst, reg, err := p.createRunner(ctx, name, units, sh)
 		p.mu.Lock()
 		p.finish(name, opCreate)
 		if err != nil && ctx.Err() != nil {
@@ -116,8 +116,8 @@ func refusedBy(err error) string {
 // createRunner registers the runner, then starts its machine. It is never
 // half-applied: a registration whose machine did not start is removed.
 // It returns the machine and the registration's id.
-func (p *Pool) createRunner(ctx context.Context, name string, units []gpu.Unit) (provider.Instance, int64, error) {
-	labels := p.labels(units)
+func (p *Pool) createRunner(ctx context.Context, name string, units []gpu.Unit, sh shaped) (provider.Instance, int64, error) {
+	labels := p.shapeLabels(sh.shape, units)
 	cred, err := p.forge.Register(ctx, forge.RunnerRequest{Name: name, Labels: labels})
 	if err != nil {
 		return provider.Instance{}, 0, err
@@ -134,7 +134,7 @@ func (p *Pool) createRunner(ctx context.Context, name string, units []gpu.Unit) 
 	}, cred)
 	if err == nil {
 		spec.GPUs = gpu.IDs(units)
-		spec.Record = rec
+		spec.Record, spec.Request = rec, sh.req
 		inst, err = p.prov.Create(ctx, spec)
 	}
 	if err == nil {

@@ -41,6 +41,9 @@ type Runner struct {
 	// Reason is the provider's word on why its machine is not running
 	// (a pod that cannot be scheduled, an image that cannot be pulled).
 	Reason string
+	// Shape is what its job asked for (a dynamic pool's gpus=2,mem=64g);
+	// "" for a runner of the pool's own shape.
+	Shape string `json:",omitempty"`
 }
 
 // vanishedGrace is how long a registration whose machine vanished mid-job

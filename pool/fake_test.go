@@ -241,3 +241,15 @@ func (c *clock) Add(d time.Duration) {
 	c.t = c.t.Add(d)
 	c.mu.Unlock()
 }
+
+// labelsOf is the labels a runner registered with.
+func (f *fakeForge) labelsOf(name string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range f.runners {
+		if r.Name == name {
+			return r.Labels
+		}
+	}
+	return nil
+}

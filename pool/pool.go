@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/agent"
+	"github.com/runfleet/runfleet/dynamic"
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/gpu"
 	"github.com/runfleet/runfleet/provider"
@@ -124,6 +125,17 @@ type Config struct {
 	// History keeps the records and what becomes of each runner; nil
 	// keeps none.
 	History History
+
+	// A dynamic pool's jobs choose their machine (shapes.go). Shapes
+	// returns, by shape (dynamic.Shape of a job's labels; "" for jobs that
+	// ask for nothing), the queued jobs matched to the pool that no
+	// runner took, given by shape the runners that took a job lately; it
+	// replaces Demand. Resolve reads a shape within the pool's limits.
+	// HoldBack reports whether a runner with these labels must wait: a
+	// queued job with fewer labels could take it (and which one).
+	Shapes   func(took map[string][]int64) map[string]int
+	Resolve  func(shape string) (dynamic.Request, error)
+	HoldBack func(labels []string, shape string) (job string, hold bool)
 }
 
 // Pool reconciles one pool.
@@ -162,6 +174,9 @@ type Pool struct {
 	backoff        Backoff                      // runners failing one after another
 	backoffChanged bool                         // since the last OnBackoff
 	noted          map[int64]noted              // registration -> what the history was told of it
+	shapes         map[string]string            // slot -> the shape its runner was made for (dynamic pools)
+	refusals       map[string]string            // shape -> why no runner starts for it
+	held           map[string]time.Time         // shape -> since when its runner waits (holdBack)
 	view           []Runner                     // after the last pass
 	lastErr        error
 	failingSince   time.Time // first of the passes failing in a row; zero after a pass that worked
@@ -206,6 +221,9 @@ func New(cfg Config, f Forge, prov provider.Provider, a agent.Agent, opts ...Opt
 		registered: map[string]int64{},
 		refused:    map[int64]refusal{},
 		noted:      map[int64]noted{},
+		shapes:     map[string]string{},
+		refusals:   map[string]string{},
+		held:       map[string]time.Time{},
 		backoff:    cfg.Backoff,
 	}
 	for _, o := range opts {

@@ -63,6 +63,9 @@ func plan(view []Runner, idle, total int, in scaleInput) (retire []int, start in
 // they were, or one that takes a job before that pass reads would never
 // have been seen starting (tookJob). Called with p.mu held.
 func (p *Pool) scale(ctx context.Context, snap snapshot, prev, view []Runner, n tally, now time.Time) []Runner {
+	if p.cfg.Shapes != nil && !p.cfg.Once {
+		return p.scaleShapes(ctx, snap, prev, view, n, now)
+	}
 	in := scaleInput{
 		want: p.cfg.Size, max: p.cfg.Max, size: p.cfg.Size, created: p.created, once: p.cfg.Once,
 		draining: p.draining, idleTimeout: p.cfg.IdleTimeout, now: now, createAfter: p.backoff.Until, halted: p.backoff.Halted,
@@ -97,7 +100,7 @@ func (p *Pool) scale(ctx context.Context, snap snapshot, prev, view []Runner, n 
 		if !ok {
 			break
 		}
-		p.create(ctx, name, units)
+		p.create(ctx, name, units, shaped{})
 		view = append(view, Runner{Name: name, Pool: p.cfg.Name, State: StateStarting})
 		start--
 	}

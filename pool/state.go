@@ -247,6 +247,9 @@ func (p *Pool) classifyAll(snap snapshot, pol policy) (view []Runner, n tally) {
 		if s.reg != nil {
 			r.RunnerID = s.reg.ID
 		}
+		if p.cfg.Shapes != nil {
+			r.Shape = p.shapeOf(name, s)
+		}
 		if s.inst != nil {
 			r.Created, r.Machine, r.GPUs, r.Reason = s.inst.Created, s.inst.ID, s.inst.GPUs, s.inst.Reason
 		}
@@ -286,7 +289,7 @@ func (p *Pool) classifyAll(snap snapshot, pol policy) (view []Runner, n tally) {
 	}
 	// Created after this pass listed: running, but not in the snapshot.
 	for _, name := range p.startingUnlisted(snap) {
-		view = append(view, Runner{Name: name, Pool: p.cfg.Name, State: StateStarting, RunnerID: p.registered[name]})
+		view = append(view, Runner{Name: name, Pool: p.cfg.Name, State: StateStarting, RunnerID: p.registered[name], Shape: p.shapes[name]})
 		n.idle++
 		n.total++
 	}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/runfleet/runfleet/dynamic"
 	"github.com/runfleet/runfleet/record"
 )
 
@@ -55,6 +56,12 @@ type Spec struct {
 	// environment, so that the job can read it. Create's caller reads
 	// what was filled in.
 	Record *record.Record
+	// Request is what the runner's job asked its machine to be (a
+	// dynamic pool's gpus=2, cpu=8, mem=64g, image=...), within the
+	// pool's limits; zero fields keep the pool's settings. Only keys the
+	// provider honours (Shaper) come here; GPUs of this host come in
+	// GPUs.
+	Request dynamic.Request
 }
 
 // Hostname is this host's name, for the records of the machines it runs
@@ -209,6 +216,15 @@ func TraitsOf(p Provider) Traits {
 // labels, as runners given this host's GPUs carry those of their GPUs.
 type Labeler interface {
 	HardwareLabels() []string
+}
+
+// Shaper is implemented by providers that give a machine what its job
+// asked for in Spec.Request: Honours lists those keys of package dynamic
+// (cpu, mem, image, gpus, spot). A pool's dynamic section may allow no
+// other, besides gpus and gpu where the pool gives runners this host's
+// GPUs.
+type Shaper interface {
+	Honours() []string
 }
 
 // OutputReader is implemented by providers that keep what an agent

@@ -243,8 +243,11 @@ type PoolView struct {
 	Size, Max, Queued     int
 	Error                 string
 	Backoff               string // why the pool holds off starting runners
-	Runners               []RunnerRow
-	GPUs                  bool // a runner has GPUs of its own
+	// Refused says, for the jobs that ask for what the pool does not
+	// allow (a dynamic pool), what they ask and why nothing starts.
+	Refused []string
+	Runners []RunnerRow
+	GPUs    bool // a runner has GPUs of its own
 }
 
 // RunnerRow is one runner.

@@ -13,6 +13,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/dynamic"
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/internal/daemon"
 	"github.com/runfleet/runfleet/pool"
@@ -32,6 +34,8 @@ type RunnerStatus struct {
 	// Reason is why the runner's machine is not running, in the
 	// provider's words.
 	Reason string `json:"reason,omitempty"`
+	// Shape is what its job asked for, in a dynamic pool.
+	Shape string `json:"shape,omitempty"`
 }
 
 // JobRef names the job a runner is running.
@@ -49,7 +53,10 @@ type PoolStatus struct {
 	Error string `json:"error,omitempty"`
 	// Backoff is why the pool holds off starting runners, as its manager
 	// last recorded it: runners that failed one after another.
-	Backoff *pool.Backoff  `json:"backoff,omitempty"`
+	Backoff *pool.Backoff `json:"backoff,omitempty"`
+	// Refused lists the queued jobs that ask a dynamic pool for what it
+	// does not allow, and why no runner starts for them.
+	Refused []string       `json:"refused,omitempty"`
 	Runners []RunnerStatus `json:"runners"`
 }
 
@@ -107,6 +114,7 @@ func collect(ctx context.Context, fleet *daemon.Fleet) []PoolStatus {
 		if b := fleet.SavedBackoff(p.Name()); b.Failures > 0 {
 			ps.Backoff = &b
 		}
+		ps.Refused = refused(ctx, pc, fleet.Forges[p.Name()])
 		runners, err := p.Observe(ctx)
 		if err != nil {
 			ps.Error = err.Error()
@@ -127,7 +135,7 @@ func collect(ctx context.Context, fleet *daemon.Fleet) []PoolStatus {
 			jobsByForge[f] = jobs
 		}
 		for _, r := range runners {
-			rs := RunnerStatus{Pool: r.Pool, Name: r.Name, State: string(r.State), RunnerID: r.RunnerID, Machine: r.Machine, Created: r.Created, GPUs: r.GPUs, Reason: r.Reason}
+			rs := RunnerStatus{Pool: r.Pool, Name: r.Name, State: string(r.State), RunnerID: r.RunnerID, Machine: r.Machine, Created: r.Created, GPUs: r.GPUs, Reason: r.Reason, Shape: r.Shape}
 			if !r.Created.IsZero() {
 				rs.AgeSec = now.Sub(r.Created).Round(time.Second).Seconds()
 			}
@@ -188,5 +196,43 @@ func printTable(w io.Writer, pools []PoolStatus) {
 			// After the table: the reason carries the agent's last lines.
 			fmt.Fprintf(w, "\npool %s: %s\n", p.Name, p.Backoff)
 		}
+		for _, r := range p.Refused {
+			fmt.Fprintf(w, "\npool %s: %s\n", p.Name, r)
+		}
 	}
+}
+
+// refused lists a dynamic pool's queued jobs that ask for what it does not
+// allow, with the reason, read from the forge's queue.
+func refused(ctx context.Context, pc config.Pool, f forge.Forge) []string {
+	l, ok := f.(forge.JobLister)
+	if pc.Dynamic == nil || !ok {
+		return nil
+	}
+	queued, err := l.Jobs(ctx, forge.JobQueued)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, j := range queued {
+		plain, _ := dynamic.Split(j.Labels)
+		if !covers(pc.Labels, plain) {
+			continue
+		}
+		if _, err := pc.Dynamic.Resolve(dynamic.Shape(j.Labels)); err != nil {
+			out = append(out, fmt.Sprintf("job %d (%s) gets no runner: %v", j.ID, strings.Join(j.Labels, ", "), err))
+		}
+	}
+	return out
+}
+
+// covers reports whether every label wanted is among have, as forges
+// compare them.
+func covers(have, want []string) bool {
+	for _, w := range want {
+		if !slices.ContainsFunc(have, func(h string) bool { return strings.EqualFold(h, w) }) {
+			return false
+		}
+	}
+	return true
 }

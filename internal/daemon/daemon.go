@@ -158,6 +158,11 @@ func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 	if d, ok := conn.(forge.Demander); ok {
 		pcfg.Demand = d.Unserved
 	}
+	if pc.Dynamic != nil {
+		if err := f.shapePool(*pc, &pcfg, prov, per != 0 && traits.HostGPUs); err != nil {
+			return nil, err
+		}
+	}
 	pcfg.OnStarted = func(d time.Duration) { f.Metrics.RunnerStart.WithLabelValues(name).Observe(d.Seconds()) }
 	pcfg.OnError = func(op string) { f.Metrics.ProviderErrors.WithLabelValues(name, op).Inc() }
 	pcfg.OnBackoff = func(b pool.Backoff) { f.saveBackoff(name, b) }

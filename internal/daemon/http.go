@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -108,6 +109,10 @@ func (f *Fleet) Page(ctx context.Context) server.Page {
 			pv.Error = err.Error()
 		}
 		pv.Backoff = p.Backoff().String()
+		for shape, why := range p.Refusals() {
+			pv.Refused = append(pv.Refused, "jobs asking "+shape+" get no runner: "+why)
+		}
+		slices.Sort(pv.Refused)
 		for _, r := range p.Runners() {
 			row := server.RunnerRow{Name: r.Name, State: string(r.State), Age: "-", GPUs: strings.Join(r.GPUs, ", "), Reason: r.Reason}
 			if !r.Created.IsZero() {

@@ -109,8 +109,9 @@ func restartNeeded(old, cfg *config.Config) error {
 		}
 		if prev.Forge != pc.Forge || prev.Provider != pc.Provider || prev.Workdir != pc.Workdir ||
 			!reflect.DeepEqual(prev.Agent, pc.Agent) || prev.GPUsPerRunner != pc.GPUsPerRunner ||
-			!reflect.DeepEqual(prev.HardwareLabels, pc.HardwareLabels) || !bytes.Equal(prev.Section, pc.Section) {
-			why = append(why, "pool "+pc.Name+"'s forge, provider, workdir, agent, "+pc.Provider+" or GPU settings")
+			!reflect.DeepEqual(prev.HardwareLabels, pc.HardwareLabels) || !bytes.Equal(prev.Section, pc.Section) ||
+			!reflect.DeepEqual(prev.Dynamic, pc.Dynamic) {
+			why = append(why, "pool "+pc.Name+"'s forge, provider, workdir, agent, "+pc.Provider+", GPU or dynamic settings")
 		}
 	}
 	if len(why) > 0 {

@@ -307,6 +307,9 @@ func (f *Fleet) demandPools(cfg *config.Config) []demand.Pool {
 		if m, ok := f.conns[pc.Forge].(forge.DemandMatcher); ok {
 			dp.Meets = m.Meets
 		}
+		if pc.Dynamic != nil {
+			dp.Meets = meetsDynamic(dp.Meets)
+		}
 		out = append(out, dp)
 	}
 	return out

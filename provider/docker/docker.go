@@ -14,6 +14,7 @@ package docker
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -118,12 +119,11 @@ type Provider struct {
 	log *slog.Logger
 
 	mu     sync.Mutex
-	pulled bool
+	pulled map[string]bool // images pulled since the start, for pull: always
 	// The image's user (to choose between mounting and copying files)
 	// and its identity (for runners' records), read once, and again
 	// after a pull.
-	imageKnown bool
-	img        imageFacts
+	images map[string]imageFacts // by reference
 	// Whether the engine has live-restore, and its host's name, asked
 	// once.
 	liveRestoreKnown, liveRestoreOn bool
@@ -181,7 +181,7 @@ func New(opt Options) (*Provider, error) {
 		opt.Logger.Warn("pool mounts the Docker socket: every job can control the host's Docker engine, and so the host", "pool", opt.Pool)
 	}
 	bg, cancel := context.WithCancel(context.Background())
-	return &Provider{opt: opt, cli: opt.Client, log: opt.Logger, followed: map[string]bool{}, copied: map[string]chan struct{}{}, bg: bg, cancel: cancel}, nil
+	return &Provider{opt: opt, cli: opt.Client, log: opt.Logger, followed: map[string]bool{}, pulled: map[string]bool{}, images: map[string]imageFacts{}, copied: map[string]chan struct{}{}, bg: bg, cancel: cancel}, nil
 }
 
 // NewClient connects to the engine named by DOCKER_HOST (the local socket
@@ -250,10 +250,16 @@ func (p *Provider) createContainer(ctx context.Context, opts client.ContainerCre
 	return p.cli.ContainerCreate(ctx, opts)
 }
 
-func (p *Provider) inspectImage(ctx context.Context) (client.ImageInspectResult, error) {
+func (p *Provider) inspectImage(ctx context.Context, ref string) (client.ImageInspectResult, error) {
 	ctx, cancel := p.call(ctx)
 	defer cancel()
-	return p.cli.ImageInspect(ctx, p.opt.Image)
+	return p.cli.ImageInspect(ctx, ref)
+}
+
+// imageOf is a runner's image: the one its job asked for (a dynamic
+// pool's image=<name>), or the pool's.
+func (p *Provider) imageOf(spec provider.Spec) string {
+	return cmp.Or(spec.Request.Image, p.opt.Image)
 }
 
 // containers lists the manager's containers of one runner, or of every
@@ -330,7 +336,7 @@ func (p *Provider) containerConfig(spec provider.Spec) (*container.Config, *cont
 		labels[LabelGPUs] = strings.Join(spec.GPUs, ",")
 	}
 	cfg := &container.Config{
-		Image:      p.opt.Image,
+		Image:      p.imageOf(spec),
 		Entrypoint: []string{spec.Command},
 		Cmd:        spec.Args,
 		Env:        env,
@@ -349,8 +355,8 @@ func (p *Provider) containerConfig(spec provider.Spec) (*container.Config, *cont
 		// the host is reachable as host.docker.internal.
 		ExtraHosts: append([]string{"host.docker.internal:host-gateway"}, p.opt.ExtraHosts...),
 		Resources: container.Resources{
-			NanoCPUs: p.opt.NanoCPUs,
-			Memory:   p.opt.Memory,
+			NanoCPUs: cmp.Or(int64(spec.Request.CPUs*1e9), p.opt.NanoCPUs),
+			Memory:   cmp.Or(spec.Request.Memory, p.opt.Memory),
 		},
 	}
 	for _, m := range p.opt.Mounts {
@@ -384,16 +390,17 @@ func (p *Provider) containerConfig(spec provider.Spec) (*container.Config, *cont
 func (p *Provider) create(ctx context.Context, spec provider.Spec) (string, string, error) {
 	name := containerName(spec.Manager, spec.Name)
 	autoRemove := !p.liveRestore(ctx)
-	if err := p.pull(ctx, false); err != nil {
+	ref := p.imageOf(spec)
+	if err := p.pull(ctx, ref, false); err != nil {
 		return "", "", err
 	}
-	if err := p.describe(ctx, spec.Record); err != nil {
+	if err := p.describe(ctx, spec); err != nil {
 		return "", "", err
 	}
 	spec = spec.WithRecord(p.opt.Workdir)
 	cfg, host := p.containerConfig(spec)
 	host.AutoRemove = autoRemove
-	mount, err := p.mountFiles(ctx)
+	mount, err := p.mountFiles(ctx, ref)
 	if err != nil {
 		return "", "", err
 	}
@@ -408,13 +415,13 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec) (string, stri
 	opts := client.ContainerCreateOptions{Name: name, Config: cfg, HostConfig: host}
 	res, err := p.createContainer(ctx, opts)
 	if cerrdefs.IsNotFound(err) && p.opt.Pull != "never" {
-		if err = p.pull(ctx, true); err == nil {
+		if err = p.pull(ctx, ref, true); err == nil {
 			res, err = p.createContainer(ctx, opts)
 		}
 	}
 	if err != nil {
 		p.removeFiles(name)
-		return "", "", fmt.Errorf("create container %s from %s: %w", name, p.opt.Image, err)
+		return "", "", fmt.Errorf("create container %s from %s: %w", name, ref, err)
 	}
 	for _, w := range res.Warnings {
 		p.log.Warn("docker warning", "container", name, "warning", w)
@@ -449,27 +456,27 @@ type imageFacts struct {
 	digest string
 }
 
-// image inspects the pool's image once (and again after a pull), pulling
-// it when it is missing and the pool may.
-func (p *Provider) image(ctx context.Context) (imageFacts, error) {
+// image inspects an image once (and again after a pull), pulling it when
+// it is missing and the pool may.
+func (p *Provider) image(ctx context.Context, ref string) (imageFacts, error) {
 	p.mu.Lock()
-	known, img := p.imageKnown, p.img
+	img, known := p.images[ref]
 	p.mu.Unlock()
 	if known {
 		return img, nil
 	}
-	res, err := p.inspectImage(ctx)
+	res, err := p.inspectImage(ctx, ref)
 	if cerrdefs.IsNotFound(err) {
 		if p.opt.Pull == "never" {
-			return img, fmt.Errorf("image %s is not on the engine, and pull is never", p.opt.Image)
+			return img, fmt.Errorf("image %s is not on the engine, and pull is never", ref)
 		}
-		if err := p.pull(ctx, true); err != nil {
-			return img, fmt.Errorf("image %s is not on the engine: %w", p.opt.Image, err)
+		if err := p.pull(ctx, ref, true); err != nil {
+			return img, fmt.Errorf("image %s is not on the engine: %w", ref, err)
 		}
-		res, err = p.inspectImage(ctx)
+		res, err = p.inspectImage(ctx, ref)
 	}
 	if err != nil {
-		return img, fmt.Errorf("inspect image %s: %w", p.opt.Image, err)
+		return img, fmt.Errorf("inspect image %s: %w", ref, err)
 	}
 	if res.Config != nil {
 		img.user = res.Config.User
@@ -482,18 +489,20 @@ func (p *Provider) image(ctx context.Context) (imageFacts, error) {
 		}
 	}
 	p.mu.Lock()
-	p.imageKnown, p.img = true, img
+	p.images[ref] = img
 	p.mu.Unlock()
 	return img, nil
 }
 
 // describe fills in a runner's record what this pool gives its machines:
 // the engine's host, the image and its digest, limits and datasets.
-func (p *Provider) describe(ctx context.Context, r *record.Record) error {
+func (p *Provider) describe(ctx context.Context, spec provider.Spec) error {
+	r := spec.Record
 	if r == nil {
 		return nil
 	}
-	img, err := p.image(ctx)
+	ref := p.imageOf(spec)
+	img, err := p.image(ctx, ref)
 	if err != nil {
 		return err
 	}
@@ -502,12 +511,12 @@ func (p *Provider) describe(ctx context.Context, r *record.Record) error {
 	host := p.engineHost
 	p.mu.Unlock()
 	m := &r.Machine
-	m.Host, m.Image, m.ImageDigest = host, p.opt.Image, img.digest
-	if p.opt.NanoCPUs > 0 {
-		m.CPUs = strconv.FormatFloat(float64(p.opt.NanoCPUs)/1e9, 'f', -1, 64)
+	m.Host, m.Image, m.ImageDigest = host, ref, img.digest
+	if cpus := cmp.Or(int64(spec.Request.CPUs*1e9), p.opt.NanoCPUs); cpus > 0 {
+		m.CPUs = strconv.FormatFloat(float64(cpus)/1e9, 'f', -1, 64)
 	}
-	if p.opt.Memory > 0 {
-		m.Memory = record.Bytes(p.opt.Memory)
+	if mem := cmp.Or(spec.Request.Memory, p.opt.Memory); mem > 0 {
+		m.Memory = record.Bytes(mem)
 	}
 	m.Datasets = nil
 	for _, d := range p.opt.Mounts {
@@ -523,11 +532,11 @@ func (p *Provider) describe(ctx context.Context, r *record.Record) error {
 // the engine's own host, and an agent that runs as root, since the files
 // are the manager's and 0600; otherwise the files are copied, owned by
 // the container's user.
-func (p *Provider) mountFiles(ctx context.Context) (bool, error) {
+func (p *Provider) mountFiles(ctx context.Context, ref string) (bool, error) {
 	if p.opt.FilesDir == "" || p.opt.User != "" {
 		return false, nil
 	}
-	img, err := p.image(ctx)
+	img, err := p.image(ctx, ref)
 	if err != nil {
 		return false, err
 	}
@@ -593,29 +602,29 @@ func (p *Provider) pruneFiles(present map[string]bool, quiet bool) {
 
 // pull fetches the image per the pull policy: when always is set on the
 // first use, or when missing (force) and the policy allows it.
-func (p *Provider) pull(ctx context.Context, missing bool) error {
+func (p *Provider) pull(ctx context.Context, ref string, missing bool) error {
 	p.mu.Lock()
-	do := (p.opt.Pull == "always" && !p.pulled) || (missing && p.opt.Pull != "never")
+	do := (p.opt.Pull == "always" && !p.pulled[ref]) || (missing && p.opt.Pull != "never")
 	p.mu.Unlock()
 	if !do {
 		return nil
 	}
-	p.log.Info("pulling image", "image", p.opt.Image)
+	p.log.Info("pulling image", "image", ref)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, p.opt.PullTimeout)
 	defer cancel()
-	resp, err := p.cli.ImagePull(ctx, p.opt.Image, client.ImagePullOptions{})
+	resp, err := p.cli.ImagePull(ctx, ref, client.ImagePullOptions{})
 	if err == nil {
 		err = resp.Wait(ctx)
 	}
 	if err != nil {
-		return fmt.Errorf("pull image %s: %w", p.opt.Image, err)
+		return fmt.Errorf("pull image %s: %w", ref, err)
 	}
 	p.mu.Lock()
-	p.pulled = true
-	p.imageKnown = false // it may be another image now
+	p.pulled[ref] = true
+	delete(p.images, ref) // it may be another image now
 	p.mu.Unlock()
-	p.log.Info("pulled image", "image", p.opt.Image, "took", time.Since(start).Round(time.Millisecond))
+	p.log.Info("pulled image", "image", ref, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/runfleet/runfleet/dynamic"
 	"github.com/runfleet/runfleet/gpu"
 	"github.com/runfleet/runfleet/provider"
 )
@@ -89,6 +90,12 @@ func (p *Provider) Traits() provider.Traits {
 
 // Image is the image the pool's containers run, as chosen at Open.
 func (p *Provider) Image() string { return p.opt.Image }
+
+// Honours says what a job of a dynamic pool may ask a container to be: its
+// CPU and memory limits and its image.
+func (p *Provider) Honours() []string {
+	return []string{dynamic.KeyCPU, dynamic.KeyMem, dynamic.KeyImage}
+}
 
 // Output opens the end of the copy of a container's output, which
 // outlives the container.

@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -15,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 
+	"github.com/runfleet/runfleet/dynamic"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/record"
 )
@@ -88,14 +90,15 @@ func (p *Provider) podFor(name string, spec provider.Spec) (*corev1.Pod, error) 
 	if err != nil {
 		return nil, err
 	}
+	image, res, gpus := p.shaped(spec)
 	agent := corev1.Container{
 		Name:            agentContainer,
-		Image:           s.Image,
+		Image:           image,
 		ImagePullPolicy: s.ImagePullPolicy,
 		Command:         []string{spec.Command},
 		Args:            spec.Args,
 		WorkingDir:      s.Workdir,
-		Resources:       *s.Resources.DeepCopy(),
+		Resources:       res,
 		SecurityContext: s.ContainerSecurityContext,
 		VolumeMounts:    []corev1.VolumeMount{{Name: workVolume, MountPath: s.Workdir}},
 	}
@@ -110,24 +113,24 @@ func (p *Provider) podFor(name string, spec provider.Spec) (*corev1.Pod, error) 
 	if spec.Record != nil {
 		agent.Env = append(agent.Env, nodeEnv)
 	}
-	if n := p.opt.GPUs; n > 0 {
+	if n := gpus; n > 0 {
 		if agent.Resources.Limits == nil {
 			agent.Resources.Limits = corev1.ResourceList{}
 		}
-		if _, set := agent.Resources.Limits[s.GPUResource]; !set {
+		if _, set := agent.Resources.Limits[s.GPUResource]; !set || spec.Request.GPUs > 0 {
 			agent.Resources.Limits[s.GPUResource] = *resource.NewQuantity(int64(n), resource.DecimalSI)
 		}
 	}
 	init := corev1.Container{
 		Name:            filesContainer,
-		Image:           s.Image,
+		Image:           image,
 		ImagePullPolicy: s.ImagePullPolicy,
 		Command:         []string{"/bin/sh", "-c", files},
 		SecurityContext: s.ContainerSecurityContext,
 		// The pod's requests are the larger of its init containers'
 		// and the sum of the others': the same, less the GPUs, add
 		// nothing and satisfy a namespace that asks for limits.
-		Resources: withoutResource(s.Resources, s.GPUResource),
+		Resources: withoutResource(res, s.GPUResource),
 		VolumeMounts: []corev1.VolumeMount{
 			{Name: filesVolume, MountPath: filesMount, ReadOnly: true},
 			{Name: workVolume, MountPath: s.Workdir},
@@ -252,12 +255,13 @@ func (p *Provider) withRecord(spec provider.Spec) provider.Spec {
 		return spec
 	}
 	s := p.opt.Section
+	image, res, _ := p.shaped(spec)
 	m := &spec.Record.Machine
-	m.Image = s.Image
-	if q, ok := s.Resources.Limits[corev1.ResourceCPU]; ok {
+	m.Image = image
+	if q, ok := res.Limits[corev1.ResourceCPU]; ok {
 		m.CPUs = q.String()
 	}
-	if q, ok := s.Resources.Limits[corev1.ResourceMemory]; ok {
+	if q, ok := res.Limits[corev1.ResourceMemory]; ok {
 		m.Memory = q.String()
 	}
 	m.Datasets = nil
@@ -304,4 +308,34 @@ func (p *Provider) overlay(pod *corev1.Pod, spec provider.Spec) (*corev1.Pod, er
 	maps.Copy(out.Labels, podLabels(spec))
 	out.Spec.RestartPolicy = corev1.RestartPolicyNever
 	return &out, nil
+}
+
+// shaped is a runner's image, resources and GPUs: the pool's, or what its
+// job asked for (a dynamic pool), as the container's limits and requests.
+func (p *Provider) shaped(spec provider.Spec) (string, corev1.ResourceRequirements, int) {
+	s, req := p.opt.Section, spec.Request
+	res := *s.Resources.DeepCopy()
+	set := func(name corev1.ResourceName, q resource.Quantity) {
+		if res.Limits == nil {
+			res.Limits = corev1.ResourceList{}
+		}
+		if res.Requests == nil {
+			res.Requests = corev1.ResourceList{}
+		}
+		res.Limits[name], res.Requests[name] = q, q
+	}
+	if req.CPUs > 0 {
+		set(corev1.ResourceCPU, *resource.NewMilliQuantity(int64(req.CPUs*1000), resource.DecimalSI))
+	}
+	if req.Memory > 0 {
+		set(corev1.ResourceMemory, *resource.NewQuantity(req.Memory, resource.BinarySI))
+	}
+	return cmp.Or(req.Image, s.Image), res, cmp.Or(req.GPUs, p.opt.GPUs)
+}
+
+// Honours says what a job of a dynamic pool may ask its pod to be: its
+// image, CPU and memory (limits and requests) and its GPUs (the pool's GPU
+// resource).
+func (p *Provider) Honours() []string {
+	return []string{dynamic.KeyGPUs, dynamic.KeyCPU, dynamic.KeyMem, dynamic.KeyImage}
 }

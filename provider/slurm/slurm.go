@@ -14,6 +14,7 @@
 package slurm
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,6 +23,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -31,6 +33,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/runfleet/runfleet/dynamic"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
 )
@@ -145,6 +148,27 @@ func (p *Provider) Traits() provider.Traits {
 	return provider.Traits{Local: true, Preemptible: true, SchedulesGPUs: true}
 }
 
+// Honours says what a job of a dynamic pool may ask its Slurm job to be:
+// its GPUs (how many, which gres type), CPUs and memory.
+func (p *Provider) Honours() []string {
+	return []string{dynamic.KeyGPUs, dynamic.KeyGPU, dynamic.KeyCPU, dynamic.KeyMem}
+}
+
+// section is the pool's section with what a job asked for in its stead.
+func (p *Provider) section(req dynamic.Request) Section {
+	s := p.opt.Section
+	if req.CPUs > 0 {
+		s.CPUs = int(math.Ceil(req.CPUs))
+	}
+	if req.Memory > 0 {
+		s.Memory = strconv.FormatInt((req.Memory+1<<20-1)>>20, 10) + "M"
+	}
+	if req.GPU != "" {
+		s.GPUType = req.GPU
+	}
+	return s
+}
+
 // HardwareLabels describe the GPUs each runner's job asks for.
 func (p *Provider) HardwareLabels() []string {
 	if p.opt.GPUs <= 0 {
@@ -188,9 +212,10 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	err := p.writeRecord(rec)
 	spool := filepath.Join(p.filesDir(), spec.Name)
 	if spec.Record != nil {
+		sec := p.section(spec.Request)
 		m := &spec.Record.Machine
-		m.Zone, m.Memory = p.opt.Section.Partition, p.opt.Section.Memory
-		if c := p.opt.Section.CPUs; c > 0 {
+		m.Zone, m.Memory = sec.Partition, sec.Memory
+		if c := sec.CPUs; c > 0 {
 			m.CPUs = strconv.Itoa(c)
 		}
 		// The directory is made on the node: the script sets the path.
@@ -232,7 +257,7 @@ func (p *Provider) submit(ctx context.Context, spec provider.Spec, spool string)
 		"--no-requeue",
 		"--chdir=" + p.opt.Spool,
 	}
-	args = append(args, p.opt.Section.submitArgs(p.opt.GPUs, p.opt.MaxLifetime)...)
+	args = append(args, p.section(spec.Request).submitArgs(cmp.Or(spec.Request.GPUs, p.opt.GPUs), p.opt.MaxLifetime)...)
 	return p.opt.Cluster.Submit(ctx, batchScript(spec, spool, p.opt.Workdir), args)
 }
 

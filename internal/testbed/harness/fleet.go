@@ -683,7 +683,8 @@ func (f *Fleet) WaitInProgress(n int) {
 
 type StatusDoc struct {
 	Pools []struct {
-		Name    string `json:"name"`
+		Name    string   `json:"name"`
+		Refused []string `json:"refused"`
 		Runners []struct {
 			Name     string `json:"name"`
 			State    string `json:"state"`

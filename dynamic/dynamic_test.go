@@ -1,0 +1,74 @@
+package dynamic
+
+import (
+	"strings"
+	"testing"
+)
+
+func limits(t *testing.T) Limits {
+	t.Helper()
+	l, err := Decode([]byte(`{"gpus":[1,2],"gpu":["h100"],"cpu":8,"mem":"64g","image":{"cuda12.4":"nvidia/cuda:12.4.1"},"spot":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestResolve(t *testing.T) {
+	l := limits(t)
+	shape := Shape([]string{"self-hosted", "image=cuda12.4", "gpus=2", "gpu=H100", "mem=16g", "cpu=4", "spot=false"})
+	if shape != "gpus=2,gpu=H100,cpu=4,mem=16g,image=cuda12.4,spot=false" {
+		t.Fatalf("shape %q", shape)
+	}
+	r, err := l.Resolve(shape)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.GPUs != 2 || r.GPU != "h100" || r.CPUs != 4 || r.Memory != 16<<30 || r.Image != "nvidia/cuda:12.4.1" || r.Spot == nil || *r.Spot {
+		t.Fatalf("request %+v", r)
+	}
+	if r, err := l.Resolve(""); err != nil || !r.IsZero() {
+		t.Fatalf("no request: %+v %v", r, err)
+	}
+}
+
+func TestRefusalsSayWhy(t *testing.T) {
+	l := limits(t)
+	for shape, want := range map[string]string{
+		"gpus=4":        "gpus=4: the pool allows gpus=1|2",
+		"gpu=a100":      "gpu=a100: the pool allows gpu=h100",
+		"cpu=16":        "cpu=16: the pool allows cpu up to 8",
+		"mem=128g":      "mem=128g: the pool allows mem up to 64g",
+		"image=rocm":    "image=rocm: the pool's images are cuda12.4",
+		"spot=maybe":    "spot=maybe: spot is true or false",
+		"gpus=1,gpus=2": "gpus is asked for twice",
+	} {
+		if _, err := l.Resolve(shape); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Resolve(%s) = %v, want %q", shape, err, want)
+		}
+	}
+	only, _ := Decode([]byte(`{"gpus":[1]}`))
+	if _, err := only.Resolve("mem=1g"); err == nil || !strings.Contains(err.Error(), "lets jobs choose only gpus") {
+		t.Errorf("a key the pool does not allow: %v", err)
+	}
+}
+
+func TestCheckNamesTheField(t *testing.T) {
+	for raw, want := range map[string]string{
+		`{"gpus":[0]}`:           "gpus[0]: 0 is not a number of GPUs",
+		`{"mem":"lots"}`:         `mem: "lots" is not a size`,
+		`{"image":{"a=b":"x"}}`:  "image.a=b:",
+		`{"gpu":["h100","a:b"]}`: `gpu[1]: "a:b"`,
+	} {
+		if _, err := Decode([]byte(raw)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Decode(%s) = %v, want %q", raw, err, want)
+		}
+	}
+}
+
+func TestSplit(t *testing.T) {
+	plain, asks := Split([]string{"gpu", "gpus=2", "team=ml", "gpu=h100"})
+	if strings.Join(plain, " ") != "gpu team=ml" || strings.Join(asks, " ") != "gpus=2 gpu=h100" {
+		t.Fatalf("plain %v asks %v", plain, asks)
+	}
+}

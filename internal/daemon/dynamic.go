@@ -1,0 +1,78 @@
+package daemon
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/dynamic"
+	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/pool"
+	"github.com/runfleet/runfleet/provider"
+)
+
+// meetsDynamic matches a dynamic pool to a job: the job's plain labels as
+// the pool's labels meet them (meets, or all among them), and any request
+// of package dynamic's keys, whatever its value: a value outside the
+// pool's limits is the pool's to refuse, with the reason, rather than a
+// job no pool serves.
+func meetsDynamic(meets func(have, want []string) bool) func(have, want []string) bool {
+	return func(have, want []string) bool {
+		plain, _ := dynamic.Split(want)
+		if meets != nil {
+			return meets(have, plain)
+		}
+		for _, w := range plain {
+			if !slices.ContainsFunc(have, func(h string) bool { return strings.EqualFold(h, w) }) {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// shapePool makes a pool whose jobs choose their machine: its demand by
+// shape, its limits, and the wait of a runner that a job with fewer
+// labels could take. It fails when the provider cannot give a machine
+// what the pool lets jobs ask for.
+func (f *Fleet) shapePool(pc config.Pool, pcfg *pool.Config, prov provider.Provider, hostGPUs bool) error {
+	lim := pc.Dynamic
+	honours := []string{}
+	if s, ok := prov.(provider.Shaper); ok {
+		honours = s.Honours()
+	}
+	if hostGPUs {
+		honours = append(honours, dynamic.KeyGPUs, dynamic.KeyGPU)
+	}
+	for _, k := range lim.Keys() {
+		if !slices.Contains(honours, k) {
+			return fmt.Errorf("dynamic.%s: provider %s cannot give a runner what a job asks for in %s= (it can: %s)", k, pc.Provider, k, strings.Join(orNone(honours), ", "))
+		}
+	}
+	conn := f.conns[pc.Forge]
+	if _, ok := conn.(forge.Demander); ok {
+		return fmt.Errorf("dynamic: a pool whose forge says itself what it needs (a runner scale set) cannot start runners per job")
+	}
+	var implicit []string
+	if l, ok := conn.(forge.Labeler); ok {
+		implicit = l.ImplicitLabels()
+	}
+	name, forgeName := pc.Name, pc.Forge
+	pcfg.Demand = nil
+	pcfg.Shapes = func(took map[string][]int64) map[string]int {
+		return f.Demand.UnservedShapes(name, took, pcfg.TookWindow)
+	}
+	pcfg.Resolve = lim.Resolve
+	pcfg.HoldBack = func(labels []string, shape string) (string, bool) {
+		return f.Demand.Fewer(forgeName, append(slices.Clone(labels), implicit...), shape)
+	}
+	return nil
+}
+
+func orNone(s []string) []string {
+	if len(s) == 0 {
+		return []string{"none"}
+	}
+	return s
+}

@@ -1,0 +1,154 @@
+package docker
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	sdk "code.gitea.io/sdk/gitea"
+
+	"github.com/runfleet/runfleet/internal/testbed/harness"
+)
+
+// jobsOn is a workflow of one job per runs-on, each printing the GPUs the
+// engine gave its container and its memory limit.
+func jobsOn(runsOn map[string]string) string {
+	var b strings.Builder
+	b.WriteString("name: ci\non: [push]\njobs:\n")
+	for _, name := range slicesSorted(runsOn) {
+		fmt.Fprintf(&b, "  %s:\n    runs-on: %s\n    steps:\n      - run: |\n          echo \"job=%s visible=$NVIDIA_VISIBLE_DEVICES runner=$RUNFLEET_RUNNER\"\n          sleep 2\n", name, runsOn[name], name)
+	}
+	return b.String()
+}
+
+func slicesSorted(m map[string]string) []string {
+	var keys []string
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// dynamicFleet is a pool of the GPU engine whose jobs choose 1 or 2 GPUs
+// and a memory limit of at most 1g, fed by webhooks and polls.
+func dynamicFleet(t *testing.T, name string) (*harness.Fleet, string) {
+	eng := harness.NeedGPUEngine(t)
+	img := eng.GiteaRunnerImage(t)
+	top, hooks, status := harness.Listeners(t)
+	f := harness.NewFleet(t, name, harness.FleetOptions{
+		Size: 0, Max: 4, Engine: eng,
+		Top:    top + "gpu:\n  nvidia_smi: " + harness.FakeNvidiaSMI(t) + "\n",
+		Forge:  "    webhook_secret: " + harness.HookSecret + "\n    poll_interval: 2s\n",
+		Docker: "      image: " + img + "\n      pull: never\n      network: host\n",
+		Extra:  "    gpus_per_runner: 1\n    hardware_labels: false\n    idle_timeout: 20s\n    dynamic:\n      gpus: [1, 2]\n      mem: 1g\n",
+	})
+	f.Hooks = hooks
+	f.AddWebhook()
+	return f, status
+}
+
+// TestDynamicJobsGetWhatTheyAsk: in one workflow on the real Gitea, a job
+// asking gpus=1 and one asking gpus=2 get runners with one and two GPUs of
+// their own (the engine's device requests, which the jobs see); a job
+// asking gpus=4, more than the pool allows, starts nothing, and the log,
+// `runfleet status` and the status page say why.
+func TestDynamicJobsGetWhatTheyAsk(t *testing.T) {
+	f, status := dynamicFleet(t, "gdyn")
+	f.Start()
+	f.Push(jobsOn(map[string]string{"one": "[gdyn, gpus=1]", "two": "[gdyn, gpus=2]", "big": "[gdyn, gpus=4]"}))
+	var done []*sdk.ActionWorkflowJob
+	harness.Eventually(t, 3*time.Minute, "the jobs asking 1 and 2 GPUs to complete", func() bool {
+		done = nil
+		for _, j := range f.Jobs() {
+			if j.Status == "completed" {
+				done = append(done, j)
+			}
+		}
+		return len(done) == 2
+	})
+	seen := map[string]int{}
+	re := regexp.MustCompile(`job=(\w+) visible=(GPU-\S+) runner=([a-z0-9-]+)`)
+	for _, j := range done {
+		if j.Conclusion != "success" {
+			t.Errorf("job %s: %s", j.Name, j.Conclusion)
+		}
+		logs, _, err := f.Client().GetRepoActionJobLogs(harness.Gitea.User, f.Repo, j.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := re.FindStringSubmatch(string(logs))
+		if m == nil {
+			t.Fatalf("job %s printed no GPUs:\n%s", j.Name, logs)
+		}
+		seen[m[1]] = len(strings.Split(m[2], ","))
+		t.Logf("job %s ran on %s with NVIDIA_VISIBLE_DEVICES=%s", m[1], m[3], m[2])
+	}
+	if seen["one"] != 1 || seen["two"] != 2 {
+		t.Errorf("GPUs seen by the jobs: %v, want one: 1, two: 2", seen)
+	}
+	for _, j := range f.Jobs() {
+		if j.Name == "big" && j.Status == "completed" {
+			t.Errorf("the job asking gpus=4 ran")
+		}
+	}
+	const why = "gpus=4: the pool allows gpus=1|2"
+	harness.Eventually(t, 30*time.Second, "the refusal in the log", func() bool { return f.LogHas(why) })
+	code, page := harness.Get(t, status+"/")
+	if code != 200 || !strings.Contains(page, why) {
+		t.Errorf("the status page (%d) does not say why gpus=4 gets no runner", code)
+	}
+	doc := f.Status()
+	if len(doc.Pools[0].Refused) != 1 || !strings.Contains(doc.Pools[0].Refused[0], why) {
+		t.Errorf("runfleet status -o json: refused %v", doc.Pools[0].Refused)
+	}
+	t.Logf("runfleet status says: %s", strings.Join(doc.Pools[0].Refused, "; "))
+	for id, gpus := range f.GpusOf() {
+		if len(gpus) > 2 {
+			t.Errorf("container %s has %d GPUs", id, len(gpus))
+		}
+	}
+	f.StopLeavesNothing()
+}
+
+// TestSubsetJobNeverTakesAnothersRunner: a job asking [gsub, gpus=1] and
+// one asking [gsub, gpus=1, mem=1g] queue together, three times; the
+// first's labels are a subset of the second's runner's, so that runner
+// waits until the first is taken: each job runs on a runner made for it.
+func TestSubsetJobNeverTakesAnothersRunner(t *testing.T) {
+	f, _ := dynamicFleet(t, "gsub")
+	f.Start()
+	for round := range 3 {
+		// small comes first in the workflow, so it is the older job: a
+		// runner that can take both is given it first.
+		f.Push(jobsOn(map[string]string{"a_small": "[gsub, gpus=1]", "b_big": fmt.Sprintf("[gsub, gpus=1, mem=1g] # round %d", round)}))
+		jobs := f.WaitJobs(2*(round+1), 3*time.Minute)
+		recs := f.JobRecords()
+		for _, j := range jobs {
+			if j.RunID != jobs[len(jobs)-1].RunID && round > 0 {
+				continue
+			}
+			if j.Conclusion != "success" {
+				t.Errorf("round %d: job %s %s", round, j.Name, j.Conclusion)
+			}
+			r, ok := harness.RecordOfRegistration(recs, j.RunnerID)
+			if !ok {
+				t.Fatalf("round %d: job %s's runner %d has no record", round, j.Name, j.RunnerID)
+			}
+			mem := slices.Contains(r.Labels, "mem=1g")
+			if j.Name == "a_small" && mem || j.Name == "b_big" && !mem {
+				t.Errorf("round %d: job %s ran on %s, made with labels %v", round, j.Name, r.Runner, r.Labels)
+			}
+			t.Logf("round %d: job %s ran on %s (labels %v, %d GPUs)", round, j.Name, r.Runner, r.Labels, len(r.GPUs))
+		}
+	}
+	n := f.LogCount("a runner waits: a queued job with fewer labels could take it")
+	if n == 0 {
+		t.Error("no runner waited for the smaller job: the two queued together each round")
+	}
+	t.Logf("the bigger job's runner waited %d times for the smaller job to be taken", n)
+	f.StopLeavesNothing()
+}
