@@ -115,9 +115,10 @@ func TestDynamicJobsGetWhatTheyAsk(t *testing.T) {
 }
 
 // TestSubsetJobNeverTakesAnothersRunner: a job asking [gsub, gpus=1] and
-// one asking [gsub, gpus=1, mem=1g] queue together, three times; the
-// first's labels are a subset of the second's runner's, so that runner
-// waits until the first is taken: each job runs on a runner made for it.
+// one asking [gsub, gpus=1, mem=1g] queue together, three times (the
+// manager killed with -9 and restarted in the second); the first's labels
+// are a subset of the second's runner's, so that runner waits until the
+// first is taken: each job runs on a runner made for it, nothing is left.
 func TestSubsetJobNeverTakesAnothersRunner(t *testing.T) {
 	f, _ := dynamicFleet(t, "gsub")
 	f.Start()
@@ -125,6 +126,15 @@ func TestSubsetJobNeverTakesAnothersRunner(t *testing.T) {
 		// small comes first in the workflow, so it is the older job: a
 		// runner that can take both is given it first.
 		f.Push(jobsOn(map[string]string{"a_small": "[gsub, gpus=1]", "b_big": fmt.Sprintf("[gsub, gpus=1, mem=1g] # round %d", round)}))
+		if round == 1 {
+			// A manager killed with -9 mid-round and restarted adopts
+			// the runners, each with the shape its registration says.
+			harness.Eventually(t, time.Minute, "a job of round 1 in progress", func() bool {
+				return harness.CountJobs(f, "in_progress") > 0
+			})
+			f.Kill9()
+			f.Start()
+		}
 		jobs := f.WaitJobs(2*(round+1), 3*time.Minute)
 		recs := f.JobRecords()
 		for _, j := range jobs {
