@@ -113,6 +113,9 @@ func (p *Provider) Traits() provider.Traits {
 	return provider.Traits{Preemptible: p.opt.Section.Spot}
 }
 
+// Honours says what a job of a dynamic pool may ask: spot=, in a Spot pool.
+func (p *Provider) Honours() []string { return vm.Honours(p.opt.Section.Spot) }
+
 func (p *Provider) Calls() int64 { return p.opt.Calls.Load() }
 
 // Close stops the poller. Instances keep running.
@@ -133,8 +136,9 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err != nil {
 		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
 	}
-	markets := []bool{s.Spot}
-	if s.Spot && s.SpotFallback == FallbackOnDemand {
+	spot, fallback := vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)
+	markets := []bool{spot}
+	if spot && fallback {
 		markets = append(markets, false)
 	}
 	var tried []string

@@ -136,6 +136,9 @@ func (p *Provider) Traits() provider.Traits {
 	return provider.Traits{Preemptible: p.opt.Section.Spot}
 }
 
+// Honours says what a job of a dynamic pool may ask: spot=, in a Spot pool.
+func (p *Provider) Honours() []string { return vm.Honours(p.opt.Section.Spot) }
+
 func (p *Provider) Calls() int64 { return p.opt.Calls.Load() }
 
 // Close stops the poller. VMs keep running.
@@ -157,8 +160,9 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
 	}
 	var made provider.Instance
+	spot, fallback := vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)
 	err = vm.Placement{
-		Spot: s.Spot, Fallback: s.SpotFallback == FallbackOnDemand, Types: s.VMSizes, Places: s.Locations,
+		Spot: spot, Fallback: fallback, Types: s.VMSizes, Places: s.Locations,
 		What: "create VM", Standard: "regular", Limit: "Azure Resource Manager's request limit", Judge: judge, Logger: p.opt.Logger,
 	}.Try(spec.Name, func(spot bool, size, loc string) (err error) {
 		if spec.Record != nil {

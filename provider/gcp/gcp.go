@@ -117,6 +117,9 @@ func (p *Provider) Traits() provider.Traits {
 	return provider.Traits{Preemptible: p.opt.Section.Spot}
 }
 
+// Honours says what a job of a dynamic pool may ask: spot=, in a Spot pool.
+func (p *Provider) Honours() []string { return vm.Honours(p.opt.Section.Spot) }
+
 func (p *Provider) Calls() int64 { return p.opt.Calls.Load() }
 
 // Close stops the poller. Instances keep running.
@@ -140,8 +143,9 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
 	}
 	var made provider.Instance
+	spot, fallback := vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)
 	err = vm.Placement{
-		Spot: s.Spot, Fallback: s.SpotFallback == FallbackOnDemand, Types: s.MachineTypes, Places: s.Zones,
+		Spot: spot, Fallback: fallback, Types: s.MachineTypes, Places: s.Zones,
 		What: "insert instance", Standard: "standard", Limit: "Compute Engine's request quota", Judge: judge, Logger: p.opt.Logger,
 	}.Try(spec.Name, func(spot bool, typ, zone string) (err error) {
 		if spec.Record != nil {

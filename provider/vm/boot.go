@@ -51,6 +51,29 @@ func Placed(spec provider.Spec, image, typ, zone string, spot bool) {
 	}
 }
 
+// Market is the Spot choice of a runner's instance: the pool's (spot and
+// its fallback), or a job's spot=false (standard only) or spot=true (Spot,
+// with the pool's fallback) where the pool is a Spot pool.
+func Market(poolSpot, poolFallback bool, req *bool) (spot, fallback bool) {
+	if req == nil || !poolSpot {
+		return poolSpot, poolFallback
+	}
+	if !*req {
+		return false, false
+	}
+	return true, poolFallback
+}
+
+// Honours is what a job of a dynamic pool may ask a cloud instance to
+// be: spot=true or spot=false, where the pool is a Spot pool (whose
+// machines the pool watches for notices).
+func Honours(poolSpot bool) []string {
+	if poolSpot {
+		return []string{"spot"}
+	}
+	return nil
+}
+
 // Script is the shell script an instance runs at its first boot
 // (cloud-init runs user data that starts with #!; GCE its startup-script
 // metadata): it writes the runner's plan, runs the pool's startup script,

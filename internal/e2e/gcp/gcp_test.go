@@ -308,3 +308,32 @@ func TestGCPOutage(t *testing.T) {
 	}
 	f.StopLeavesNothing()
 }
+
+// A Spot pool whose jobs may choose: a job asking spot=false gets a
+// standard instance, one asking nothing a Spot one, and each record says
+// which.
+func TestGCPJobChoosesStandard(t *testing.T) {
+	sim := harness.NeedGCE(t)
+	f := harness.NewFleet(t, "gcpdyn", harness.FleetOptions{Size: 0, Max: 2, GCE: sim, GCP: "      spot: true\n",
+		Forge: "    poll_interval: 2s\n", Extra: "    dynamic:\n      spot: true\n"})
+	f.Start()
+	f.Push("name: ci\non: [push]\njobs:\n" +
+		"  ondemand:\n    runs-on: [gcpdyn, spot=false]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n" +
+		"  spot:\n    runs-on: [gcpdyn]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n")
+	jobs := f.WaitJobs(2, 5*time.Minute)
+	harness.CheckJobs(t, jobs)
+	models := map[string]string{}
+	for _, in := range sim.Instances() {
+		models[in.Name] = in.Model
+	}
+	recs := f.JobRecords()
+	for _, j := range jobs {
+		r, ok := harness.RecordOfRegistration(recs, j.RunnerID)
+		want := map[bool]string{true: "SPOT", false: "STANDARD"}[j.Name == "spot"]
+		if !ok || r.Machine.Spot != (j.Name == "spot") || models[r.Machine.ID] != want {
+			t.Errorf("job %s ran on %s (%s), record %+v; want %s", j.Name, r.Machine.ID, models[r.Machine.ID], r.Machine, want)
+		}
+	}
+	t.Logf("instances made: %v", models)
+	f.StopLeavesNothing()
+}
