@@ -10,6 +10,7 @@ import (
 
 	sdk "code.gitea.io/sdk/gitea"
 
+	"github.com/runfleet/runfleet/internal/testbed/ghsim"
 	"github.com/runfleet/runfleet/internal/testbed/harness"
 )
 
@@ -160,5 +161,40 @@ func TestSubsetJobNeverTakesAnothersRunner(t *testing.T) {
 		t.Error("no runner waited for the smaller job: the two queued together each round")
 	}
 	t.Logf("the bigger job's runner waited %d times for the smaller job to be taken", n)
+	f.StopLeavesNothing()
+}
+
+// TestDynamicGitHub: the same choice on the GitHub simulator, whose
+// runners carry GitHub's implicit labels: a job asking gpus=1 and one
+// asking gpus=2 get one and two GPUs; gpus=4 is refused.
+func TestDynamicGitHub(t *testing.T) {
+	eng := harness.NeedGPUEngine(t)
+	f := harness.NewGitHubFleet(t, "ghdyn", harness.GitHubOptions{
+		Size: 0, Max: 4, Docker: true, Engine: eng,
+		Top:  "gpu:\n  nvidia_smi: " + harness.FakeNvidiaSMI(t) + "\n",
+		Pool: "    gpus_per_runner: 1\n    hardware_labels: false\n    dynamic:\n      gpus: [1, 2]\n",
+	})
+	f.Start()
+	script := `echo "visible=$NVIDIA_VISIBLE_DEVICES"; sleep 0.5`
+	f.GH.Queue("acme/ghdyn",
+		ghsim.JobSpec{Name: "one", Labels: []string{"self-hosted", "ghdyn", "gpus=1"}, Script: script},
+		ghsim.JobSpec{Name: "two", Labels: []string{"self-hosted", "ghdyn", "gpus=2"}, Script: script},
+		ghsim.JobSpec{Name: "big", Labels: []string{"self-hosted", "ghdyn", "gpus=4"}, Script: script})
+	harness.Eventually(t, 2*time.Minute, "the jobs asking 1 and 2 GPUs done", func() bool { done, _ := harness.Completed(f.GH); return done == 2 })
+	for _, j := range f.GH.Jobs() {
+		m := regexp.MustCompile(`visible=(GPU-\S+)`).FindStringSubmatch(j.Output)
+		switch {
+		case j.Name == "big" && j.Status != "queued":
+			t.Errorf("the job asking gpus=4 is %s", j.Status)
+		case j.Name == "big":
+		case j.Conclusion != "success" || m == nil:
+			t.Errorf("job %s: %s\n%s", j.Name, j.Conclusion, j.Output)
+		case j.Name == "one" && len(strings.Split(m[1], ",")) != 1, j.Name == "two" && len(strings.Split(m[1], ",")) != 2:
+			t.Errorf("job %s saw GPUs %s", j.Name, m[1])
+		default:
+			t.Logf("job %s ran on %s with NVIDIA_VISIBLE_DEVICES=%s", j.Name, j.RunnerName, m[1])
+		}
+	}
+	harness.Eventually(t, 30*time.Second, "the refusal in the log", func() bool { return f.LogHas("gpus=4: the pool allows gpus=1|2") })
 	f.StopLeavesNothing()
 }
