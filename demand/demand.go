@@ -311,9 +311,18 @@ func (t *Tracker) Unserved(pool string, tookJob []int64, window time.Duration) i
 			anonymous = append(anonymous, e)
 		}
 	}
+	return max(0, queued-claim(tookJob, named, anonymous))
+}
+
+// claim accounts for the runners that took a job lately: one a report
+// names is accounted for; each other claims the earliest of the jobs seen
+// to leave the queue without a runner's name (anonymous), so that one such
+// job accounts for one runner only. It returns how many are accounted for
+// by neither: they took jobs still counted as queued. Called with t.mu
+// held.
+func claim(took []int64, named map[int64]bool, anonymous []*entry) (unknown int) {
 	slices.SortFunc(anonymous, func(a, b *entry) int { return a.job.Started.Compare(b.job.Started) })
-	unknown := 0
-	for _, r := range tookJob {
+	for _, r := range took {
 		switch {
 		case named[r]:
 		case len(anonymous) > 0:
@@ -323,7 +332,7 @@ func (t *Tracker) Unserved(pool string, tookJob []int64, window time.Duration) i
 			unknown++
 		}
 	}
-	return max(0, queued-unknown)
+	return unknown
 }
 
 // Recent returns up to n jobs, the most recently reported first, and
@@ -395,18 +404,7 @@ func (t *Tracker) UnservedShapes(pool string, took map[string][]int64, window ti
 		}
 	}
 	for shape, ids := range took {
-		anon := anonymous[shape]
-		slices.SortFunc(anon, func(a, b *entry) int { return a.job.Started.Compare(b.job.Started) })
-		for _, r := range ids {
-			switch {
-			case named[r]:
-			case len(anon) > 0:
-				anon[0].job.RunnerID = r
-				anon = anon[1:]
-			default:
-				queued[shape]--
-			}
-		}
+		queued[shape] -= claim(ids, named, anonymous[shape])
 	}
 	for shape, n := range queued {
 		if n <= 0 {

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -217,9 +218,5 @@ func (p *Pool) takeShapeGPUs(name string, req dynamic.Request) ([]gpu.Unit, bool
 func (p *Pool) Refusals() map[string]string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make(map[string]string, len(p.refusals))
-	for k, v := range p.refusals {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(p.refusals)
 }
