@@ -290,3 +290,27 @@ func TestLeaderElection(t *testing.T) {
 		}
 	}
 }
+
+// A dynamic pool: its limits checked with the field named, no size taken
+// from its GPUs, and a max required.
+func TestDynamicPool(t *testing.T) {
+	t.Setenv("T", "x")
+	base := "forges:\n  - {name: f, type: gitea, url: 'http://x', token: '${T}', repo: a/b}\npools:\n  - name: p\n    labels: [gpu]\n    gpus_per_runner: 1\n"
+	c, err := Parse([]byte(base + "    max: 4\n    dynamic: {gpus: [1, 2], mem: 64g}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := c.Pools[0]; p.SizeFromGPUs || p.Size != 0 || p.Max != 4 || p.Dynamic.Keys()[1] != "mem" {
+		t.Fatalf("pool %+v", p)
+	}
+	for doc, want := range map[string]string{
+		"    dynamic: {gpus: [1]}\n":                   "pools[0].max: a pool whose jobs choose their machine needs max",
+		"    max: 2\n    dynamic: {gpus: [0]}\n":       "pools[0].dynamic.gpus[0]: 0 is not a number of GPUs",
+		"    max: 2\n    dynamic: {}\n":                "pools[0].dynamic: allows nothing",
+		"    max: 2\n    dynamic: {gpus: [1], x: 1}\n": "x",
+	} {
+		if _, err := Parse([]byte(base + doc)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", doc, err, want)
+		}
+	}
+}

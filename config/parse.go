@@ -160,8 +160,9 @@ func decodePool(raw json.RawMessage, path string) (Pool, error) {
 	if err != nil {
 		return p, err
 	}
-	if _, ok := obj["size"]; !ok && p.GPUsPerRunner != 0 {
-		// A pool of GPU runners without a size is sized by its GPUs.
+	if _, ok := obj["size"]; !ok && p.GPUsPerRunner != 0 && p.Dynamic == nil {
+		// A pool of GPU runners without a size is sized by its GPUs;
+		// one whose jobs choose their GPUs keeps none idle unless told.
 		p.SizeFromGPUs = true
 	}
 	var errs []error

@@ -280,6 +280,9 @@ func (p Pool) validate(ps *problems, field string) {
 		if len(d.Keys()) == 0 {
 			ps.add(field+".dynamic", "allows nothing: give at least one of gpus, gpu, cpu, mem, image, spot")
 		}
+		if p.Max < 1 {
+			ps.add(field+".max", "a pool whose jobs choose their machine needs max: how many runners its jobs may have at once")
+		}
 		if (len(d.GPUs) > 0 || len(d.GPU) > 0) && p.GPUsPerRunner == 0 {
 			ps.add(field+".dynamic.gpus", "needs gpus_per_runner: the GPUs of a job that asks for none")
 		}

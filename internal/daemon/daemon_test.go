@@ -71,7 +71,7 @@ func TestGPUPoolsFitTheHost(t *testing.T) {
 		{name: "no driver", smi: fakeSMI(t, ""), pool: "    gpus_per_runner: 1\n    agent: {path: /bin/true}\n", err: "this host has no GPU ("},
 		{name: "no GPU", smi: fakeSMI(t, "nogpu-v12.xml"), pool: "    gpus_per_runner: all\n    agent: {path: /bin/true}\n", err: "gpus_per_runner: all, and this host has no GPU (nvidia-smi reports no GPU attached)"},
 		{name: "dynamic on docker", smi: h100, pool: "    size: 0\n    max: 4\n    gpus_per_runner: 1\n    dynamic: {gpus: [1, 2], gpu: [h100], cpu: 8, mem: 64g, image: {cu12: 'r:cu12'}}\n    docker: {image: r:1}\n", size: 0, max: 4},
-		{name: "dynamic process without limits", smi: h100, pool: "    gpus_per_runner: 1\n    dynamic: {gpus: [1, 2], mem: 8g}\n    agent: {path: /bin/true}\n", err: "pools[0]: dynamic.mem: provider process cannot give a runner what a job asks for in mem= (it can: gpus, gpu)"},
+		{name: "dynamic process without limits", smi: h100, pool: "    gpus_per_runner: 1\n    max: 2\n    dynamic: {gpus: [1, 2], mem: 8g}\n    agent: {path: /bin/true}\n", err: "pools[0]: dynamic.mem: provider process cannot give a runner what a job asks for in mem= (it can: gpus, gpu)"},
 		{name: "dynamic gpus without host GPUs", smi: h100, pool: "    size: 1\n    dynamic: {gpus: [1]}\n    agent: {path: /bin/true}\n", err: "pools[0].dynamic.gpus: needs gpus_per_runner"},
 		// A CPU-only pool never runs nvidia-smi: a broken one is no matter.
 		{name: "cpu only", smi: "/nonexistent/nvidia-smi", pool: "    size: 2\n    agent: {path: /bin/true}\n", size: 2, max: 2},
