@@ -414,15 +414,17 @@ func (t *Tracker) UnservedShapes(pool string, took map[string][]int64, window ti
 	return queued
 }
 
-// Fewer returns a queued job of a forge that a runner with labels, made
-// for jobs of shape, could take although it asks for another shape: its
-// labels are all among the runner's, and fewer. ok is false when there is
-// none.
+// Fewer returns a queued job of a forge, served by a pool of this manager,
+// that a runner with labels, made for jobs of shape, could take although
+// it asks for another shape: its labels are all among the runner's. ok is
+// false when there is none.
 func (t *Tracker) Fewer(forge string, labels []string, shape string) (job string, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for k, e := range t.jobs {
-		if k.forge != forge || e.job.Status != Queued || !covers(labels, e.job.Labels) || dynamic.Shape(e.job.Labels) == shape {
+		// Only a job a pool of this manager serves: one that waits for
+		// another fleet's runners would hold this one for nothing.
+		if k.forge != forge || e.job.Status != Queued || e.pool == "" || !covers(labels, e.job.Labels) || dynamic.Shape(e.job.Labels) == shape {
 			continue
 		}
 		return fmt.Sprintf("%d (%s: %s)", e.job.ID, e.job.Name, strings.Join(e.job.Labels, ", ")), true

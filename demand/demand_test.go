@@ -237,3 +237,17 @@ func TestShapes(t *testing.T) {
 		t.Fatalf("Fewer once the smaller jobs were taken: %q", job)
 	}
 }
+
+// A queued job no pool of this manager serves holds no runner back: it
+// waits for another fleet.
+func TestFewerIgnoresOtherFleetsJobs(t *testing.T) {
+	tr := New([]Pool{{Name: "p", Forge: "f", Labels: []string{"gpu"}}}, nil)
+	tr.Observe(Job{Forge: "f", ID: 1, Labels: []string{"self-hosted"}, Status: Queued})
+	if job, ok := tr.Fewer("f", []string{"self-hosted", "gpu", "gpus=2"}, "gpus=2"); ok {
+		t.Fatalf("held back for %s", job)
+	}
+	tr.Observe(Job{Forge: "f", ID: 2, Labels: []string{"gpu"}, Status: Queued})
+	if _, ok := tr.Fewer("f", []string{"self-hosted", "gpu", "gpus=2"}, "gpus=2"); !ok {
+		t.Fatal("not held back for a job of this manager's pool")
+	}
+}
