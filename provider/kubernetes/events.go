@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -28,8 +29,23 @@ func (p *Provider) instance(pod *corev1.Pod) provider.Instance {
 		Created: pod.CreationTimestamp.Time,
 		ID:      string(pod.UID),
 		Reason:  reasonOf(pod),
-		Machine: record.Machine{ID: pod.Name, Node: pod.Spec.NodeName},
+		Machine: record.Machine{ID: pod.Name, Node: pod.Spec.NodeName, ImageDigest: imageDigest(pod)},
 	}
+}
+
+// imageDigest is the agent container's image as the kubelet resolved it
+// (its imageID: a registry digest, or the runtime's image id), once it
+// started.
+func imageDigest(pod *corev1.Pod) string {
+	for _, c := range pod.Status.ContainerStatuses {
+		if c.Name == agentContainer && c.ImageID != "" {
+			if _, d, ok := strings.Cut(c.ImageID, "@"); ok {
+				return d
+			}
+			return strings.TrimPrefix(c.ImageID, "docker://")
+		}
+	}
+	return ""
 }
 
 // stateOf maps a pod's phase: a pod not yet running is one coming up, and

@@ -309,14 +309,25 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 			ids = append(ids, j.ID)
 		}
 	}
-	if err := p.opt.Cluster.Cancel(ctx, ids); err != nil {
-		return fmt.Errorf("delete runner %s: %w", name, err)
-	}
+	// Marked as ours before scancel: a poll in between must not take
+	// the job's end for someone else's cancel (a notice, a lost job).
 	p.mu.Lock()
+	fresh := []string{}
 	for _, id := range ids {
-		p.cancelled[id] = true
+		if !p.cancelled[id] {
+			p.cancelled[id] = true
+			fresh = append(fresh, id)
+		}
 	}
 	p.mu.Unlock()
+	if err := p.opt.Cluster.Cancel(ctx, ids); err != nil {
+		p.mu.Lock()
+		for _, id := range fresh {
+			delete(p.cancelled, id)
+		}
+		p.mu.Unlock()
+		return fmt.Errorf("delete runner %s: %w", name, err)
+	}
 	if err := os.RemoveAll(filepath.Join(p.filesDir(), name)); err != nil {
 		return fmt.Errorf("delete runner %s: %w", name, err)
 	}

@@ -25,7 +25,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	var dom string
 	harness.Eventually(t, 30*time.Second, "the page to show the busy runner and its job", func() bool {
 		dom = harness.Headless(t, bin, "--dump-dom", base+"/")
-		return strings.Contains(dom, `class="state busy"`) && strings.Contains(dom, "job (1)")
+		return strings.Contains(dom, `class="state busy"`) && strings.Contains(dom, "job (1)") && strings.Contains(dom, "in_progress")
 	})
 	for _, want := range []string{"runfleet · e2e-page", `id="pool-page"`, "size 1, max 4", "Recent jobs", "in_progress", `http-equiv="refresh"`} {
 		if !strings.Contains(dom, want) {

@@ -54,7 +54,7 @@ func TestKubePodsRunJobs(t *testing.T) {
 	f.CheckRecords(jobs, func(printed, kept record.Record) {
 		m, k := printed.Machine, kept.Machine
 		if m.Node != harness.KubeNode || m.Image != img || len(m.Datasets) != 1 || !m.Datasets[0].ReadOnly || printed.Provider != "kubernetes" ||
-			k.Node != m.Node || !strings.HasPrefix(k.ID, "e2e-kpods-"+printed.Runner+"-") {
+			k.Node != m.Node || !strings.HasPrefix(k.ID, "e2e-kpods-"+printed.Runner+"-") || !strings.HasPrefix(k.ImageDigest, "sha256:") {
 			t.Errorf("pod records: the job's %+v, the history's %+v", m, k)
 		}
 	})

@@ -381,6 +381,16 @@ func envOf(c corev1.Container, pod *corev1.Pod, secrets map[string]*corev1.Secre
 	return env, nil
 }
 
+// imageID is an image's id as a kubelet reports it: the runtime's
+// docker://sha256:..., "" when the engine does not know the image.
+func (r *run) imageID(ctx context.Context, image string) string {
+	res, err := r.n.docker.ImageInspect(ctx, image)
+	if err != nil {
+		return ""
+	}
+	return "docker://" + res.ID
+}
+
 // setRunning reports the pod running, its init containers done.
 func (r *run) setRunning(ctx context.Context) {
 	now := metav1.Now()
@@ -394,7 +404,7 @@ func (r *run) setRunning(ctx context.Context) {
 		s.ContainerStatuses = nil
 		for _, c := range r.pod.Spec.Containers {
 			started := true
-			s.ContainerStatuses = append(s.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image, Ready: true, Started: &started,
+			s.ContainerStatuses = append(s.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image, ImageID: r.imageID(ctx, c.Image), Ready: true, Started: &started,
 				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}})
 		}
 		s.Conditions = []corev1.PodCondition{
