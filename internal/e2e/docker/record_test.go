@@ -43,7 +43,7 @@ func TestJobReadsItsRecord(t *testing.T) {
 	f.Hooks = hooks
 	f.AddWebhook()
 	f.Start()
-	harness.Eventually(t, time.Minute, "an idle runner", func() bool { return f.IdleOnline() == 1 })
+	harness.Eventually(t, time.Minute, "an idle runner", func() bool { return f.IdleOnline() >= 1 })
 	f.Push(harness.Matrix("gpurec", 1, recordJob))
 	jobs := f.WaitJobs(1, 3*time.Minute)
 	if jobs[0].Conclusion != "success" {
@@ -107,7 +107,7 @@ func TestJobReadsItsRecord(t *testing.T) {
 	// Killed and restarted: the history is the file's.
 	f.Kill9()
 	f.Start()
-	harness.Eventually(t, time.Minute, "an idle runner after the restart", func() bool { return f.IdleOnline() == 1 })
+	harness.Eventually(t, time.Minute, "an idle runner after the restart", func() bool { return f.IdleOnline() >= 1 })
 	after := jobsOf(t, f)
 	if len(after) != 1 {
 		t.Fatalf("after a restart, runfleet jobs lists %d records, want 1", len(after))
