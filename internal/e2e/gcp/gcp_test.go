@@ -42,7 +42,6 @@ func TestGCPSpotRunsJobs(t *testing.T) {
 			t.Errorf("instance records: the job's %+v, the history's %+v", m, k)
 		}
 	})
-	t.Logf("a job's instance as its record tells it: %+v", f.JobRecords()[0].Machine)
 	harness.Eventually(t, 2*time.Minute, "back to 1 idle runner on 1 instance", func() bool {
 		return f.IdleOnline() == 1 && len(f.Runners()) == 1 && f.LiveGCE() == 1
 	})

@@ -58,7 +58,6 @@ func TestKubePodsRunJobs(t *testing.T) {
 			t.Errorf("pod records: the job's %+v, the history's %+v", m, k)
 		}
 	})
-	t.Logf("a job's pod as its record tells it: %+v", f.JobRecords()[0].Machine)
 	harness.Eventually(t, time.Minute, "2 idle registrations, 2 pods", func() bool {
 		return len(f.Runners()) == 2 && f.IdleOnline() == 2 && f.LivePods() == 2 && len(f.Pods()) == 2
 	})

@@ -111,7 +111,6 @@ sleep 20
 			t.Errorf("Slurm job records: the job's %+v, the history's %+v %+v", printed.Machine, kept.Machine, kept.GPUs)
 		}
 	})
-	t.Logf("a job's Slurm job as its record tells it: %+v, GPUs %+v", f.JobRecords()[0].Machine, f.JobRecords()[0].GPUs)
 	if n := len(harness.LogLines(f.LogPath, "retiring", "not online after")); n > 0 {
 		t.Errorf("a pending runner was retired by the bootstrap timeout despite queue_wait")
 	}

@@ -115,5 +115,9 @@ func (f *Fleet) CheckRecords(jobs []*sdk.ActionWorkflowJob, check func(printed, 
 			f.T.Errorf("job %d printed the record of %s (%d), the history gives it %s (%d)", j.ID, printed.Runner, printed.Registration, r.Runner, r.Registration)
 		}
 		check(printed, r)
+		if j == jobs[0] {
+			f.T.Logf("job %d's record as it printed it: runner %s, machine %+v, GPUs %+v; the history's: machine %+v, GPUs %+v",
+				j.ID, printed.Runner, printed.Machine, printed.GPUs, r.Machine, r.GPUs)
+		}
 	}
 }
