@@ -60,5 +60,12 @@ deps:
 			bash-static busybox-static chromium iproute2 slurmctld slurmd slurm-client munge; \
 	fi
 
+# The version, commit and date the binary reports (runfleet version), from
+# git; a build outside a checkout falls back to Go's own stamp.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+DATE    ?= $(shell git log -1 --format=%cI 2>/dev/null)
+LDFLAGS := -X github.com/runfleet/runfleet/version.version=$(VERSION) -X github.com/runfleet/runfleet/version.commit=$(COMMIT) -X github.com/runfleet/runfleet/version.date=$(DATE)
+
 build:
-	go build -tags nvml -o bin/runfleet ./cmd/runfleet
+	go build -tags nvml -ldflags "$(LDFLAGS)" -o bin/runfleet ./cmd/runfleet

@@ -2,6 +2,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,7 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/runfleet/runfleet/config"
-	"github.com/runfleet/runfleet/internal/daemon"
+	"github.com/runfleet/runfleet/version"
 )
 
 // ExitError carries a process exit code.
@@ -88,14 +89,28 @@ func loadConfig(path string) (*config.Config, error) {
 }
 
 func versionCmd() *cobra.Command {
-	return &cobra.Command{
+	var output string
+	cmd := &cobra.Command{
 		Use:   "version",
-		Short: "Print the version",
+		Short: "Print the version, commit and build date",
 		Args:  cobra.NoArgs,
-		Run: func(cmd *cobra.Command, _ []string) {
-			fmt.Fprintln(cmd.OutOrStdout(), "runfleet", daemon.Version)
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			info := version.Get()
+			switch output {
+			case "text":
+				fmt.Fprintln(cmd.OutOrStdout(), info)
+			case "json":
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(info)
+			default:
+				return &ExitError{ExitUsage, fmt.Errorf("-o: %q is not text or json", output)}
+			}
+			return nil
 		},
 	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	return cmd
 }
 
 // indent prefixes every line of a multi-line error, for readable output.

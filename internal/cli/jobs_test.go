@@ -114,3 +114,17 @@ func BenchmarkJobsSince1h(b *testing.B) {
 	b.ReportMetric(float64(bytes.Count(out.Bytes(), []byte("\n"))-1), "jobs-listed")
 	b.ReportMetric(float64(fi.Size())/(1<<20), "MiB-on-disk")
 }
+
+func TestVersionJSON(t *testing.T) {
+	var out bytes.Buffer
+	root := New()
+	root.SetOut(&out)
+	root.SetArgs([]string{"version", "-o", "json"})
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	var v struct{ Version, Go string }
+	if err := json.Unmarshal(out.Bytes(), &v); err != nil || v.Version == "" || v.Go == "" {
+		t.Fatalf("runfleet version -o json: %v\n%s", err, out.String())
+	}
+}

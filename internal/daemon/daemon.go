@@ -23,10 +23,12 @@ import (
 	"github.com/runfleet/runfleet/metrics"
 	"github.com/runfleet/runfleet/pool"
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/version"
 )
 
-// Version is the runfleet version, set by the build.
-var Version = "dev"
+// Version is the runfleet version (package version): on the status page,
+// in runners' records, and in the User-Agent sent to forges.
+var Version = version.Get().Version
 
 // Fleet is a configured set of pools.
 type Fleet struct {
