@@ -136,7 +136,7 @@ func (t *Tracker) Match(j Job) string {
 
 func (t *Tracker) match(j Job) string {
 	for _, p := range t.pools {
-		meets := covers
+		meets := Covers
 		if p.Meets != nil {
 			meets = p.Meets
 		}
@@ -147,7 +147,9 @@ func (t *Tracker) match(j Job) string {
 	return ""
 }
 
-func covers(have, want []string) bool {
+// Covers reports whether every label wanted is among have,
+// case-insensitively, as the forges compare them.
+func Covers(have, want []string) bool {
 	for _, w := range want {
 		if !slices.ContainsFunc(have, func(h string) bool { return strings.EqualFold(h, w) }) {
 			return false
@@ -424,7 +426,7 @@ func (t *Tracker) Fewer(forge string, labels []string, shape string) (job string
 	for k, e := range t.jobs {
 		// Only a job a pool of this manager serves: one that waits for
 		// another fleet's runners would hold this one for nothing.
-		if k.forge != forge || e.job.Status != Queued || e.pool == "" || !covers(labels, e.job.Labels) || dynamic.Shape(e.job.Labels) == shape {
+		if k.forge != forge || e.job.Status != Queued || e.pool == "" || !Covers(labels, e.job.Labels) || dynamic.Shape(e.job.Labels) == shape {
 			continue
 		}
 		return fmt.Sprintf("%d (%s: %s)", e.job.ID, e.job.Name, strings.Join(e.job.Labels, ", ")), true

@@ -65,11 +65,10 @@ const (
 // Store is a manager's history. Its writes are queued and applied in
 // batches by one goroutine, so that a pool's pass never waits for a disk.
 type Store struct {
-	path     string
-	readOnly bool
-	opt      Options
-	log      *slog.Logger
-	dbMu     sync.Mutex // one open of the file at a time in this process: bbolt's locks are per open
+	path string
+	opt  Options
+	log  *slog.Logger
+	dbMu sync.Mutex // one open of the file at a time in this process: bbolt's locks are per open
 
 	mu      sync.Mutex
 	queue   []op
@@ -133,7 +132,7 @@ func OpenReadOnly(path string) (*Store, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("history: %w", err)
 	}
-	s := &Store{path: path, readOnly: true, closed: true, done: make(chan struct{}), opt: Options{LockWait: 10 * time.Second}}
+	s := &Store{path: path, closed: true, done: make(chan struct{}), opt: Options{LockWait: 10 * time.Second}}
 	close(s.done)
 	return s, nil
 }

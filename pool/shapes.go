@@ -100,15 +100,8 @@ func (p *Pool) scaleShapes(ctx context.Context, snap snapshot, prev, view []Runn
 	if p.draining || p.backoff.Halted || now.Before(p.backoff.Until) {
 		return view
 	}
-	shapes := slices.Sorted(func(yield func(string) bool) {
-		for s := range want {
-			if !yield(s) {
-				return
-			}
-		}
-	})
 	next := 1
-	for _, shape := range shapes {
+	for _, shape := range slices.Sorted(maps.Keys(want)) {
 		start := min(want[shape]-len(idle[shape]), p.cfg.Max-total)
 		if start <= 0 {
 			continue

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/demand"
 	"github.com/runfleet/runfleet/dynamic"
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/internal/daemon"
@@ -216,7 +217,7 @@ func refused(ctx context.Context, pc config.Pool, f forge.Forge) []string {
 	var out []string
 	for _, j := range queued {
 		plain, _ := dynamic.Split(j.Labels)
-		if !covers(pc.Labels, plain) {
+		if !demand.Covers(pc.Labels, plain) {
 			continue
 		}
 		if _, err := pc.Dynamic.Resolve(dynamic.Shape(j.Labels)); err != nil {
@@ -224,15 +225,4 @@ func refused(ctx context.Context, pc config.Pool, f forge.Forge) []string {
 		}
 	}
 	return out
-}
-
-// covers reports whether every label wanted is among have, as forges
-// compare them.
-func covers(have, want []string) bool {
-	for _, w := range want {
-		if !slices.ContainsFunc(have, func(h string) bool { return strings.EqualFold(h, w) }) {
-			return false
-		}
-	}
-	return true
 }

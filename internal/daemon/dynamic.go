@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/demand"
 	"github.com/runfleet/runfleet/dynamic"
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/pool"
@@ -23,12 +24,7 @@ func meetsDynamic(meets func(have, want []string) bool) func(have, want []string
 		if meets != nil {
 			return meets(have, plain)
 		}
-		for _, w := range plain {
-			if !slices.ContainsFunc(have, func(h string) bool { return strings.EqualFold(h, w) }) {
-				return false
-			}
-		}
-		return true
+		return demand.Covers(have, plain)
 	}
 }
 

@@ -2,6 +2,7 @@ package docker
 
 import (
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -19,19 +20,10 @@ import (
 func jobsOn(runsOn map[string]string) string {
 	var b strings.Builder
 	b.WriteString("name: ci\non: [push]\njobs:\n")
-	for _, name := range slicesSorted(runsOn) {
+	for _, name := range slices.Sorted(maps.Keys(runsOn)) {
 		fmt.Fprintf(&b, "  %s:\n    runs-on: %s\n    steps:\n      - run: |\n          echo \"job=%s visible=$NVIDIA_VISIBLE_DEVICES runner=$RUNFLEET_RUNNER\"\n          sleep 2\n", name, runsOn[name], name)
 	}
 	return b.String()
-}
-
-func slicesSorted(m map[string]string) []string {
-	var keys []string
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // dynamicFleet is a pool of the GPU engine whose jobs choose 1 or 2 GPUs
