@@ -299,6 +299,28 @@ func CountCalls(next http.RoundTripper, n *atomic.Int64) http.RoundTripper {
 	return counting{next: next, n: n}
 }
 
+// WithUserAgent returns a transport that names the client in every
+// request's User-Agent, for a client library that offers no option of
+// its own for it (or offers one per client of several, as Gitea's SDK
+// and its runner service do).
+func WithUserAgent(next http.RoundTripper, ua string) http.RoundTripper {
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	return userAgent{next: next, ua: ua}
+}
+
+type userAgent struct {
+	next http.RoundTripper
+	ua   string
+}
+
+func (u userAgent) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context()) // a RoundTripper must not change its request
+	r.Header.Set("User-Agent", u.ua)
+	return u.next.RoundTrip(r)
+}
+
 type counting struct {
 	next http.RoundTripper
 	n    *atomic.Int64

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/runfleet/runfleet/secret"
+	"github.com/runfleet/runfleet/version"
 )
 
 // Options name a cluster and a namespace.
@@ -90,7 +91,7 @@ func finish(cfg *rest.Config, o Options, fallback string) (*rest.Config, string,
 	if o.QPS > 0 {
 		cfg.QPS, cfg.Burst = o.QPS, o.Burst
 	}
-	cfg.UserAgent = "runfleet"
+	cfg.UserAgent = version.UserAgent()
 	if o.Calls != nil {
 		calls := o.Calls
 		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return counter{rt, calls} })

@@ -7,6 +7,8 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/runfleet/runfleet/version"
 )
 
 // RunnerCount is the number of a pool's runners in one state.
@@ -96,8 +98,22 @@ func New(src Source) *Metrics {
 		}, []string{"forge", "result"}),
 	}
 	m.Registry.MustRegister(m.JobsStarted, m.JobsCompleted, m.JobWait, m.RunnerStart, m.ProviderErrors, m.Webhooks, m.Polls,
-		collector{src}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		collector{src}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
 	return m
+}
+
+// buildInfo is runfleet_build_info: 1, labelled with which runfleet this
+// is, so that a dashboard can tell the managers' releases apart (the
+// convention of Prometheus's own *_build_info).
+func buildInfo() prometheus.Collector {
+	v := version.Get()
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "runfleet_build_info",
+		Help:        "1, labelled with runfleet's version, commit, build date and Go version.",
+		ConstLabels: prometheus.Labels{"version": v.Version, "commit": v.Commit, "date": v.Date, "goversion": v.Go},
+	})
+	g.Set(1)
+	return g
 }
 
 var (

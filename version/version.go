@@ -78,3 +78,8 @@ func (i Info) String() string {
 	b.WriteString(" (" + strings.Join(rest, ", ") + ")")
 	return b.String()
 }
+
+// UserAgent is what runfleet calls itself to forges and clouds:
+// runfleet/<version>, so that their operators can tell its requests, and
+// which release sent them, from other clients'.
+func UserAgent() string { return "runfleet/" + Get().Version }

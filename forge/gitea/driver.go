@@ -95,6 +95,7 @@ func (driver) Open(c forge.Config, env forge.Env) (forge.Forge, error) {
 		Token:     c.Token.Reveal(),
 		Scope:     sc,
 		Version:   "runfleet-" + env.Version,
+		UserAgent: "runfleet/" + env.Version,
 		Logger:    env.Logger,
 		Budget:    env.Budget,
 	}), nil

@@ -27,6 +27,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/version"
 )
 
 // Scope is where runners are registered.
@@ -55,6 +56,9 @@ type Config struct {
 	Budget *rate.Limiter
 	// Version is reported to Gitea as the runner version.
 	Version string
+	// UserAgent names runfleet in every request (version.UserAgent by
+	// default).
+	UserAgent string
 	// SettleTime is how long RemoveRunner waits between disabling a
 	// runner and checking it has no job, so that a task fetch that was
 	// already under way is seen. Defaults to the runner's FetchTimeout
@@ -96,6 +100,9 @@ func New(cfg Config) *Driver {
 	if cfg.Version == "" {
 		cfg.Version = "runfleet"
 	}
+	if cfg.UserAgent == "" {
+		cfg.UserAgent = version.UserAgent()
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -104,7 +111,7 @@ func New(cfg Config) *Driver {
 	d := &Driver{cfg: cfg, log: log}
 	// A copy of the client that counts its requests.
 	counted := *hc
-	counted.Transport = forge.Budgeted(forge.CountCalls(counted.Transport, &d.calls), cfg.Budget)
+	counted.Transport = forge.Budgeted(forge.CountCalls(forge.WithUserAgent(counted.Transport, cfg.UserAgent), &d.calls), cfg.Budget)
 	if counted.Timeout <= 0 || counted.Timeout > cfg.CallTimeout {
 		counted.Timeout = cfg.CallTimeout
 	}

@@ -101,6 +101,15 @@ func TestRunServeAndReloadConcurrently(t *testing.T) {
 	if !strings.Contains(w.Body.String(), "queued jobs 50") {
 		t.Errorf("status page lacks the queue:\n%s", w.Body)
 	}
+	// Which release runs: on the page and in the metrics.
+	if !strings.Contains(w.Body.String(), "version "+Version) {
+		t.Errorf("status page lacks the version %s", Version)
+	}
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+	if want := `runfleet_build_info{commit=`; !strings.Contains(w.Body.String(), want) || !strings.Contains(w.Body.String(), `version="`+Version+`"} 1`) {
+		t.Errorf("metrics lack runfleet_build_info for %s", Version)
+	}
 	cancel()
 	select {
 	case <-done:

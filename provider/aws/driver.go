@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
+	"github.com/runfleet/runfleet/version"
 )
 
 func init() { provider.Register("aws", driver{}) }
@@ -88,7 +90,8 @@ func Client(ctx context.Context, s Section, calls *atomic.Int64, limits *Limits)
 		if s.Endpoint != "" {
 			o.BaseEndpoint = awssdk.String(s.Endpoint)
 		}
-		o.APIOptions = append(o.APIOptions, limitAttempts(limits))
+		// The User-Agent says runfleet/<version> among the SDK's own parts.
+		o.APIOptions = append(o.APIOptions, limitAttempts(limits), awsmiddleware.AddUserAgentKeyValue("runfleet", version.Get().Version))
 		if calls != nil {
 			o.APIOptions = append(o.APIOptions, countAttempts(calls))
 		}

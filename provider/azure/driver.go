@@ -20,6 +20,7 @@ import (
 
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
+	"github.com/runfleet/runfleet/version"
 )
 
 func init() { provider.Register("azure", driver{}) }
@@ -109,12 +110,19 @@ func Client(s Section, calls *atomic.Int64, limits *Limits) (API, string, error)
 	}
 	vms, err := armcompute.NewVirtualMachinesClient(sub, cred, &arm.ClientOptions{ClientOptions: policy.ClientOptions{
 		Cloud: cfg, PerRetryPolicies: []policy.Policy{&meter{limits: limits, calls: calls}},
-		Telemetry: policy.TelemetryOptions{ApplicationID: "runfleet"},
+		Telemetry: policy.TelemetryOptions{ApplicationID: applicationID()},
 	}})
 	if err != nil {
 		return nil, "", fmt.Errorf("azure: %w", err)
 	}
 	return sdkAPI{vms: vms}, sub, nil
+}
+
+// applicationID is runfleet/<version> for the SDK's User-Agent, which
+// takes at most 24 characters there: a long pseudo-version is cut.
+func applicationID() string {
+	ua := version.UserAgent()
+	return ua[:min(len(ua), 24)]
 }
 
 // credential is CML's service principal (AZURE_CLIENT_ID,

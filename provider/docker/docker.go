@@ -41,6 +41,7 @@ import (
 
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/record"
+	"github.com/runfleet/runfleet/version"
 )
 
 // Labels on every container runfleet creates.
@@ -187,7 +188,7 @@ func New(opt Options) (*Provider, error) {
 // NewClient connects to the engine named by DOCKER_HOST (the local socket
 // by default), negotiating the API version so that older engines work.
 func NewClient() (*client.Client, error) {
-	c, err := client.New(client.FromEnv)
+	c, err := client.New(client.FromEnv, client.WithUserAgent(version.UserAgent()))
 	if err != nil {
 		return nil, fmt.Errorf("docker client: %w", err)
 	}

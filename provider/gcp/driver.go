@@ -20,6 +20,7 @@ import (
 
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
+	"github.com/runfleet/runfleet/version"
 )
 
 func init() { provider.Register("gcp", driver{}) }
@@ -208,6 +209,10 @@ func (m *meter) RoundTrip(r *http.Request) (*http.Response, error) {
 	if m.calls != nil {
 		m.calls.Add(1)
 	}
+	// runfleet/<version> ahead of the client library's own name: the REST
+	// clients take no User-Agent option with a client of our own.
+	r = r.Clone(r.Context())
+	r.Header.Set("User-Agent", strings.TrimSpace(version.UserAgent()+" "+r.Header.Get("User-Agent")))
 	return m.base.RoundTrip(r)
 }
 
