@@ -92,6 +92,39 @@ type RepoDriver interface {
 	RepoConfig(repo string) (forgeURL string, section json.RawMessage, err error)
 }
 
+// Starter is implemented by drivers that `runfleet init` writes a starter
+// config for (every driver should: a test holds each to it).
+type Starter interface {
+	// Starter returns the forge's entry in a starter config, filled from
+	// o where it gives a value and otherwise with placeholders that pass
+	// Check, so that the config is taken as written.
+	Starter(o StarterOptions) StarterEntry
+}
+
+// StarterOptions are what `runfleet init` was told of the forge.
+type StarterOptions struct {
+	URL       string // the forge's address
+	RunnerURL string // the forge's address as runners reach it, when it differs
+	// Scope is what the runners serve, in the forge's own terms: a
+	// repository (owner/name), a GitLab project, an Azure Pipelines
+	// agent pool, a Bitbucket workspace/repository.
+	Scope string
+}
+
+// StarterEntry is a forge's entry in a starter config.
+type StarterEntry struct {
+	// Keys are the entry's YAML keys after its name and type, each line
+	// indented by four spaces, with comments saying what each is and
+	// what the token needs.
+	Keys string
+	// TokenEnv is the environment variable the entry reads its token
+	// from: the one thing to set before `runfleet serve`.
+	TokenEnv string
+	// Image is the runner image holding the forge's agent, as built from
+	// the repository's images/ (for container and pod pools).
+	Image string
+}
+
 var (
 	mu      sync.RWMutex
 	drivers = map[string]Driver{}

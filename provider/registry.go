@@ -75,6 +75,27 @@ type CMLOptions struct {
 	Getenv func(string) (string, bool)
 }
 
+// Starter is implemented by drivers that `runfleet init` writes a starter
+// config for (every driver should: a test holds each to it).
+type Starter interface {
+	// Starter returns a pool's keys for this provider in a starter
+	// config: `provider:` and the provider's section, each line indented
+	// by four spaces (a pool's keys), with comments, filled from o where
+	// it gives a value and otherwise with placeholders that pass Check.
+	Starter(o StarterOptions) string
+}
+
+// StarterOptions are what `runfleet init` was told of the pool.
+type StarterOptions struct {
+	Forge string // the forge's type
+	// Image is the runner image or machine image the user named, if any.
+	Image string
+	// AgentImage is the container image holding the forge's agent, as
+	// the repository's images/ build it: the default of container and
+	// pod pools.
+	AgentImage string
+}
+
 var (
 	mu      sync.RWMutex
 	drivers = map[string]Driver{}
