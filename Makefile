@@ -53,11 +53,12 @@ test: deps
 # slurmctld and slurmd with munge.
 deps:
 	@if [ ! -x /bin/bash-static ] || [ ! -x /bin/busybox ] || ! command -v chromium >/dev/null || ! command -v ip >/dev/null || \
-		! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v sbatch >/dev/null || ! command -v munged >/dev/null; then \
-		echo "installing bash-static, busybox-static, chromium, iproute2 and Slurm for the tests"; \
+		! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v sbatch >/dev/null || ! command -v munged >/dev/null || \
+		! command -v systemd-analyze >/dev/null; then \
+		echo "installing bash-static, busybox-static, chromium, iproute2, Slurm and systemd for the tests"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			bash-static busybox-static chromium iproute2 slurmctld slurmd slurm-client munge; \
+			bash-static busybox-static chromium iproute2 slurmctld slurmd slurm-client munge systemd; \
 	fi
 
 # The version, commit and date the binary reports (runfleet version), from
