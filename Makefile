@@ -3,7 +3,7 @@
 #   make test   vets and runs every test, the end-to-end ones against a real
 #               Gitea and the local Docker engine
 
-.PHONY: demo test build deps
+.PHONY: demo test build release image image-context deps
 
 demo:
 	go run ./internal/testbed/demo
@@ -70,3 +70,37 @@ LDFLAGS := -X github.com/runfleet/runfleet/version.version=$(VERSION) -X github.
 
 build:
 	go build -tags nvml -ldflags "$(LDFLAGS)" -o bin/runfleet ./cmd/runfleet
+
+# Release binaries in $(DIST): static linux/amd64 and linux/arm64, and the
+# amd64 build with the NVML reader (cgo, linked against glibc), named as
+# such, with their SHA-256 sums. Reproducible: no paths (-trimpath), no
+# build ids, the date of the commit rather than of the build, so that two
+# builds of one commit give the same sums (internal/e2e/release checks).
+DIST ?= dist
+RELEASE_FLAGS = -trimpath -buildvcs=false -ldflags "-s -w -buildid= $(LDFLAGS)"
+RELEASE_NAME = runfleet-$(VERSION)-linux
+
+release:
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build $(RELEASE_FLAGS) -o $(DIST)/$(RELEASE_NAME)-amd64 ./cmd/runfleet
+	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 go build $(RELEASE_FLAGS) -o $(DIST)/$(RELEASE_NAME)-arm64 ./cmd/runfleet
+	CGO_ENABLED=1 GOOS=linux GOARCH=amd64 go build -tags nvml $(RELEASE_FLAGS) -o $(DIST)/$(RELEASE_NAME)-amd64-nvml ./cmd/runfleet
+	cd $(DIST) && sha256sum $(RELEASE_NAME)-* > SHA256SUMS
+	cat $(DIST)/SHA256SUMS
+
+# The runfleet image (images/runfleet/Dockerfile), FROM scratch: its context
+# is staged in $(IMAGE_CONTEXT) from a static build like release's and the
+# host's CA bundle (Debian's ca-certificates). No registry is needed.
+IMAGE ?= runfleet/runfleet:$(VERSION)
+IMAGE_CONTEXT ?= bin/image
+CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
+
+image-context:
+	rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT)/state
+	CGO_ENABLED=0 GOOS=linux go build $(RELEASE_FLAGS) -o $(IMAGE_CONTEXT)/runfleet ./cmd/runfleet
+	cp $(CA_BUNDLE) $(IMAGE_CONTEXT)/ca-certificates.crt
+	cp images/runfleet/Dockerfile images/runfleet/passwd images/runfleet/group $(IMAGE_CONTEXT)/
+	touch $(IMAGE_CONTEXT)/state/.keep
+
+image: image-context
+	docker build -t $(IMAGE) $(IMAGE_CONTEXT)

@@ -73,7 +73,7 @@ or registration behind.`,
 		return nil
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &ExitError{ExitUsage, err} })
-	root.AddCommand(serveCmd(), runnerCmd(), statusCmd(), jobsCmd(), gpusCmd(), versionCmd(), agentCmd(), gcCmd(), initCmd())
+	root.AddCommand(serveCmd(), runnerCmd(), statusCmd(), jobsCmd(), gpusCmd(), versionCmd(), agentCmd(), gcCmd(), initCmd(), healthCmd())
 	return root
 }
 

@@ -19,6 +19,7 @@ type initOptions struct {
 	forge, provider    string
 	url, runnerURL     string
 	scope, image, pool string
+	id                 string
 	labels             []string
 }
 
@@ -49,6 +50,7 @@ commented. serve takes it as printed once the token's variable is set;
 	f.StringVar(&o.scope, "scope", "", "what runners serve: owner/repo (a GitLab project, an Azure Pipelines agent pool, a Bitbucket workspace/repository)")
 	f.StringVar(&o.image, "image", "", "the runner image (a container image, an AMI, a cloud image)")
 	f.StringVar(&o.pool, "pool", "ci", "the pool's name")
+	f.StringVar(&o.id, "id", "runfleet", "the manager's id, which all it creates carries")
 	f.StringSliceVar(&o.labels, "labels", nil, "the pool's labels, what jobs ask for (default: the pool's name)")
 	return cmd
 }
@@ -75,6 +77,9 @@ func writeStarter(w io.Writer, o initOptions) error {
 	if !poolName.MatchString(o.pool) {
 		return fmt.Errorf("--pool: %q is not lower-case letters, digits and -", o.pool)
 	}
+	if !poolName.MatchString(o.id) {
+		return fmt.Errorf("--id: %q is not lower-case letters, digits and -", o.id)
+	}
 	if len(o.labels) == 0 {
 		o.labels = []string{o.pool}
 	}
@@ -85,14 +90,14 @@ func writeStarter(w io.Writer, o initOptions) error {
 #   runfleet serve -c fleet.yaml
 # Every key: the README's configuration reference, docs/forges/%s.md and
 # docs/providers/%s.md.
-id: runfleet                  # this manager; all it creates carries it
-# state_dir: ~/.local/state/runfleet/runfleet   # records, logs, the history of jobs
+id: %s                  # this manager; all it creates carries it
+# state_dir: ~/.local/state/runfleet/%s   # records, logs, the history of jobs
 # listen: :8080               # webhooks at /webhook/<forge>
 # status_listen: 127.0.0.1:9180   # the status page, /metrics and /healthz
 forges:
   - name: %s
     type: %s
-%s`, o.forge, o.provider, version.Get().Version, entry.TokenEnv, o.forge, o.provider, o.forge, o.forge, entry.Keys)
+%s`, o.forge, o.provider, version.Get().Version, entry.TokenEnv, o.forge, o.provider, o.id, o.id, o.forge, o.forge, entry.Keys)
 	if o.runnerURL != "" {
 		fmt.Fprintf(&b, "    runner_url: %s   # the forge as runners reach it\n", o.runnerURL)
 	} else {

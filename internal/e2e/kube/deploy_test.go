@@ -80,7 +80,14 @@ func TestDeployManifests(t *testing.T) {
 		t.Errorf("history.path %s is on no PersistentVolumeClaim the replicas mount", cfg.History.Path)
 	}
 
-	sa := "system:serviceaccount:" + harness.KubeNamespace + ":runfleet"
+	checkLeastRBAC(ctx, t, "runfleet")
+}
+
+// checkLeastRBAC asks the apiserver what the service account may do: what
+// a manager needs in its namespace, and nothing more.
+func checkLeastRBAC(ctx context.Context, t *testing.T, account string) {
+	t.Helper()
+	sa := "system:serviceaccount:" + harness.KubeNamespace + ":" + account
 	for _, c := range []struct {
 		group, resource, sub, verb string
 		allowed                    bool

@@ -796,3 +796,11 @@ func NeedBinary(t *testing.T) {
 	t.Helper()
 	NeedBinaries(t)
 }
+
+// RunnerBin is the gitea-runner the fleets' host processes run (after
+// NeedBinaries).
+func RunnerBin() string { return runnerBin }
+
+// DockerForgeURL is Gitea as a runner container on the default bridge
+// reaches it.
+func DockerForgeURL() string { return dockerForgeURL() }

@@ -233,3 +233,6 @@ func (f *Fleet) CheckNoSecretOnDisk() {
 }
 
 func FileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// GitHubRunnerBin is the stand-in for GitHub's runner, a host binary.
+func GitHubRunnerBin(t testing.TB) string { return needGitHubRunner(t) }

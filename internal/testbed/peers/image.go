@@ -152,31 +152,62 @@ func BuildImage(ctx context.Context, cli *client.Client, repo string, extra ...I
 		return "", fmt.Errorf("runner image: context: %w", err)
 	}
 
-	res, err := cli.ImageBuild(ctx, &buf, client.ImageBuildOptions{
+	if err := buildTar(ctx, cli, &buf, tag); err != nil {
+		return "", fmt.Errorf("runner image: %w", err)
+	}
+	return tag, nil
+}
+
+// BuildDir builds the image whose context (Dockerfile included) is the
+// directory dir, as `docker build -t tag dir` would, through the Engine
+// API, and returns the engine's output.
+func BuildDir(ctx context.Context, cli *client.Client, dir, tag string) (string, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := tw.AddFS(os.DirFS(dir)); err != nil {
+		return "", fmt.Errorf("image context %s: %w", dir, err)
+	}
+	if err := tw.Close(); err != nil {
+		return "", err
+	}
+	var out strings.Builder
+	err := buildTarOut(ctx, cli, &buf, tag, &out)
+	return out.String(), err
+}
+
+func buildTar(ctx context.Context, cli *client.Client, context io.Reader, tag string) error {
+	var out strings.Builder
+	return buildTarOut(ctx, cli, context, tag, &out)
+}
+
+// buildTarOut builds a tagged image from a tar context with the classic
+// builder (BuildKit would want a registry for its frontend), writing the
+// engine's output to out.
+func buildTarOut(ctx context.Context, cli *client.Client, context io.Reader, tag string, out *strings.Builder) error {
+	res, err := cli.ImageBuild(ctx, context, client.ImageBuildOptions{
 		Tags: []string{tag}, Remove: true, ForceRemove: true, Version: build.BuilderV1,
 	})
 	if err != nil {
-		return "", fmt.Errorf("runner image: build: %w", err)
+		return fmt.Errorf("build: %w", err)
 	}
 	defer res.Body.Close()
-	var out strings.Builder
 	dec := json.NewDecoder(res.Body)
 	for {
 		var m jsonstream.Message
 		if err := dec.Decode(&m); err == io.EOF {
 			break
 		} else if err != nil {
-			return "", fmt.Errorf("runner image: build output: %w", err)
+			return fmt.Errorf("build output: %w", err)
 		}
 		out.WriteString(m.Stream)
 		if m.Error != nil {
-			return "", fmt.Errorf("runner image: build: %s\n%s", m.Error.Message, out.String())
+			return fmt.Errorf("build: %s\n%s", m.Error.Message, out.String())
 		}
 	}
 	if _, err := cli.ImageInspect(ctx, tag); err != nil {
-		return "", fmt.Errorf("runner image: not there after build: %w\n%s", err, out.String())
+		return fmt.Errorf("not there after build: %w\n%s", err, out.String())
 	}
-	return tag, nil
+	return nil
 }
 
 const dockerfile = `FROM scratch

@@ -1,0 +1,39 @@
+{{/* The release's full name, at most 63 characters. */}}
+{{- define "runfleet.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "runfleet.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "runfleet.selector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "runfleet.serviceAccount" -}}
+{{- default (include "runfleet.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{/* The config as the pods read it: values.config, with what running in
+the cluster needs filled in where the values leave it out. */}}
+{{- define "runfleet.config" -}}
+{{- $c := deepCopy .Values.config -}}
+{{- $_ := set $c "state_dir" (default "/var/lib/runfleet" $c.state_dir) -}}
+{{- if and (gt (int .Values.replicaCount) 1) (not (hasKey $c "leader_election")) -}}
+{{- $_ := set $c "leader_election" (dict "in_cluster" true "identity" "${POD_NAME}") -}}
+{{- end -}}
+{{- if and .Values.history.persistence.enabled (not (hasKey $c "history")) -}}
+{{- $_ := set $c "history" (dict "path" "/var/lib/runfleet-history/history.db") -}}
+{{- end -}}
+{{- toYaml $c -}}
+{{- end -}}
