@@ -15,8 +15,8 @@ func (driver) Starter(o provider.StarterOptions) string {
     provider: docker
     docker:
       image: %s
-      cpus: 4
-      memory: 8g
+      # cpus: 4                         # at most the host's CPUs
+      # memory: 8g
       # shm_size: 8g                    # PyTorch data loaders want more than 64m
       # volumes: ["/data/imagenet:/data"]   # read-only unless :rw is written
     # gpus_per_runner: 1                # a GPU of the host for each container

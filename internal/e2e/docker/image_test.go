@@ -118,7 +118,7 @@ func TestRunfleetImage(t *testing.T) {
 		}
 		return string(c.Container.State.Health.Status)
 	}
-	harness.Eventually(t, time.Minute, "the container healthy", func() bool { return health() == "healthy" })
+	harness.Eventually(t, 90*time.Second, "the container healthy", func() bool { return health() == "healthy" })
 	harness.Eventually(t, time.Minute, "an idle runner", func() bool { return f.IdleOnline() == 1 })
 
 	f.Push(harness.Matrix("rfimage", 3, "echo from-the-image-manager"))
