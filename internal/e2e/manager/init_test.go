@@ -9,13 +9,14 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/internal/testbed/ghsim"
+	"github.com/runfleet/runfleet/internal/testbed/glsim"
 	"github.com/runfleet/runfleet/internal/testbed/harness"
 )
 
 // What `runfleet init` prints is what `runfleet serve` runs, unchanged,
 // once the token's variable is set: for every pair this test bed can run
-// (Gitea with host processes and with Docker containers, GitHub with
-// host processes), a job runs on the pool and the manager drains to
+// (Gitea with host processes and with Docker containers, GitHub and
+// GitLab with host processes), a job runs on the pool and the manager drains to
 // nothing. init's flags fill in the forge's address and repository, the
 // id, and the image; the agent is found in the PATH, as the starter says.
 func TestInitConfigRunsAJob(t *testing.T) {
@@ -70,6 +71,29 @@ func TestInitConfigRunsAJob(t *testing.T) {
 		j := f.GH.Jobs()[0]
 		t.Logf("job %d ran on %s: %s, %q", j.ID, j.RunnerName, j.Conclusion, strings.TrimSpace(j.Output))
 		if !strings.HasPrefix(j.RunnerName, "initgh-") || !strings.Contains(j.Output, "ran") {
+			t.Errorf("job %+v", j)
+		}
+		if err := f.Stop(2 * time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("gitlab-process", func(t *testing.T) {
+		harness.NeedBinaries(t)
+		f := harness.NewGitLabFleet(t, "initgl", harness.GitLabOptions{Size: 1})
+		bin := t.TempDir()
+		if err := os.Symlink(harness.NeedGitLabRunner(t), filepath.Join(bin, "gitlab-runner")); err != nil {
+			t.Fatal(err)
+		}
+		writeInit(t, f, "initgl", []string{"--forge", "gitlab", "--provider", "process", "--url", f.GL.URL, "--runner-url", f.GL.RunnerURL(), "--scope", "acme/initgl"})
+		f.Env = append(f.Env, "GITLAB_TOKEN="+harness.GLToken, "HOME="+f.Dir, "PATH="+bin+":"+os.Getenv("PATH"))
+		f.Start()
+		if _, err := f.GL.CreatePipeline("acme/initgl", glsim.JobSpec{Name: "starter", Tags: []string{"initgl"}, Script: "echo ran"}); err != nil {
+			t.Fatal(err)
+		}
+		harness.Eventually(t, 2*time.Minute, "the job done", func() bool { js := f.GL.Jobs(); return len(js) == 1 && js[0].Finished() })
+		j := f.GL.Jobs()[0]
+		t.Logf("job %d ran on %s: %s", j.ID, j.RunnerDescription, j.Status)
+		if j.Status != "success" || !strings.HasPrefix(j.RunnerDescription, "initgl-") {
 			t.Errorf("job %+v", j)
 		}
 		if err := f.Stop(2 * time.Minute); err != nil {
