@@ -62,8 +62,12 @@ deps:
 	fi
 
 # The version, commit and date the binary reports (runfleet version), from
-# git; a build outside a checkout falls back to Go's own stamp.
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+# git: the tag (v1.2.0, or v1.2.0-3-gabcdef for commits after it), else a
+# pseudo-version as Go's own (v0.0.0-<commit time>-<commit>), +dirty for
+# uncommitted changes; a build outside a checkout falls back to Go's stamp.
+VERSION ?= $(shell git describe --tags --match 'v[0-9]*' --dirty 2>/dev/null || \
+	(TZ=UTC git log -1 --format='v0.0.0-%cd-%h' --date=format-local:%Y%m%d%H%M%S --abbrev=12 2>/dev/null | tr -d '\n'; \
+	 git diff --quiet HEAD 2>/dev/null || echo '+dirty'))
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
 DATE    ?= $(shell git log -1 --format=%cI 2>/dev/null)
 LDFLAGS := -X github.com/runfleet/runfleet/version.version=$(VERSION) -X github.com/runfleet/runfleet/version.commit=$(COMMIT) -X github.com/runfleet/runfleet/version.date=$(DATE)
