@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"syscall"
 	"time"
 
@@ -328,4 +329,25 @@ func (g *Gitea) signal(sig syscall.Signal) error {
 		return errors.New("gitea: not started")
 	}
 	return syscall.Kill(-g.cmd.Process.Pid, sig)
+}
+
+// ScopedToken makes another API token of the admin user with only the
+// given scopes (write:repository, read:repository, ...), as a user would
+// make one for runfleet, and returns it.
+func (g *Gitea) ScopedToken(ctx context.Context, name string, scopes ...string) (string, error) {
+	bin, err := GiteaBinary(ctx, nil)
+	if err != nil {
+		return "", err
+	}
+	env := append(os.Environ(), "GITEA_WORK_DIR="+g.Dir, "GITEA_CUSTOM="+filepath.Join(g.Dir, "custom"), "HOME="+g.Dir)
+	out, err := g.run(ctx, bin, env, filepath.Join(g.Dir, "custom", "conf", "app.ini"),
+		"admin", "user", "generate-access-token", "--username", g.User, "--token-name", name, "--scopes", strings.Join(scopes, ","), "--raw")
+	if err != nil {
+		return "", fmt.Errorf("gitea admin user generate-access-token: %w\n%s", err, redactTokens(out))
+	}
+	tok := strings.TrimSpace(string(out))
+	if i := strings.LastIndexByte(tok, '\n'); i >= 0 {
+		tok = tok[i+1:] // the token is the last line
+	}
+	return tok, nil
 }
