@@ -446,3 +446,42 @@ func (f *exitedForge) RemoveExited(_ context.Context, id int64) error {
 	delete(f.runners, id)
 	return nil
 }
+
+// A machine taken back as its job ended (a Slurm job cancelled by someone
+// else: the agent reports its job over before the queue shows the
+// cancel) has its runner retired as ended; the notice that comes after
+// still reports the job lost, once, so the forge re-runs it. An ended
+// runner whose notice never comes is no loss.
+func TestNoticeAfterTheJobEnded(t *testing.T) {
+	h := newCapHarness(t, Config{Size: 1, RetryLost: true})
+	h.settle()
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.out.print("gpu-1", "busy")
+	h.settle()
+	reg, machine := h.forge.byName("gpu-1").ID, h.out.id("gpu-1")
+	h.out.print("gpu-1", "done")
+	h.out.vanish("gpu-1")
+	h.settle()
+	if len(h.forge.lost) != 0 || len(h.forge.ended) != 1 {
+		t.Fatalf("lost %v ended %v: want the runner ended, no loss yet", h.forge.lost, h.forge.ended)
+	}
+	h.out.notice(provider.Notice{Name: "gpu-1", ID: machine, Reason: "cancelled by another user", At: h.clk.Now()})
+	h.settle()
+	h.settle()
+	if len(h.forge.lost) != 1 || h.forge.lost[0].ID != reg || h.forge.lost[0].Name != "gpu-1" {
+		t.Fatalf("lost %v, want gpu-1's registration %d once", h.forge.lost, reg)
+	}
+
+	// The refilled slot's runner ends its job; no notice comes.
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.out.print("gpu-1", "busy")
+	h.settle()
+	h.out.print("gpu-1", "done")
+	h.out.vanish("gpu-1")
+	h.settle()
+	h.clk.Add(2 * noticeHold)
+	h.settle()
+	if len(h.forge.lost) != 1 || len(h.pool.ended) != 0 {
+		t.Fatalf("lost %v, ended kept %v: an ended job without a notice is no loss, and is forgotten", h.forge.lost, h.pool.ended)
+	}
+}

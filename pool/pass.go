@@ -51,6 +51,7 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 			crashed = s
 		}
 	}
+	p.lateNotices(ctx)
 	p.recordGone(snap)
 	if crashed != nil && !p.draining {
 		// One step a pass, however many runners of a burst failed.
@@ -89,6 +90,9 @@ func (p *Pool) Observe(ctx context.Context) ([]Runner, error) {
 // tells the forge, and retires the runner. Called with p.mu held.
 func (p *Pool) apply(ctx context.Context, s *slot, debug bool) {
 	v := s.verdict
+	if s.phase == agent.PhaseDone && !v.lost && (v.retire != "" || v.ended) {
+		p.noteEnded(s.name, p.machineOf(s), cmp.Or(regID(s.reg), v.memory.regID))
+	}
 	if v.memory == (memory{}) {
 		if len(p.memory) > 0 {
 			delete(p.memory, s.name)
@@ -160,4 +164,51 @@ func (p *Pool) reportLost(ctx context.Context, s *slot, id int64) bool {
 		r.Lost(context.WithoutCancel(ctx), forge.Runner{ID: id, Name: s.name})
 	}
 	return true
+}
+
+// endedRunner is a runner retired after its agent said its job ended.
+type endedRunner struct {
+	name  string
+	regID int64
+	at    time.Time
+}
+
+// noteEnded keeps, for noticeHold, the runner of a machine that may yet
+// turn out to have been taken back (a provider with notices): a Slurm job
+// cancelled by someone else ends its agent's job, which the agent reports
+// over, before the queue shows the cancel. Called with p.mu held.
+func (p *Pool) noteEnded(name, machine string, reg int64) {
+	if _, ok := p.prov.(provider.Preempter); !ok || reg == 0 || machine == "" {
+		return
+	}
+	if _, seen := p.ended[machine]; !seen {
+		p.ended[machine] = endedRunner{name: name, regID: reg, at: p.now()}
+	}
+}
+
+// lateNotices reports lost the job of a runner retired as ended whose
+// machine's notice of being taken back came after: that job failed with
+// the machine, and the forge re-runs it (a forge re-runs no job that
+// succeeded). Called with p.mu held.
+func (p *Pool) lateNotices(ctx context.Context) {
+	now := p.now()
+	for id, e := range p.ended {
+		n, taken := p.preempted[id]
+		switch {
+		case taken:
+			delete(p.ended, id)
+			key := "machine " + id
+			if p.lost[e.name] == key {
+				continue
+			}
+			p.lost[e.name] = key
+			if r, ok := p.forge.(forge.Rerunner); ok && p.cfg.RetryLost {
+				r.Lost(context.WithoutCancel(ctx), forge.Runner{ID: e.regID, Name: e.name})
+			}
+			p.log.Warn("machine taken back as its runner's job ended; the job, if it failed, is re-run",
+				"runner", e.name, "registration", e.regID, "machine", id, "reason", n.Reason)
+		case now.Sub(e.at) > noticeHold:
+			delete(p.ended, id)
+		}
+	}
 }

@@ -168,6 +168,7 @@ type Pool struct {
 	lost           map[string]string
 	last           map[string]provider.Instance // slot -> its last machine seen, whose output outlives it
 	preempted      map[string]provider.Notice   // machine id -> notice that it is being taken back
+	ended          map[string]endedRunner       // machine id -> its runner, retired after its agent said its job ended (lateNotices)
 	took           map[int64]time.Time          // registration seen to take a job, when
 	registered     map[string]int64             // slot -> registration its create made, until a listing shows it
 	refused        map[int64]refusal            // registration whose removal the forge refused after its machine went
@@ -217,6 +218,7 @@ func New(cfg Config, f Forge, prov provider.Provider, a agent.Agent, opts ...Opt
 		lost:       map[string]string{},
 		last:       map[string]provider.Instance{},
 		preempted:  map[string]provider.Notice{},
+		ended:      map[string]endedRunner{},
 		took:       map[int64]time.Time{},
 		registered: map[string]int64{},
 		refused:    map[int64]refusal{},
