@@ -485,3 +485,29 @@ func TestNoticeAfterTheJobEnded(t *testing.T) {
 		t.Fatalf("lost %v, ended kept %v: an ended job without a notice is no loss, and is forgotten", h.forge.lost, h.pool.ended)
 	}
 }
+
+// The order TestSlurmScancelMidJob met: the job is cancelled with its
+// Slurm job, the agent says its job is over while its machine still runs,
+// the forge deletes the ephemeral registration, and the notice comes with
+// the machine's exit. The job is reported lost under the registration
+// noted while the machine ran.
+func TestNoticeAfterTheRegistrationWent(t *testing.T) {
+	h := newCapHarness(t, Config{Size: 1, RetryLost: true})
+	h.settle()
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.out.print("gpu-1", "busy")
+	h.settle()
+	reg, machine := h.forge.byName("gpu-1").ID, h.out.id("gpu-1")
+	h.out.print("gpu-1", "done")
+	h.settle() // the machine still runs: stopping
+	h.forge.mu.Lock()
+	delete(h.forge.runners, reg)
+	h.forge.mu.Unlock()
+	h.out.notice(provider.Notice{Name: "gpu-1", ID: machine, Reason: "Slurm job CANCELLED", At: h.clk.Now()})
+	h.prov.exit("gpu-1")
+	h.settle()
+	h.settle()
+	if len(h.forge.lost) != 1 || h.forge.lost[0].ID != reg {
+		t.Fatalf("lost %v, want registration %d once", h.forge.lost, reg)
+	}
+}

@@ -282,7 +282,12 @@ func classifyLive(f facts, p policy) verdict {
 			v, _ := classifyCordoned(f, status, true)
 			return v
 		}
-		return verdict{state: StateStopping} // it exits by itself
+		// It exits by itself. Its registration is noted: if its machine
+		// turns out to have been taken back (the job ended because a
+		// Slurm job was cancelled), the forge may have deleted the
+		// registration by the pass that sees the machine gone, and the
+		// lost report still names it.
+		return verdict{state: StateStopping, memory: memory{regID: f.reg.ID}}
 	case agent.PhaseReady:
 		if status == forge.StatusOffline {
 			status = forge.StatusIdle

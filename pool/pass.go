@@ -91,7 +91,7 @@ func (p *Pool) Observe(ctx context.Context) ([]Runner, error) {
 func (p *Pool) apply(ctx context.Context, s *slot, debug bool) {
 	v := s.verdict
 	if s.phase == agent.PhaseDone && !v.lost && (v.retire != "" || v.ended) {
-		p.noteEnded(s.name, p.machineOf(s), cmp.Or(regID(s.reg), v.memory.regID))
+		p.noteEnded(s.name, p.machineOf(s), cmp.Or(regID(s.reg), v.memory.regID, p.memory[s.name].regID))
 	}
 	if v.memory == (memory{}) {
 		if len(p.memory) > 0 {
