@@ -511,3 +511,26 @@ func TestNoticeAfterTheRegistrationWent(t *testing.T) {
 		t.Fatalf("lost %v, want registration %d once", h.forge.lost, reg)
 	}
 }
+
+// The same when the forge deleted the registration before any pass saw
+// the agent's word that its job was over.
+func TestNoticeAfterTheRegistrationWentFirst(t *testing.T) {
+	h := newCapHarness(t, Config{Size: 1, RetryLost: true})
+	h.settle()
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.out.print("gpu-1", "busy")
+	h.settle()
+	reg, machine := h.forge.byName("gpu-1").ID, h.out.id("gpu-1")
+	h.forge.mu.Lock()
+	delete(h.forge.runners, reg)
+	h.forge.mu.Unlock()
+	h.out.print("gpu-1", "done")
+	h.settle() // running, done, unregistered
+	h.out.notice(provider.Notice{Name: "gpu-1", ID: machine, Reason: "Slurm job CANCELLED", At: h.clk.Now()})
+	h.prov.exit("gpu-1")
+	h.settle()
+	h.settle()
+	if len(h.forge.lost) != 1 || h.forge.lost[0].ID != reg {
+		t.Fatalf("lost %v, want registration %d once", h.forge.lost, reg)
+	}
+}

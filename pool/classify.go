@@ -251,7 +251,7 @@ func classifyExited(f facts, p policy) verdict {
 func classifyUnregistered(f facts, p policy) verdict {
 	if f.phase == agent.PhaseBusy {
 		// The forge's list predates the job; never remove a busy runner.
-		return verdict{state: StateBusy}
+		return verdict{state: StateBusy, memory: memory{regID: f.regID}}
 	}
 	if f.preempted != nil && f.regID != 0 {
 		// Its registration went with the job its agent failed as the
@@ -266,7 +266,9 @@ func classifyUnregistered(f facts, p policy) verdict {
 	if p.now.Sub(since) >= p.orphanGrace {
 		return verdict{state: StateOrphan, retire: "machine without a registration"}
 	}
-	return verdict{state: StateOrphan, memory: memory{missingSince: since}}
+	// The registration it had (its ephemeral one, deleted with its job)
+	// stays noted for a notice that comes with the machine's exit.
+	return verdict{state: StateOrphan, memory: memory{missingSince: since, regID: f.regID}}
 }
 
 // classifyLive: a running machine with its registration.
