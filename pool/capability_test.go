@@ -87,6 +87,14 @@ func (f *endingForge) Ended(id int64) {
 	f.mu.Unlock()
 }
 
+// drop deletes a registration as a forge does an ephemeral runner's
+// after its job.
+func (f *endingForge) drop(id int64) {
+	f.mu.Lock()
+	delete(f.runners, id)
+	f.mu.Unlock()
+}
+
 func (f *endingForge) Lost(_ context.Context, r forge.Runner) {
 	f.lmu.Lock()
 	defer f.lmu.Unlock()
@@ -447,18 +455,24 @@ func (f *exitedForge) RemoveExited(_ context.Context, id int64) error {
 	return nil
 }
 
+// busyRunner is a pool of one that re-runs lost jobs, whose runner gpu-1
+// runs a job: its registration and machine.
+func busyRunner(t *testing.T) (h *capHarness, reg int64, machine string) {
+	h = newCapHarness(t, Config{Size: 1, RetryLost: true})
+	h.settle()
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.out.print("gpu-1", "busy")
+	h.settle()
+	return h, h.forge.byName("gpu-1").ID, h.out.id("gpu-1")
+}
+
 // A machine taken back as its job ended (a Slurm job cancelled by someone
 // else: the agent reports its job over before the queue shows the
 // cancel) has its runner retired as ended; the notice that comes after
 // still reports the job lost, once, so the forge re-runs it. An ended
 // runner whose notice never comes is no loss.
 func TestNoticeAfterTheJobEnded(t *testing.T) {
-	h := newCapHarness(t, Config{Size: 1, RetryLost: true})
-	h.settle()
-	h.forge.set("gpu-1", forge.StatusBusy)
-	h.out.print("gpu-1", "busy")
-	h.settle()
-	reg, machine := h.forge.byName("gpu-1").ID, h.out.id("gpu-1")
+	h, reg, machine := busyRunner(t)
 	h.out.print("gpu-1", "done")
 	h.out.vanish("gpu-1")
 	h.settle()
@@ -492,17 +506,10 @@ func TestNoticeAfterTheJobEnded(t *testing.T) {
 // the machine's exit. The job is reported lost under the registration
 // noted while the machine ran.
 func TestNoticeAfterTheRegistrationWent(t *testing.T) {
-	h := newCapHarness(t, Config{Size: 1, RetryLost: true})
-	h.settle()
-	h.forge.set("gpu-1", forge.StatusBusy)
-	h.out.print("gpu-1", "busy")
-	h.settle()
-	reg, machine := h.forge.byName("gpu-1").ID, h.out.id("gpu-1")
+	h, reg, machine := busyRunner(t)
 	h.out.print("gpu-1", "done")
 	h.settle() // the machine still runs: stopping
-	h.forge.mu.Lock()
-	delete(h.forge.runners, reg)
-	h.forge.mu.Unlock()
+	h.forge.drop(reg)
 	h.out.notice(provider.Notice{Name: "gpu-1", ID: machine, Reason: "Slurm job CANCELLED", At: h.clk.Now()})
 	h.prov.exit("gpu-1")
 	h.settle()
@@ -515,15 +522,8 @@ func TestNoticeAfterTheRegistrationWent(t *testing.T) {
 // The same when the forge deleted the registration before any pass saw
 // the agent's word that its job was over.
 func TestNoticeAfterTheRegistrationWentFirst(t *testing.T) {
-	h := newCapHarness(t, Config{Size: 1, RetryLost: true})
-	h.settle()
-	h.forge.set("gpu-1", forge.StatusBusy)
-	h.out.print("gpu-1", "busy")
-	h.settle()
-	reg, machine := h.forge.byName("gpu-1").ID, h.out.id("gpu-1")
-	h.forge.mu.Lock()
-	delete(h.forge.runners, reg)
-	h.forge.mu.Unlock()
+	h, reg, machine := busyRunner(t)
+	h.forge.drop(reg)
 	h.out.print("gpu-1", "done")
 	h.settle() // running, done, unregistered
 	h.out.notice(provider.Notice{Name: "gpu-1", ID: machine, Reason: "Slurm job CANCELLED", At: h.clk.Now()})

@@ -156,12 +156,18 @@ func (p *Pool) reportLost(ctx context.Context, s *slot, id int64) bool {
 	if m := p.machineOf(s); m != "" {
 		key = "machine " + m
 	}
-	if p.lost[s.name] == key {
+	return p.reportLostAs(ctx, s.name, key, id)
+}
+
+// reportLostAs is reportLost for the loss known by key (a machine, or a
+// registration) of the slot name. Called with p.mu held.
+func (p *Pool) reportLostAs(ctx context.Context, name, key string, id int64) bool {
+	if p.lost[name] == key {
 		return false
 	}
-	p.lost[s.name] = key
+	p.lost[name] = key
 	if r, ok := p.forge.(forge.Rerunner); ok && p.cfg.RetryLost {
-		r.Lost(context.WithoutCancel(ctx), forge.Runner{ID: id, Name: s.name})
+		r.Lost(context.WithoutCancel(ctx), forge.Runner{ID: id, Name: name})
 	}
 	return true
 }
@@ -197,13 +203,8 @@ func (p *Pool) lateNotices(ctx context.Context) {
 		switch {
 		case taken:
 			delete(p.ended, id)
-			key := "machine " + id
-			if p.lost[e.name] == key {
+			if !p.reportLostAs(ctx, e.name, "machine "+id, e.regID) {
 				continue
-			}
-			p.lost[e.name] = key
-			if r, ok := p.forge.(forge.Rerunner); ok && p.cfg.RetryLost {
-				r.Lost(context.WithoutCancel(ctx), forge.Runner{ID: e.regID, Name: e.name})
 			}
 			p.log.Warn("machine taken back as its runner's job ended; the job, if it failed, is re-run",
 				"runner", e.name, "registration", e.regID, "machine", id, "reason", n.Reason)
