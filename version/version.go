@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync"
 )
 
 // Set by the linker: -X github.com/runfleet/runfleet/version.version=v1.2.0
@@ -23,11 +24,14 @@ type Info struct {
 	Go      string `json:"go"`
 }
 
-// Get returns the binary's version.
-func Get() Info {
+// Get returns the binary's version, read once: clients ask for it in
+// every request's User-Agent.
+func Get() Info { return get() }
+
+var get = sync.OnceValue(func() Info {
 	bi, _ := debug.ReadBuildInfo()
 	return resolve(version, commit, date, bi)
-}
+})
 
 // resolve prefers what the linker set, then the build information; a build
 // that says nothing is "dev".
