@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -30,7 +31,7 @@ func healthCmd() *cobra.Command {
 			return checkHealth(ctx, url, cmd.OutOrStdout())
 		},
 	}
-	cmd.Flags().StringVar(&url, "url", envOr("RUNFLEET_HEALTH_URL", defaultHealthURL), "the manager's /healthz [env RUNFLEET_HEALTH_URL]")
+	cmd.Flags().StringVar(&url, "url", cmp.Or(os.Getenv("RUNFLEET_HEALTH_URL"), defaultHealthURL), "the manager's /healthz [env RUNFLEET_HEALTH_URL]")
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for the answer")
 	return cmd
 }
@@ -51,11 +52,4 @@ func checkHealth(ctx context.Context, url string, w io.Writer) error {
 	}
 	_, err = w.Write(body)
 	return err
-}
-
-func envOr(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok && v != "" {
-		return v
-	}
-	return def
 }

@@ -152,7 +152,7 @@ func BuildImage(ctx context.Context, cli *client.Client, repo string, extra ...I
 		return "", fmt.Errorf("runner image: context: %w", err)
 	}
 
-	if err := buildTar(ctx, cli, &buf, tag); err != nil {
+	if _, err := buildTar(ctx, cli, &buf, tag); err != nil {
 		return "", fmt.Errorf("runner image: %w", err)
 	}
 	return tag, nil
@@ -170,25 +170,19 @@ func BuildDir(ctx context.Context, cli *client.Client, dir, tag string) (string,
 	if err := tw.Close(); err != nil {
 		return "", err
 	}
-	var out strings.Builder
-	err := buildTarOut(ctx, cli, &buf, tag, &out)
-	return out.String(), err
+	return buildTar(ctx, cli, &buf, tag)
 }
 
-func buildTar(ctx context.Context, cli *client.Client, context io.Reader, tag string) error {
+// buildTar builds a tagged image from a tar context with the classic
+// builder (BuildKit would want a registry for its frontend), and returns
+// the engine's output.
+func buildTar(ctx context.Context, cli *client.Client, context io.Reader, tag string) (string, error) {
 	var out strings.Builder
-	return buildTarOut(ctx, cli, context, tag, &out)
-}
-
-// buildTarOut builds a tagged image from a tar context with the classic
-// builder (BuildKit would want a registry for its frontend), writing the
-// engine's output to out.
-func buildTarOut(ctx context.Context, cli *client.Client, context io.Reader, tag string, out *strings.Builder) error {
 	res, err := cli.ImageBuild(ctx, context, client.ImageBuildOptions{
 		Tags: []string{tag}, Remove: true, ForceRemove: true, Version: build.BuilderV1,
 	})
 	if err != nil {
-		return fmt.Errorf("build: %w", err)
+		return "", fmt.Errorf("build: %w", err)
 	}
 	defer res.Body.Close()
 	dec := json.NewDecoder(res.Body)
@@ -197,17 +191,17 @@ func buildTarOut(ctx context.Context, cli *client.Client, context io.Reader, tag
 		if err := dec.Decode(&m); err == io.EOF {
 			break
 		} else if err != nil {
-			return fmt.Errorf("build output: %w", err)
+			return out.String(), fmt.Errorf("build output: %w", err)
 		}
 		out.WriteString(m.Stream)
 		if m.Error != nil {
-			return fmt.Errorf("build: %s\n%s", m.Error.Message, out.String())
+			return out.String(), fmt.Errorf("build: %s\n%s", m.Error.Message, out.String())
 		}
 	}
 	if _, err := cli.ImageInspect(ctx, tag); err != nil {
-		return fmt.Errorf("not there after build: %w\n%s", err, out.String())
+		return out.String(), fmt.Errorf("not there after build: %w\n%s", err, out.String())
 	}
-	return nil
+	return out.String(), nil
 }
 
 const dockerfile = `FROM scratch
