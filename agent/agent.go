@@ -7,8 +7,10 @@ package agent
 
 import (
 	"bytes"
+	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"time"
 
 	"github.com/runfleet/runfleet/forge"
@@ -48,6 +50,23 @@ type Config struct {
 	// by themselves when no job comes (gitlab-runner's --wait-timeout),
 	// so that a runner nobody removes does not wait for ever.
 	IdleTimeout time.Duration
+	// Inspect is set when the pool is only read (status, gc): no agent
+	// starts, so none is looked for on this host.
+	Inspect bool
+}
+
+// Locate finds a pool's agent on this host: path as given when it holds
+// a slash, else in this host's PATH. Where the agent runs from a machine's
+// image, or with Inspect, it looks for nothing and returns path.
+func Locate(cfg Config, path string) (string, error) {
+	if !cfg.Local || cfg.Inspect {
+		return path, nil
+	}
+	abs, err := exec.LookPath(path)
+	if err != nil {
+		return "", fmt.Errorf("agent.path: %q: %w", path, err)
+	}
+	return abs, nil
 }
 
 // Maker is implemented by every forge connection: it makes the forge's

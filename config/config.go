@@ -35,11 +35,14 @@ type Config struct {
 	// reach: /webhook/<forge> and nothing else. "" turns it off.
 	Listen string `json:"listen"`
 	// StatusListen is the address of the status page (/), /metrics and
-	// /healthz, which show repository, job and runner names: with a
-	// webhook listener, loopback (DefaultStatusListen) unless said
-	// otherwise; "off" for none. It may be Listen itself only with a
-	// StatusToken.
+	// /healthz, which show repository, job and runner names: loopback
+	// (DefaultStatusListen) unless said otherwise; "off" or "" written
+	// for none. It may be Listen itself only with a StatusToken.
 	StatusListen string `json:"status_listen"`
+	// StatusListenGiven is set when the config names the status
+	// listener's address: a default address another program holds is
+	// not a reason to start nothing.
+	StatusListenGiven bool `json:"-"`
 	// StatusToken, when set, is the bearer token the status page and
 	// /metrics need. It may be "${ENV_VAR}".
 	StatusToken secret.String `json:"status_token"`
@@ -253,13 +256,12 @@ const (
 )
 
 // DefaultStatus returns the status listener's address as written: "off"
-// is none, and none written is DefaultStatusListen when there is a
-// webhook listener (a manager serves nothing over HTTP without either).
+// is none, and none written is DefaultStatusListen.
 func (c *Config) DefaultStatus(written string) string {
-	switch {
-	case written == "off", written == "false": // YAML reads a bare off as false
+	switch written {
+	case "off", "false": // YAML reads a bare off as false
 		return ""
-	case written == "" && c.Listen != "":
+	case "":
 		return DefaultStatusListen
 	}
 	return written

@@ -85,6 +85,13 @@ func TestTokenFile(t *testing.T) {
 	if c.Forges[0].Token.Reveal() != "from-file" {
 		t.Errorf("token = %q", c.Forges[0].Token.Reveal())
 	}
+	// The same token from a variable, newline and all, is trimmed the
+	// same: before, Gitea's client refused it ("invalid header field
+	// value").
+	t.Setenv("TEST_GITEA_TOKEN", "from-env\n")
+	if c, err := Parse([]byte(good)); err != nil || c.Forges[0].Token.Reveal() != "from-env" {
+		t.Errorf("token from a variable = %q, %v", c.Forges[0].Token.Reveal(), err)
+	}
 }
 
 // Each bad config is rejected with an error that names the field, and the
@@ -103,6 +110,7 @@ func TestInvalidConfigsNameTheField(t *testing.T) {
 	}{
 		{"empty", "", []string{"config is empty"}},
 		{"not yaml", "forges: [", []string{"parse"}},
+		{"a tab", "id: x\nforges:\n\t- name: a\n", []string{"parse", "line 3 holds a tab: YAML indents with spaces only"}},
 		{"unknown field", edit("size: 2", "size: 2\n    sise: 3"), []string{`unknown field "sise"`}},
 		{"size not a number", edit("size: 2", "size: two"), []string{"size", "whole number"}},
 		{"negative size", edit("size: 2", "size: -1"), []string{"pools[0].size", "-1"}},

@@ -8,13 +8,18 @@ import (
 )
 
 // The status page and /metrics are on their own loopback listener by
-// default; on the webhook listener only behind a token.
+// default, with or without a webhook listener (as serve --help says; it
+// was none without one); off or "" turns it off; on the webhook listener
+// only behind a token.
 func TestStatusListener(t *testing.T) {
 	base := "id: m\nforges:\n  - name: lab\n    type: gitea\n    url: http://gitea:3000\n    token: t\n    repo: a/b\npools:\n  - name: p\n    labels: [x]\n"
 	for _, tc := range []struct {
 		top, want, err string
 	}{
-		{"", "", ""},
+		{"", config.DefaultStatusListen, ""},
+		{"status_listen: off\n", "", ""},
+		{"status_listen: \"\"\n", "", ""},
+		{"status_listen:\n", "", ""},
 		{"listen: 0.0.0.0:8080\n", config.DefaultStatusListen, ""},
 		{"listen: 0.0.0.0:8080\nstatus_listen: off\n", "", ""},
 		{"status_listen: 127.0.0.1:9999\n", "127.0.0.1:9999", ""},

@@ -9,16 +9,18 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"sigs.k8s.io/yaml"
 
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/secret"
-	"time"
 )
 
 // Load reads, expands, defaults and validates the config file at path.
@@ -41,7 +43,7 @@ func Parse(data []byte) (*Config, error) {
 	}
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
-		return nil, fmt.Errorf("parse: %s", strings.TrimPrefix(err.Error(), "error converting YAML to JSON: "))
+		return nil, fmt.Errorf("parse: %s%s", strings.TrimPrefix(err.Error(), "error converting YAML to JSON: "), tabHint(data, err))
 	}
 	c, failed, err := decode(js)
 	if c == nil {
@@ -60,6 +62,25 @@ func Parse(data []byte) (*Config, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+var yamlLine = regexp.MustCompile(`line (\d+):`)
+
+// tabHint says what the YAML parser does not: that the line it stopped at
+// holds a tab, which YAML never takes as indentation.
+func tabHint(data []byte, err error) string {
+	m := yamlLine.FindStringSubmatch(err.Error())
+	if m == nil {
+		return ""
+	}
+	n, _ := strconv.Atoi(m[1])
+	lines := strings.Split(string(data), "\n")
+	for _, i := range []int{n - 1, n - 2} { // the line named, or the one before it
+		if i >= 0 && i < len(lines) && strings.Contains(lines[i], "\t") {
+			return fmt.Sprintf(" (line %d holds a tab: YAML indents with spaces only)", i+1)
+		}
+	}
+	return ""
 }
 
 // within reports whether a problem is about the entry (forges[0]) or one
@@ -84,6 +105,12 @@ func decode(js []byte) (*Config, []string, error) {
 	rest, err := decodeFields(obj, "", &c, "forges", "pools")
 	if err != nil {
 		return nil, nil, err
+	}
+	if v, ok := obj["status_listen"]; ok {
+		c.StatusListenGiven = true
+		if string(v) == `""` || string(v) == "null" {
+			c.StatusListen = "off" // written empty: none, as off
+		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(rest)) {
 		if k != "forges" && k != "pools" {
@@ -301,7 +328,7 @@ func (c *Config) resolve() error {
 	if tok, err := Expand(c.StatusToken.Reveal()); err != nil {
 		errs = append(errs, fmt.Errorf("status_token: %w", err))
 	} else {
-		c.StatusToken = secret.String(tok)
+		c.StatusToken = secret.String(strings.TrimSpace(tok))
 	}
 	for i := range c.Forges {
 		f := &c.Forges[i]
@@ -317,7 +344,10 @@ func (c *Config) resolve() error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s.token: %w", field, err))
 		}
-		f.Token = secret.String(tok)
+		// A token from a variable is trimmed as one from token_file is:
+		// `export GITEA_TOKEN=$(cat file)` keeps no newline, but a secret
+		// store's or a here-string's may.
+		f.Token = secret.String(strings.TrimSpace(tok))
 		hook, err := Expand(f.WebhookSecret.Reveal())
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s.webhook_secret: %w", field, err))

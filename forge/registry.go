@@ -123,6 +123,9 @@ type StarterEntry struct {
 	// Image is the runner image holding the forge's agent, as built from
 	// the repository's images/ (for container and pod pools).
 	Image string
+	// Agent is the forge's agent on a host: a program in PATH or a path
+	// (for pools of host processes and Slurm jobs).
+	Agent string
 }
 
 var (

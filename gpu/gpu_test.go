@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 func read(t *testing.T, path string) []byte {
@@ -206,6 +207,26 @@ func TestParseSMIRealCaptures(t *testing.T) {
 	}
 }
 
+// An nvidia-smi that hangs, with a child that keeps its output open, is
+// given up at the timeout (WaitDelay: without it the read waited for the
+// child, twice the timeout), and said to be one, not "signal: killed".
+func TestSMITimeout(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nvidia-smi")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\nsleep 30 &\nsleep 30\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	inv, err := SMI{Path: path, Timeout: time.Second}.Inventory(context.Background())
+	took := time.Since(start)
+	if err == nil || !strings.Contains(inv.Error, "did not answer within 1s") || strings.Contains(inv.Error, "killed") {
+		t.Errorf("a hung nvidia-smi: %+v %v", inv, err)
+	}
+	if took > time.Second+smiWaitDelay+5*time.Second {
+		t.Errorf("a hung nvidia-smi held the read for %s", took)
+	}
+	t.Logf("given up after %s: %s", took.Round(10*time.Millisecond), inv.Error)
+}
+
 // fakeSMI writes an nvidia-smi that prints the given report for -q -x and
 // list for -L, or fails as a host without a working driver does.
 func fakeSMI(t *testing.T, report, list string, exit int) string {
@@ -232,25 +253,30 @@ func TestDetectThroughNvidiaSMI(t *testing.T) {
 	if len(inv.Units()) != 4 || inv.Units()[0].MIG.Profile != "3g.20gb" || inv.Source != "nvidia-smi" {
 		t.Fatalf("inventory %+v", inv)
 	}
+	// A driver that is there and fails is an error; a host where the
+	// driver finds no GPU is not.
 	for _, tt := range []struct {
 		name, out string
 		exit      int
 		reason    string
+		failed    bool
 	}{
-		{"no driver", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.\n", 9, "couldn't communicate with the NVIDIA driver"},
-		{"no device", "No devices were found\n", 6, "No devices were found"},
+		{"driver unreachable", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.\n", 9, "couldn't communicate with the NVIDIA driver", true},
+		{"no device", "No devices were found\n", 6, "No devices were found", false},
+		{"silent failure", "", 3, "failed: exit status 3", true},
 	} {
 		inv := Detect(ctx, fakeSMI(t, tt.out, "", tt.exit))
 		t.Logf("%s: reason %q", tt.name, inv.Reason)
-		if len(inv.GPUs) != 0 || !strings.Contains(inv.Reason, tt.reason) {
-			t.Errorf("%s: %+v", tt.name, inv)
+		if len(inv.GPUs) != 0 || !strings.Contains(inv.Reason, tt.reason) || (inv.Error != "") != tt.failed {
+			t.Errorf("%s: %+v, want an error %v", tt.name, inv, tt.failed)
 		}
 	}
+	// nvidia-smi named by path and not there is an error; not on PATH,
+	// a host without a driver.
 	inv = Detect(ctx, filepath.Join(t.TempDir(), "nvidia-smi"))
-	if len(inv.GPUs) != 0 || inv.Reason == "" || inv.Error != "" {
-		t.Errorf("missing binary: %+v", inv)
+	if len(inv.GPUs) != 0 || !strings.Contains(inv.Error, "no such program") {
+		t.Errorf("missing binary named by path: %+v", inv)
 	}
-	t.Logf("missing binary: reason %q", inv.Reason)
 	// A host without GPUs is not an error; output that cannot be read
 	// is, and an empty output says it was empty.
 	full := string(read(t, "testdata/h100x4-v12.xml"))
@@ -265,6 +291,10 @@ func TestDetectThroughNvidiaSMI(t *testing.T) {
 	}
 	if inv := Detect(ctx, fakeSMI(t, string(read(t, "testdata/nogpu-v12.xml")), "", 0)); inv.Error != "" || inv.Reason == "" {
 		t.Errorf("no GPU: %+v, want a reason and no error", inv)
+	}
+	t.Setenv("PATH", t.TempDir())
+	if inv = Detect(ctx, ""); inv.Error != "" || !strings.Contains(inv.Reason, "no NVIDIA driver on this host") {
+		t.Errorf("no nvidia-smi on PATH: %+v", inv)
 	}
 }
 

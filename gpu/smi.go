@@ -3,6 +3,7 @@ package gpu
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/xml"
 	"errors"
@@ -176,22 +177,42 @@ func (inv *Inventory) AddMIGNames(list []byte) {
 type SMI struct {
 	// Path is the nvidia-smi binary; "nvidia-smi" on PATH when empty.
 	Path string
+	// Timeout bounds each run (SMITimeout when 0).
+	Timeout time.Duration
 }
 
+// SMITimeout is how long nvidia-smi may take: it answers in a second or
+// two, and a hung driver makes it hang.
+const SMITimeout = 30 * time.Second
+
+// smiWaitDelay is how long a killed or finished nvidia-smi's output is
+// waited for: a child of it that keeps the pipe open must not hold the
+// read past the timeout.
+const smiWaitDelay = 2 * time.Second
+
 // Inventory runs `nvidia-smi -q -x`, and `nvidia-smi -L` when a GPU is in
-// MIG mode. A host without nvidia-smi, driver or GPU gives an empty
-// inventory and the reason, not an error; the error is for output that
-// cannot be read.
+// MIG mode. A host without nvidia-smi or without a GPU gives an empty
+// inventory and the reason, not an error. The error (also in
+// Inventory.Error) is for a driver that is there but fails: an
+// nvidia-smi named by path that does not exist, one that fails or does
+// not answer within the timeout, output that cannot be read.
 func (s SMI) Inventory(ctx context.Context) (Inventory, error) {
 	path := s.Path
 	if path == "" {
 		path = "nvidia-smi"
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	timeout := cmp.Or(s.Timeout, SMITimeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, path, "-q", "-x").Output()
+	out, err := smiRun(ctx, path, "-q", "-x")
 	if err != nil {
-		return Inventory{Source: "nvidia-smi", Reason: smiFailure(path, out, err)}, nil
+		reason, failed := smiFailure(path, s.Path != "", out, err, ctx.Err() != nil, timeout)
+		inv := Inventory{Source: "nvidia-smi", Reason: reason}
+		if failed {
+			inv.Error = reason
+			return inv, errors.New(reason)
+		}
+		return inv, nil
 	}
 	inv, err := ParseSMI(out)
 	if err != nil {
@@ -199,7 +220,7 @@ func (s SMI) Inventory(ctx context.Context) (Inventory, error) {
 	}
 	for _, d := range inv.GPUs {
 		if d.MIG {
-			if list, err := exec.CommandContext(ctx, path, "-L").Output(); err == nil {
+			if list, err := smiRun(ctx, path, "-L"); err == nil {
 				inv.AddMIGNames(list)
 			}
 			break
@@ -208,25 +229,43 @@ func (s SMI) Inventory(ctx context.Context) (Inventory, error) {
 	return inv, nil
 }
 
+// smiRun runs nvidia-smi and returns its output.
+func smiRun(ctx context.Context, path string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, path, args...)
+	cmd.WaitDelay = smiWaitDelay
+	return cmd.Output()
+}
+
+// noDevices is what nvidia-smi says, with exit status 6, where the driver
+// works and sees no GPU.
+const noDevices = "No devices were found"
+
 // smiFailure says why nvidia-smi gave no report, in its own words where it
 // has some ("No devices were found", "NVIDIA-SMI has failed because it
-// couldn't communicate with the NVIDIA driver").
-func smiFailure(path string, out []byte, err error) string {
-	if errors.Is(err, exec.ErrNotFound) {
-		return "nvidia-smi not found: no NVIDIA driver on this host"
-	}
-	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Sprintf("%s not found: no NVIDIA driver on this host", path)
+// couldn't communicate with the NVIDIA driver"), and whether that is a
+// failure rather than a host without a driver or a GPU: nvidia-smi not on
+// PATH, or saying it found no device, is a host without GPUs; one named by
+// path that is not there, one that fails otherwise, or one that did not
+// answer in time, is a failure.
+func smiFailure(path string, named bool, out []byte, err error, timedOut bool, timeout time.Duration) (string, bool) {
+	switch {
+	case timedOut:
+		return fmt.Sprintf("%s did not answer within %s (the driver may be hung)", path, timeout), true
+	case errors.Is(err, exec.ErrNotFound) && !named:
+		return "nvidia-smi not found: no NVIDIA driver on this host", false
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, exec.ErrNotFound):
+		return fmt.Sprintf("%s: no such program (--nvidia-smi, gpu.nvidia_smi)", path), true
 	}
 	msg := strings.TrimSpace(string(out))
 	var ee *exec.ExitError
 	if errors.As(err, &ee) && msg == "" {
 		msg = strings.TrimSpace(string(ee.Stderr))
 	}
-	if first, _, _ := strings.Cut(msg, "\n"); first != "" {
-		return fmt.Sprintf("%s: %s", path, strings.TrimSpace(first))
+	first, _, _ := strings.Cut(msg, "\n")
+	if first = strings.TrimSpace(first); first == "" {
+		return fmt.Sprintf("%s failed: %v", path, err), true
 	}
-	return fmt.Sprintf("%s: %v", path, err)
+	return fmt.Sprintf("%s: %s", path, first), !strings.Contains(first, noDevices)
 }
 
 // driverCUDA is the first driver release (Linux x86_64) of each CUDA

@@ -475,7 +475,8 @@ type Query struct {
 
 // List returns the records the query selects, newest first.
 func (s *Store) List(q Query) ([]record.Record, error) {
-	var out []record.Record
+	// Never nil: an empty history is the empty list in JSON, not null.
+	out := []record.Record{}
 	since := fmt.Sprintf("%019d", max(q.Since.UnixNano(), 0))
 	err := s.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketRecords).Cursor()

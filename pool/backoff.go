@@ -33,7 +33,7 @@ func (b Backoff) String() string {
 	case b.Failures == 0:
 		return ""
 	}
-	return fmt.Sprintf("%d runners failed in a row; next start at %s: %s", b.Failures, b.Until.Format(time.RFC3339), b.Reason)
+	return fmt.Sprintf("%d runner starts failed in a row; next try at %s: %s", b.Failures, b.Until.Format(time.RFC3339), b.Reason)
 }
 
 // Backoff's bounds: 1s after the first failure, doubling to 5 minutes.

@@ -42,10 +42,19 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 		if !s.classified {
 			continue
 		}
+		// A runner served if it was seen online or at a job, or if it
+		// ended with no output to say it failed: a short job may start
+		// and end between two passes, on a machine whose output is
+		// gone with it (a cloud instance, a deleted pod).
+		hadMachine := s.inst != nil || p.last[s.name].ID != ""
+		if s.verdict.state == StateIdle || s.verdict.retire != "" && hadMachine && len(s.output) == 0 && s.phase == agent.PhaseUnknown && !s.verdict.lost {
+			p.served = true
+		}
 		p.apply(ctx, s, debug)
 		p.recordPass(s)
 		switch {
 		case s.verdict.state == StateBusy, s.phase == agent.PhaseBusy, s.phase == agent.PhaseDone:
+			p.served = true
 			p.recovered()
 		case s.verdict.crashed && crashed == nil:
 			crashed = s

@@ -170,6 +170,7 @@ type Pool struct {
 	preempted      map[string]provider.Notice   // machine id -> notice that it is being taken back
 	ended          map[string]endedRunner       // machine id -> its runner, retired after its agent said its job ended (lateNotices)
 	took           map[int64]time.Time          // registration seen to take a job, when
+	served         bool                         // a runner came online or took a job
 	registered     map[string]int64             // slot -> registration its create made, until a listing shows it
 	refused        map[int64]refusal            // registration whose removal the forge refused after its machine went
 	backoff        Backoff                      // runners failing one after another
@@ -361,7 +362,7 @@ func (p *Pool) Drain(ctx context.Context) []Runner {
 				// No machine of ours runs: nothing to wait for, even
 				// though the forge cannot be reached. Registrations it
 				// may still hold are removed at the next start.
-				p.log.Warn("forge unreachable while draining; no machine left", "err", err)
+				p.log.Warn("the forge could not be read while draining; no machine of this pool is left", "err", err)
 				p.wg.Wait()
 				return nil
 			}
@@ -394,6 +395,15 @@ func (p *Pool) Created() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.created
+}
+
+// Served says whether a runner of the pool has come online at its forge,
+// taken a job, or ended without output saying it failed, since the pool
+// began: false means that every runner failed to start or said it failed.
+func (p *Pool) Served() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.served
 }
 
 // LastError returns the error of the last pass, nil if it succeeded.

@@ -35,6 +35,10 @@ type PoolConfig struct {
 	// Workdir is the parent of the runners' working directories on this
 	// host.
 	Workdir string
+	// ReadOnly opens the pool to be read only (status, gc): Open makes no
+	// directory and List repairs no record, so that reading changes
+	// nothing on disk.
+	ReadOnly bool
 	// GPUsPerRunner is how many of the host's GPUs each runner gets for
 	// itself: -1 all, 0 none.
 	GPUsPerRunner int
@@ -69,10 +73,15 @@ type CMLDriver interface {
 type CMLOptions struct {
 	Docker        string   // --docker: an image
 	DockerVolumes []string // --docker-volumes
-	// Cloud holds the --cloud* options given, by flag name without the
-	// dashes ("cloud", "cloud-type", "cloud-spot").
-	Cloud  map[string]string
-	Getenv func(string) (string, bool)
+	// Cloud holds the scalar --cloud* options given, by flag name
+	// without the dashes ("cloud", "cloud-type", "cloud-spot"), as CML
+	// reads them (--cloud-gpu nogpu is absent, tesla is v100).
+	Cloud map[string]string
+	// Metadata (--cloud-metadata) and NodeSelector
+	// (--cloud-kubernetes-node-selector) are CML's key=value lists, each
+	// split at its first "=".
+	Metadata, NodeSelector map[string]string
+	Getenv                 func(string) (string, bool)
 }
 
 // Starter is implemented by drivers that `runfleet init` writes a starter
@@ -94,6 +103,16 @@ type StarterOptions struct {
 	// the repository's images/ build it: the default of container and
 	// pod pools.
 	AgentImage string
+	// Agent is the forge's agent on a host (gitea-runner, run.sh, ...).
+	Agent string
+}
+
+// RunnerURLStarter is implemented by drivers whose machines may reach the
+// forge by another address than the manager does (a container, through
+// the host's gateway): `runfleet init` then names forges[].runner_url,
+// with this host in place of the forge's own.
+type RunnerURLStarter interface {
+	StarterRunnerHost() string
 }
 
 var (

@@ -27,7 +27,7 @@ func (d *Driver) Agent(cfg agent.Config) (agent.Agent, error) {
 	if path.Base(p) != "run.sh" {
 		return nil, fmt.Errorf("agent.path: %q is not the agent's run.sh (its root directory holds bin/ and run.sh)", p)
 	}
-	if cfg.Local {
+	if cfg.Local && !cfg.Inspect {
 		abs, err := filepath.Abs(p)
 		if err != nil {
 			return nil, fmt.Errorf("agent.path: %q: %w", p, err)

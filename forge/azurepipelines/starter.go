@@ -18,6 +18,7 @@ func (driver) Starter(o forge.StarterOptions) forge.StarterEntry {
     # project: models   # where a job lost with its agent is re-run
 `, cmp.Or(o.URL, "https://dev.azure.com/acme"), cmp.Or(o.Scope, "gpu")),
 		TokenEnv: "AZP_TOKEN",
+		Agent:    DefaultAgentPath,
 		Image:    "runfleet/azure-pipelines-agent", // images/azure-pipelines-agent
 	}
 }

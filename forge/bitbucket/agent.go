@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
-	"os/exec"
 
 	"github.com/runfleet/runfleet/agent"
 	"github.com/runfleet/runfleet/forge"
@@ -20,13 +19,9 @@ const DefaultAgentPath = "/opt/atlassian/pipelines/runner/entrypoint.sh"
 // pool's agent.path, DefaultAgentPath unless it names another. On this
 // host it is found in PATH when it is not a path.
 func (d *Driver) Agent(cfg agent.Config) (agent.Agent, error) {
-	p := cmp.Or(cfg.Path, DefaultAgentPath)
-	if cfg.Local {
-		abs, err := exec.LookPath(p)
-		if err != nil {
-			return nil, fmt.Errorf("agent.path: %q: %w (a program that starts Bitbucket's runner from the variables of its environment)", p, err)
-		}
-		p = abs
+	p, err := agent.Locate(cfg, cmp.Or(cfg.Path, DefaultAgentPath))
+	if err != nil {
+		return nil, fmt.Errorf("%w (a program that starts Bitbucket's runner from the variables of its environment)", err)
 	}
 	return Agent{Path: p, Local: cfg.Local}, nil
 }

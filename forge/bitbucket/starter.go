@@ -26,6 +26,7 @@ func (driver) Starter(o forge.StarterOptions) forge.StarterEntry {
 	return forge.StarterEntry{
 		Keys:     keys,
 		TokenEnv: "BITBUCKET_TOKEN",
+		Agent:    DefaultAgentPath,
 		// Atlassian's own runner image; it needs the engine's socket.
 		Image: "docker-public.packages.atlassian.com/sox/atlassian/bitbucket-pipelines-runner:1",
 	}

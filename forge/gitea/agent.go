@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"maps"
-	"os/exec"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -21,12 +20,9 @@ func (d *Driver) Agent(cfg agent.Config) (agent.Agent, error) {
 	if path == "" {
 		path = "gitea-runner"
 	}
-	if cfg.Local {
-		abs, err := exec.LookPath(path)
-		if err != nil {
-			return nil, fmt.Errorf("agent.path: %q: %w", path, err)
-		}
-		path = abs
+	path, err := agent.Locate(cfg, path)
+	if err != nil {
+		return nil, err
 	}
 	return Agent{Path: path, FetchInterval: cfg.FetchInterval, InContainer: !cfg.Local}, nil
 }

@@ -1,7 +1,11 @@
 package gitea
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -70,5 +74,18 @@ func TestRepoConfig(t *testing.T) {
 	}
 	if !(driver{}).InCI(func(k string) (string, bool) { return map[string]string{"GITEA_ACTIONS": "true"}[k], true }) {
 		t.Error("GITEA_ACTIONS")
+	}
+}
+
+// A URL that is no Gitea (any web server answers 404 to Gitea's API) or
+// names no such repository is said to be that, never "runner not found".
+func TestNotAGitea(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(srv.Close)
+	d := New(Config{URL: srv.URL, Token: "t", Scope: Scope{Kind: "repo", Owner: "ml", Repo: "models"}})
+	_, err := d.Runners(context.Background())
+	if err == nil || errors.Is(err, forge.ErrNotFound) || !strings.Contains(err.Error(), "repo ml/models is not at "+srv.URL) ||
+		!strings.Contains(err.Error(), "is not a Gitea") {
+		t.Errorf("listing runners at a URL that is not a Gitea: %v", err)
 	}
 }

@@ -158,6 +158,17 @@ func apiError(op string, resp *sdk.Response, err error) error {
 	return fmt.Errorf("%s: %w", op, err)
 }
 
+// scopeError is apiError for a call on the scope itself (its runners, its
+// jobs, a registration token), where a 404 says the scope is not there:
+// no such repository or organisation, a token that cannot see it, or a
+// URL that is not a Gitea at all; never that a runner was not found.
+func (d *Driver) scopeError(op string, resp *sdk.Response, err error) error {
+	if resp != nil && resp.Response != nil && resp.StatusCode == http.StatusNotFound {
+		return fmt.Errorf("%s: HTTP 404: %s is not at %s, the token cannot see it, or %s is not a Gitea (%v)", op, d.where(), d.cfg.URL, d.cfg.URL, err)
+	}
+	return apiError(op, resp, err)
+}
+
 func (d *Driver) registrationToken(ctx context.Context, refresh bool) (string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -182,7 +193,7 @@ func (d *Driver) registrationToken(ctx context.Context, refresh bool) (string, e
 		tok, resp, err = c.CreateAdminActionRunnerRegistrationToken()
 	}
 	if err != nil {
-		return "", apiError("get registration token for "+d.where(), resp, err)
+		return "", d.scopeError("get registration token for "+d.where(), resp, err)
 	}
 	d.regToken = tok.Token
 	return d.regToken, nil
@@ -278,7 +289,7 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 			r, resp, err = c.ListAdminActionRunners(opt)
 		}
 		if err != nil {
-			return nil, apiError("list runners in "+d.where(), resp, err)
+			return nil, d.scopeError("list runners in "+d.where(), resp, err)
 		}
 		list = append(list, r.Runners...)
 		if len(r.Runners) < 50 {
@@ -359,7 +370,7 @@ func (d *Driver) rawJobs(ctx context.Context, word string) ([]*sdk.ActionWorkflo
 			r, resp, err = c.ListAdminActionJobs(opt)
 		}
 		if err != nil {
-			return nil, apiError("list "+word+" jobs in "+d.where(), resp, err)
+			return nil, d.scopeError("list "+word+" jobs in "+d.where(), resp, err)
 		}
 		for _, j := range r.Jobs {
 			if j != nil {

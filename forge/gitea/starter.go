@@ -19,6 +19,7 @@ func (driver) Starter(o forge.StarterOptions) forge.StarterEntry {
     repo: %s   # owner/name; or org: NAME, or scope: instance
 `, cmp.Or(o.URL, "https://gitea.example.com"), cmp.Or(o.Scope, "ml/models")),
 		TokenEnv: "GITEA_TOKEN",
+		Agent:    "gitea-runner",
 		Image:    "runfleet/gitea-runner", // docker build -t runfleet/gitea-runner images/gitea-runner
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -26,12 +25,9 @@ func (d *Driver) Agent(cfg agent.Config) (agent.Agent, error) {
 	case path == "":
 		path = ImageRunScript
 	}
-	if cfg.Local {
-		abs, err := exec.LookPath(path)
-		if err != nil {
-			return nil, fmt.Errorf("agent.path: %q: %w", path, err)
-		}
-		path = abs
+	path, err := agent.Locate(cfg, path)
+	if err != nil {
+		return nil, err
 	}
 	return Agent{Path: path, InContainer: !cfg.Local}, nil
 }

@@ -25,6 +25,7 @@ func (driver) Starter(o forge.StarterOptions) forge.StarterEntry {
     # mode: scaleset            # GitHub's runner scale sets instead of webhooks and polls
 `, url),
 		TokenEnv: "GITHUB_TOKEN",
+		Agent:    "run.sh",
 		Image:    "runfleet/github-runner", // images/github-runner
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
-	"os/exec"
 	"strconv"
 	"time"
 
@@ -16,13 +15,9 @@ import (
 // Agent makes gitlab-runner the agent of a pool: "gitlab-runner" in PATH
 // unless the pool names another.
 func (d *Driver) Agent(cfg agent.Config) (agent.Agent, error) {
-	path := cmp.Or(cfg.Path, "gitlab-runner")
-	if cfg.Local {
-		abs, err := exec.LookPath(path)
-		if err != nil {
-			return nil, fmt.Errorf("agent.path: %q: %w", path, err)
-		}
-		path = abs
+	path, err := agent.Locate(cfg, cmp.Or(cfg.Path, "gitlab-runner"))
+	if err != nil {
+		return nil, err
 	}
 	return Agent{Path: path, InContainer: !cfg.Local, WaitTimeout: cfg.IdleTimeout}, nil
 }

@@ -20,6 +20,7 @@ func (driver) Starter(o forge.StarterOptions) forge.StarterEntry {
     # webhook_secret: ${GITLAB_HOOK_SECRET}   # a Job Hook to /webhook/<name>, for demand without polling
 `, cmp.Or(o.URL, "https://gitlab.example.com"), cmp.Or(o.Scope, "acme/models")),
 		TokenEnv: "GITLAB_TOKEN",
+		Agent:    "gitlab-runner",
 		Image:    "runfleet/gitlab-runner", // images/gitlab-runner
 	}
 }

@@ -51,7 +51,10 @@ starts more when jobs queue, and removes them when idle, leaving no runner
 or registration behind.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// runfleet --version says what runfleet version does.
+		Version: version.Get().String(),
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	var logLevel, logFormat string
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "log format: text or json")
@@ -97,19 +100,19 @@ func versionCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			info := version.Get()
 			switch output {
-			case "text":
+			case "table", "text": // text, as it was first spelled
 				fmt.Fprintln(cmd.OutOrStdout(), info)
 			case "json":
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
 				return enc.Encode(info)
 			default:
-				return &ExitError{ExitUsage, fmt.Errorf("-o: %q is not text or json", output)}
+				return &ExitError{ExitUsage, fmt.Errorf("-o: %q is not table or json", output)}
 			}
 			return nil
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
 	return cmd
 }
 
@@ -123,7 +126,7 @@ func indent(w io.Writer, err error) {
 // Main runs the root command and returns the exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
 	root := New()
-	root.SetArgs(args)
+	root.SetArgs(cmlArrays(args))
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err := root.Execute()

@@ -37,11 +37,48 @@ func TestEveryDriverHasADocsPage(t *testing.T) {
 			t.Errorf("the README does not link docs/%s", page)
 		}
 	}
-	// The migration page names every option runfleet runner takes.
-	cml := read(t, "../../docs/cml.md")
-	for _, f := range cmlFlags {
-		if !strings.Contains(cml, "--"+f.name) {
-			t.Errorf("docs/cml.md does not say what becomes of --%s", f.name)
+}
+
+// The option table of docs/cml.md is the flag set's: its first column
+// names every option of `cml runner launch` (each spelling), and nothing
+// else; runfleet's own options are in its second column with none in the
+// first.
+func TestCMLPageTable(t *testing.T) {
+	page := read(t, "../../docs/cml.md")
+	_, table, _ := strings.Cut(page, "\n## Each option\n")
+	table, _, _ = strings.Cut(table, "\n## ")
+	flag := regexp.MustCompile("`--([a-z_-]+)")
+	inCML, inRunfleet := map[string]bool{}, map[string]bool{}
+	for _, line := range strings.Split(table, "\n") {
+		cells := strings.Split(line, " | ")
+		if !strings.HasPrefix(line, "| ") || len(cells) < 3 {
+			continue
+		}
+		for _, m := range flag.FindAllStringSubmatch(cells[0], -1) {
+			inCML[m[1]] = true
+		}
+		for _, m := range flag.FindAllStringSubmatch(cells[1], -1) {
+			inRunfleet[m[1]] = true
+		}
+	}
+	want := map[string]bool{}
+	for _, o := range cmlOptions {
+		for _, n := range append([]string{o.name}, o.aliases...) {
+			if o.runfleet {
+				if !inRunfleet[n] {
+					t.Errorf("docs/cml.md: runfleet's --%s is not in the table", n)
+				}
+				continue
+			}
+			want[n] = true
+			if !inCML[n] {
+				t.Errorf("docs/cml.md: CML's --%s is not in the table", n)
+			}
+		}
+	}
+	for n := range inCML {
+		if !want[n] {
+			t.Errorf("docs/cml.md: --%s is listed as CML's, and `cml runner launch` has no such option", n)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -20,16 +22,26 @@ import (
 
 // Leftover is one thing a manager left: a machine or a registration.
 type Leftover struct {
-	Pool  string
-	Kind  string // machine or registration
-	Name  string
-	ID    string
-	State string
-	Busy  bool // a registration running a job, or the machine under it
+	Pool  string `json:"pool"`
+	Kind  string `json:"kind"` // machine or registration
+	Name  string `json:"name"`
+	ID    string `json:"id"`
+	State string `json:"state"`
+	Busy  bool   `json:"busy"` // a registration running a job, or the machine under it
+}
+
+// GCReport is `runfleet gc -o json`.
+type GCReport struct {
+	Manager   string     `json:"manager"`
+	Leftovers []Leftover `json:"leftovers"`
+	// Complete is false when a forge or a provider could not be read:
+	// there may be more than Leftovers.
+	Complete bool     `json:"complete"`
+	Errors   []string `json:"errors,omitempty"`
 }
 
 func gcCmd() *cobra.Command {
-	var path, manager string
+	var path, manager, output string
 	var yes bool
 	cmd := &cobra.Command{
 		Use:   "gc -c fleet.yaml [--manager ID] [--yes]",
@@ -43,6 +55,9 @@ when a manager id is retired): a running manager's runners would be removed
 under it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "table" && output != "json" {
+				return &ExitError{ExitUsage, fmt.Errorf("-o: %q is not table or json", output)}
+			}
 			cfg, err := loadConfig(path)
 			if err != nil {
 				return err
@@ -50,7 +65,7 @@ under it.`,
 			if manager != "" {
 				cfg.ID = manager
 			}
-			fleet, err := daemon.New(cfg, slog.New(slog.DiscardHandler))
+			fleet, err := daemon.Inspect(cfg, slog.New(slog.DiscardHandler))
 			if err != nil {
 				return &ExitError{ExitUsage, err}
 			}
@@ -59,9 +74,27 @@ under it.`,
 			defer cancel()
 			left, err := leftovers(ctx, fleet)
 			out := cmd.OutOrStdout()
-			printLeftovers(out, cfg.ID, left)
+			if output == "json" {
+				rep := GCReport{Manager: cfg.ID, Leftovers: left, Complete: err == nil}
+				if rep.Leftovers == nil {
+					rep.Leftovers = []Leftover{}
+				}
+				if err != nil {
+					rep.Errors = strings.Split(err.Error(), "\n")
+				}
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				if e := enc.Encode(rep); e != nil {
+					return e
+				}
+			} else {
+				printLeftovers(out, cfg.ID, left, err == nil)
+			}
 			if err != nil {
-				return err
+				// Nothing is removed on a partial listing: what could
+				// not be read may be what a removal must come first for
+				// (a registration before its machine).
+				return fmt.Errorf("could not list everything manager %s left, so nothing was removed: %w", cfg.ID, err)
 			}
 			if !yes {
 				if len(left) > 0 {
@@ -75,6 +108,7 @@ under it.`,
 	cmd.Flags().StringVarP(&path, "config", "c", "", "config file (YAML)")
 	cmd.Flags().StringVar(&manager, "manager", "", "the manager id whose leftovers to find (the config's id by default)")
 	cmd.Flags().BoolVar(&yes, "yes", false, "remove what is found (without it, gc only lists)")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format of the listing: table or json")
 	return cmd
 }
 
@@ -113,10 +147,17 @@ func leftovers(ctx context.Context, fleet *daemon.Fleet) ([]Leftover, error) {
 	return out, errors.Join(errs...)
 }
 
-func printLeftovers(w io.Writer, manager string, left []Leftover) {
-	if len(left) == 0 {
+// printLeftovers prints what was found; it says that nothing is left
+// only when everything could be read.
+func printLeftovers(w io.Writer, manager string, left []Leftover, complete bool) {
+	switch {
+	case len(left) == 0 && complete:
 		fmt.Fprintf(w, "manager %s left nothing\n", manager)
 		return
+	case len(left) == 0:
+		return
+	case !complete:
+		fmt.Fprintf(w, "found so far (the listing is incomplete):\n")
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "POOL\tKIND\tNAME\tID\tSTATE")

@@ -59,3 +59,22 @@ func TestGPUsUnreadableIsAnError(t *testing.T) {
 		}
 	}
 }
+
+// A driver that is there and fails, or an nvidia-smi named that is not
+// there, exits 1 saying which; before, both read as a host without GPUs.
+func TestGPUsFailingDriverIsAnError(t *testing.T) {
+	failing := filepath.Join(t.TempDir(), "nvidia-smi")
+	script := "#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"\nexit 9\n"
+	if err := os.WriteFile(failing, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{
+		failing:              "couldn't communicate with the NVIDIA driver",
+		"/nonexistent/nvsmi": "/nonexistent/nvsmi: no such program",
+	} {
+		var out bytes.Buffer
+		if code := Main([]string{"gpus", "--nvidia-smi", path}, &out, &out); code != ExitFailure || !strings.Contains(out.String(), want) {
+			t.Errorf("gpus --nvidia-smi %s: exit %d:\n%s", path, code, out.String())
+		}
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/url"
 	"regexp"
 	"strings"
 
@@ -55,6 +57,12 @@ commented. serve takes it as printed once the token's variable is set;
 	return cmd
 }
 
+// isLoopback says whether a host is this host's loopback.
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || ip != nil && ip.IsLoopback()
+}
+
 var poolName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
 
 // writeStarter writes the config: the forge's entry and the provider's
@@ -100,8 +108,12 @@ forges:
 %s`, o.forge, o.provider, version.Get().Version, entry.TokenEnv, o.forge, o.provider, o.id, o.id, o.forge, o.forge, entry.Keys)
 	if o.runnerURL != "" {
 		fmt.Fprintf(&b, "    runner_url: %s   # the forge as runners reach it\n", o.runnerURL)
-	} else {
-		b.WriteString("    # runner_url: http://host.docker.internal:3000   # the forge as runners reach it, when it differs\n")
+	} else if rs, ok := pd.(provider.RunnerURLStarter); ok && o.url != "" {
+		if u, err := url.Parse(o.url); err == nil && isLoopback(u.Hostname()) {
+			// A container does not reach this host's loopback.
+			u.Host = rs.StarterRunnerHost() + strings.TrimPrefix(u.Host, u.Hostname())
+			fmt.Fprintf(&b, "    # runner_url: %s   # the forge as runners reach it, since they do not reach %s\n", u, o.url)
+		}
 	}
 	fmt.Fprintf(&b, `pools:
   - name: %s
@@ -111,7 +123,7 @@ forges:
     max: 4                    # all runners, busy ones included
     idle_timeout: 10m         # runners started for queued jobs go when idle this long
 %s`, o.pool, o.forge, strings.Join(o.labels, ", "),
-		ps.Starter(provider.StarterOptions{Forge: o.forge, Image: o.image, AgentImage: entry.Image}))
+		ps.Starter(provider.StarterOptions{Forge: o.forge, Image: o.image, AgentImage: entry.Image, Agent: entry.Agent}))
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -90,3 +90,35 @@ func TestInitFlags(t *testing.T) {
 		}
 	}
 }
+
+// A process pool's starter names its own forge's agent (each named
+// gitea-runner before), and runner_url is named only where a container
+// cannot reach the forge's address (each starter named it before).
+func TestInitNamesTheForgesAgent(t *testing.T) {
+	for _, ft := range forge.Types() {
+		d, _ := forge.Lookup(ft)
+		agent := d.(forge.Starter).Starter(forge.StarterOptions{}).Agent
+		var out bytes.Buffer
+		if code := Main([]string{"init", "--forge", ft, "--provider", "process", "--url", "http://127.0.0.1:3000"}, &out, &out); code != 0 {
+			t.Fatalf("%s: exit %d: %s", ft, code, out.String())
+		}
+		if agent == "" || !strings.Contains(out.String(), "# agent: {path: ") || !strings.Contains(out.String(), agent+"}") ||
+			ft != "gitea" && strings.Contains(out.String(), "gitea-runner") {
+			t.Errorf("%s × process names another forge's agent, or none (want %q):\n%s", ft, agent, out.String())
+		}
+		if strings.Contains(out.String(), "runner_url") {
+			t.Errorf("%s × process names runner_url: a process reaches what the manager reaches", ft)
+		}
+	}
+	for args, want := range map[string]bool{
+		"--forge gitea --provider docker --url http://127.0.0.1:3000":     true,
+		"--forge gitea --provider docker --url https://gitea.example.com": false,
+		"--forge gitea --provider aws --url http://127.0.0.1:3000":        false,
+	} {
+		var out bytes.Buffer
+		Main(append([]string{"init"}, strings.Fields(args)...), &out, &out)
+		if got := strings.Contains(out.String(), "runner_url: http://host.docker.internal:3000"); got != want {
+			t.Errorf("init %s: runner_url named %v, want %v", args, got, want)
+		}
+	}
+}

@@ -2,13 +2,12 @@ package cli
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -21,7 +20,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/forge"
@@ -31,8 +29,8 @@ import (
 	"github.com/runfleet/runfleet/secret"
 )
 
-// runnerSettings is what `cml runner launch` is told, after flags, the
-// CML_RUNNER_* variables, the older RUNNER_* ones and the defaults.
+// runnerSettings is what `cml runner launch` is told, after flags,
+// variables and defaults (cml.go).
 type runnerSettings struct {
 	Labels        []string
 	IdleTimeout   time.Duration // 0: never
@@ -41,6 +39,7 @@ type runnerSettings struct {
 	Reuse         bool
 	ReuseIdle     bool
 	NoRetry       bool
+	Workdir       string
 	DockerVolumes []string
 	Driver        string
 	Repo          string
@@ -48,163 +47,14 @@ type runnerSettings struct {
 	Log           string
 	Docker        string // image: run the agent in a container
 	Agent         string
-	// Cloud holds the --cloud* options given, by flag name without the
-	// dashes, for a provider that takes them.
-	Cloud map[string]string
-}
-
-// cmlFlag is one option of `cml runner launch`: its flag, the variables
-// that set it, and the help.
-type cmlFlag struct {
-	name string
-	env  []string // in order of precedence, after the flag
-	help string
-	kind string // string, bool, list
-	def  string
-}
-
-var cmlFlags = []cmlFlag{
-	{"labels", []string{"CML_RUNNER_LABELS", "RUNNER_LABELS"}, "one or more labels for this runner, comma-separated", "string", "cml"},
-	{"idle-timeout", []string{"CML_RUNNER_IDLE_TIMEOUT", "RUNNER_IDLE_TIMEOUT"}, "time to wait for a job before shutting down: seconds or a duration (90, 5m); 0, -1 or never to wait for ever", "string", "5m"},
-	{"name", []string{"CML_RUNNER_NAME"}, "name of the runner; each job's fresh runner is <name>-<n> (default cml-<random>)", "string", ""},
-	{"single", []string{"CML_RUNNER_SINGLE", "RUNNER_SINGLE"}, "exit after running a single job", "bool", ""},
-	{"reuse", []string{"CML_RUNNER_REUSE", "RUNNER_REUSE"}, "start nothing if an online runner has the same name or overlapping labels (offline runners are ignored)", "bool", ""},
-	{"reuse-idle", []string{"CML_RUNNER_REUSE_IDLE"}, "start nothing if an idle online runner has the same name or overlapping labels", "bool", ""},
-	{"no-retry", []string{"CML_RUNNER_NO_RETRY", "RUNNER_NO_RETRY"}, "do not re-run a job whose runner's machine went away mid-job", "bool", ""},
-	{"docker-volumes", []string{"CML_RUNNER_DOCKER_VOLUMES"}, "volumes for the runner's container, src:dst[:ro|rw] (read-only unless :rw), with --docker", "list", ""},
-	{"driver", []string{"CML_RUNNER_DRIVER", "RUNNER_DRIVER"}, "forge of the repository: github, gitea, gitlab, azure-pipelines or bitbucket (inferred from --repo or the CI environment when absent)", "string", ""},
-	{"repo", []string{"CML_RUNNER_REPO", "RUNNER_REPO"}, "repository (or organisation) URL to register the runner with (default: GITHUB_REPOSITORY, CI_PROJECT_URL, or the git remote)", "string", ""},
-	{"token", []string{"CML_RUNNER_TOKEN", "REPO_TOKEN", "repo_token", "GITHUB_TOKEN", "GITLAB_TOKEN"}, "personal access token (prefer the REPO_TOKEN variable: a flag shows in process listings)", "string", ""},
-	{"log", []string{"CML_RUNNER_LOG"}, "log level: error, warn, info or debug (default: --log-level)", "string", ""},
-	{"docker", []string{"CML_RUNNER_DOCKER"}, "run each job's runner in a fresh container of this image instead of on this machine", "string", ""},
-	{"agent", []string{"CML_RUNNER_AGENT"}, "the forge's runner agent: GitHub's run.sh, gitea-runner, gitlab-runner or the Azure Pipelines agent's run.sh (found in PATH; in the image with --docker)", "string", ""},
-	{"cloud", []string{"CML_RUNNER_CLOUD"}, "cloud to start the runner in: aws, azure, gcp or kubernetes", "string", ""},
-	{"cloud-region", []string{"CML_RUNNER_CLOUD_REGION"}, "cloud region", "string", ""},
-	{"cloud-type", []string{"CML_RUNNER_CLOUD_TYPE"}, "instance type", "string", ""},
-	{"cloud-permission-set", []string{"CML_RUNNER_CLOUD_PERMISSION_SET"}, "instance profile (AWS) or service account (GCP)", "string", ""},
-	{"cloud-metadata", []string{"CML_RUNNER_CLOUD_METADATA"}, "key=value tags for the instance", "list", ""},
-	{"cloud-gpu", []string{"CML_RUNNER_CLOUD_GPU"}, "GPU type", "string", ""},
-	{"cloud-hdd-size", []string{"CML_RUNNER_CLOUD_HDD_SIZE"}, "disk size in GB", "string", ""},
-	{"cloud-ssh-private", []string{"CML_RUNNER_CLOUD_SSH_PRIVATE"}, "private SSH key for the instance", "string", ""},
-	{"cloud-spot", []string{"CML_RUNNER_CLOUD_SPOT"}, "request a spot instance", "bool", ""},
-	{"cloud-spot-price", []string{"CML_RUNNER_CLOUD_SPOT_PRICE"}, "maximum spot price in USD", "string", ""},
-	{"cloud-startup-script", []string{"CML_RUNNER_CLOUD_STARTUP_SCRIPT"}, "base64-encoded script run when the instance starts", "string", ""},
-	{"cloud-aws-security-group", []string{"CML_RUNNER_CLOUD_AWS_SECURITY_GROUP"}, "AWS security group", "string", ""},
-	{"cloud-aws-subnet", []string{"CML_RUNNER_CLOUD_AWS_SUBNET"}, "AWS subnet", "string", ""},
-	{"cloud-image", []string{"CML_RUNNER_CLOUD_IMAGE"}, "machine image", "string", ""},
-	{"cloud-kubernetes-node-selector", []string{"CML_RUNNER_CLOUD_KUBERNETES_NODE_SELECTOR"}, "Kubernetes node selector, key=value", "string", ""},
-}
-
-// resolveRunner reads the settings from the parsed flags and the
-// environment (getenv), flags first.
-func resolveRunner(fs *pflag.FlagSet, getenv func(string) (string, bool)) (runnerSettings, error) {
-	var errs []error
-	value := func(f cmlFlag) (string, bool) { return cmlValue(fs, getenv, f) }
-	boolean := func(f cmlFlag) bool {
-		v, set := value(f)
-		if !set {
-			return false
-		}
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("--%s: %q is not true or false", f.name, v))
-		}
-		return b
-	}
-	var s runnerSettings
-	for _, f := range cmlFlags {
-		v, set := value(f)
-		switch f.name {
-		case "labels":
-			for l := range strings.SplitSeq(v, ",") {
-				if l = strings.TrimSpace(l); l != "" && !slices.Contains(s.Labels, l) {
-					s.Labels = append(s.Labels, l)
-				}
-			}
-		case "idle-timeout":
-			d, err := parseIdleTimeout(v)
-			if err != nil {
-				errs = append(errs, err)
-			}
-			s.IdleTimeout = d
-		case "name":
-			s.Name = v
-		case "single":
-			s.Single = boolean(f)
-		case "reuse":
-			s.Reuse = boolean(f)
-		case "reuse-idle":
-			s.ReuseIdle = boolean(f)
-		case "no-retry":
-			s.NoRetry = boolean(f)
-		case "docker-volumes":
-			if v != "" {
-				s.DockerVolumes = strings.Split(v, ",")
-			}
-		case "driver":
-			s.Driver = v
-		case "repo":
-			s.Repo = v
-		case "token":
-			s.Token = v
-		case "log":
-			s.Log = v
-		case "docker":
-			s.Docker = v
-		case "agent":
-			s.Agent = v
-		default: // --cloud*
-			if set && (f.kind != "bool" || boolean(f)) {
-				if s.Cloud == nil {
-					s.Cloud = map[string]string{}
-				}
-				s.Cloud[f.name] = v
-			}
-		}
-	}
-	return s, errors.Join(errs...)
-}
-
-// cmlValue reads one option: the flag, else the first of its variables
-// that is set, else its default; set says whether it was given.
-func cmlValue(fs *pflag.FlagSet, getenv func(string) (string, bool), f cmlFlag) (v string, set bool) {
-	if fl := fs.Lookup(f.name); fl != nil && fl.Changed {
-		if f.kind == "list" {
-			v, _ := fs.GetStringArray(f.name)
-			return strings.Join(v, ","), true
-		}
-		return fl.Value.String(), true
-	}
-	for _, e := range f.env {
-		if v, ok := getenv(e); ok && v != "" {
-			return v, true
-		}
-	}
-	return f.def, false
-}
-
-// parseIdleTimeout reads CML's seconds, or a Go duration; 0, -1 and
-// "never" disable the timeout.
-func parseIdleTimeout(v string) (time.Duration, error) {
-	v = strings.TrimSpace(v)
-	switch v {
-	case "never", "0", "-1", "":
-		return 0, nil
-	}
-	if n, err := strconv.ParseFloat(v, 64); err == nil {
-		if n < 0 {
-			return 0, nil
-		}
-		return time.Duration(n * float64(time.Second)), nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		return 0, fmt.Errorf("--idle-timeout: %q is not seconds, a duration (5m) or never", v)
-	}
-	if d < 0 {
-		return 0, nil
-	}
-	return d, nil
+	// Cloud holds the scalar --cloud* options given, by flag name
+	// without the dashes; Metadata and NodeSelector CML's key=value
+	// lists.
+	Cloud                  map[string]string
+	Metadata, NodeSelector map[string]string
+	// Ignored are the CML options given that mean nothing to runfleet,
+	// each with why; Warnings what CML would warn of.
+	Ignored, Warnings []string
 }
 
 // inferRepo finds the repository as CML does: GITHUB_REPOSITORY (on
@@ -279,53 +129,62 @@ var runnerNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
 func runnerCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "runner",
-		Short: "Start a runner on this machine, as `cml runner launch` does",
-		Long: `runner is a drop-in for ` + "`cml runner launch`" + `: the same options and
-environment variables (CML_RUNNER_*, and the older RUNNER_*). Each job runs
-in a fresh runner registered just for it (a GitHub JIT runner, a GitLab
-runner deleted after its job), on this
-machine or, with --docker, in a fresh container; the next one is ready as
-soon as a job starts. The runner exits after --idle-timeout without a job
-(never while a job runs), or after one job with --single, and leaves no
-registration behind.`,
+		Short: "Start a runner on this machine or in a cloud, as `cml runner launch` does",
+		Long: `runner (or runner launch) is a drop-in for ` + "`cml runner launch`" + `: the same
+options, defaults and variables (CML_RUNNER_*, CML_*, the older RUNNER_*, and
+the token in REPO_TOKEN and the others CML reads). It checks the token and
+the repository first and exits 1 at once with the forge's answer if they do
+not work.
+
+What differs, on purpose: each job runs in a fresh runner registered just
+for it (a GitHub JIT runner, a GitLab runner deleted after its job), so
+--name is the prefix of their names (<name>-<n>); the next runner is ready
+as soon as a job starts; the idle clock never runs while a job does;
+--reuse ignores offline runners. It runs them on this machine, in a fresh
+container with --docker IMAGE, or in a cloud with --cloud. It exits after
+--idle-timeout without a job, or after one job with --single, and leaves no
+registration behind: 0 if a runner came online, 1 if none ever did.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := resolveRunner(cmd.Flags(), os.LookupEnv)
-			if err != nil {
-				return &ExitError{ExitUsage, err}
-			}
-			return runRunner(cmd.Context(), s, os.LookupEnv)
-		},
+		RunE: runRunnerCmd,
 	}
-	for _, f := range cmlFlags {
-		help := f.help
-		if len(f.env) > 0 {
-			help += " [env " + strings.Join(f.env, ", ") + "]"
-		}
-		switch f.kind {
-		case "bool":
-			cmd.Flags().Bool(f.name, false, help)
-		case "list":
-			cmd.Flags().StringArray(f.name, nil, help)
-		default:
-			cmd.Flags().String(f.name, f.def, help)
-		}
+	addCMLFlags(cmd.Flags())
+	launch := &cobra.Command{
+		Use:   "launch",
+		Short: "Launch a runner: the same as runner, as CML spells it",
+		Long:  cmd.Long,
+		Args:  cobra.NoArgs,
+		RunE:  runRunnerCmd,
 	}
-	cmd.Flags().SortFlags = false
+	addCMLFlags(launch.Flags())
+	cmd.AddCommand(launch)
 	return cmd
+}
+
+func runRunnerCmd(cmd *cobra.Command, _ []string) error {
+	s, err := resolveRunner(cmd.Flags(), os.LookupEnv)
+	if err != nil {
+		return &ExitError{ExitUsage, err}
+	}
+	return runRunner(cmd.Context(), s, os.LookupEnv)
 }
 
 func runRunner(ctx context.Context, s runnerSettings, getenv func(string) (string, bool)) error {
 	usage := func(err error) error { return &ExitError{ExitUsage, err} }
 	log := slog.Default()
-	if s.Log != "" {
+	if s.Log != "" && s.Log != "info" {
 		var lvl slog.Level
 		if err := lvl.UnmarshalText([]byte(s.Log)); err != nil {
 			return usage(fmt.Errorf("--log: %q is not error, warn, info or debug", s.Log))
 		}
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	}
-	cfg, err := runnerConfig(&s, getenv)
+	for _, w := range s.Warnings {
+		log.Warn(w)
+	}
+	if len(s.Ignored) > 0 {
+		log.Debug("CML options that mean nothing to runfleet, ignored", "options", strings.Join(s.Ignored, "; "))
+	}
+	cfg, err := runnerConfig(&s, getenv, log)
 	if err != nil {
 		return usage(err)
 	}
@@ -336,33 +195,108 @@ func runRunner(ctx context.Context, s runnerSettings, getenv func(string) (strin
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	if s.Reuse || s.ReuseIdle {
-		reused, err := reuse(ctx, fleet.Forges[s.Name], s)
+	reused, err := checkRunner(ctx, fleet, s)
+	if err != nil || reused != "" {
+		fleet.Close()
 		if err != nil {
-			fleet.Close()
 			return err
 		}
-		if reused != "" {
-			log.Info("an existing runner matches; starting none", "runner", reused)
-			fleet.Close()
-			return nil
-		}
+		log.Info("an existing runner matches; starting none", "runner", reused)
+		return nil
 	}
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan struct{})
 	go func() { fleet.Run(runCtx); close(done) }()
-	watchRunner(runCtx, cancel, fleet.Pools[0], s, log)
+	served := watchRunner(runCtx, cancel, fleet.Pools[0], s, log)
 	<-done
+	if !served {
+		return &ExitError{ExitFailure, noRunner(fleet.Pools[0], ctx.Err() != nil)}
+	}
 	return nil
+}
+
+// noRunner says why the run ends without a runner having come online.
+func noRunner(p *pool.Pool, stopped bool) error {
+	why := "no runner came online"
+	if stopped {
+		why += " before the runner was stopped"
+	}
+	if b := p.Backoff(); b.Reason != "" {
+		return fmt.Errorf("%s: %s", why, b.Reason)
+	}
+	if err := p.LastError(); err != nil {
+		return fmt.Errorf("%s: %w", why, err)
+	}
+	return errors.New(why)
+}
+
+// checkTimeout bounds the calls that check the token, the repository and
+// the cloud before anything starts: a token or URL that does not work is
+// said within seconds, as CML does, not at the idle timeout.
+const checkTimeout = 8 * time.Second
+
+// checkRunner makes the calls CML makes before it starts a runner (its
+// repoTokenCheck, then the repository's runners): one authenticated call
+// to the forge, whose runners it reads, and one to the provider, whose
+// machines it lists. It refuses a name that an online runner has, as CML
+// does, unless --reuse; and with --reuse or --reuse-idle it returns the
+// runner that makes a new one needless.
+func checkRunner(ctx context.Context, fleet *daemon.Fleet, s runnerSettings) (reused string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	f := fleet.Forges[s.Name]
+	rs, err := f.Runners(ctx)
+	if err != nil {
+		return "", &ExitError{ExitFailure, fmt.Errorf("%s (%s %s): %w", checkFailed(err, "the forge", "refused the token or the repository"), fleet.Config.Forges[0].Type, s.Repo, err)}
+	}
+	if _, err := fleet.Providers[s.Name].List(ctx, fleet.Config.ID); err != nil {
+		return "", &ExitError{ExitFailure, fmt.Errorf("%s (%s): %w", checkFailed(err, "the cloud", "refused to list the runners' machines"), fleet.Config.Pools[0].Provider, err)}
+	}
+	if r := reuse(rs, s); r != "" {
+		return r, nil
+	}
+	if !s.Reuse {
+		for _, r := range rs {
+			if r.Status != forge.StatusOffline && ownName(r.Name, s.Name) {
+				return "", &ExitError{ExitFailure, fmt.Errorf("--name: runner name %s is already in use by an online runner (%s); change the name, pass --reuse, or stop that runner", s.Name, r.Name)}
+			}
+		}
+	}
+	return "", nil
+}
+
+// checkFailed says in a user's words why a check failed: who could not
+// be reached, did not answer in time, or refused.
+func checkFailed(err error, who, refused string) string {
+	var netErr *net.OpError
+	var dnsErr *net.DNSError
+	switch {
+	case errors.As(err, &netErr), errors.As(err, &dnsErr):
+		return who + " could not be reached"
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Sprintf("%s did not answer within %s", who, checkTimeout)
+	}
+	return who + " " + refused
+}
+
+// ownName says whether a registration is named for this runner: the
+// name, or <name>-<n> as its fresh runners are.
+func ownName(reg, name string) bool {
+	rest, ok := strings.CutPrefix(reg, name+"-")
+	if reg == name {
+		return true
+	}
+	_, err := strconv.Atoi(rest)
+	return ok && err == nil
 }
 
 // runnerConfig builds the config of a one-pool fleet from CML's options:
 // the forge from the repository (through its driver), the provider that
 // CML's options ask for (--docker, --cloud), or runners on this machine.
-func runnerConfig(s *runnerSettings, getenv func(string) (string, bool)) (*config.Config, error) {
-	provName, section, err := runnerProvider(*s, getenv)
+func runnerConfig(s *runnerSettings, getenv func(string) (string, bool), log *slog.Logger) (*config.Config, error) {
+	provName, section, err := runnerProvider(*s, getenv, log)
 	if err != nil {
 		return nil, err
 	}
@@ -380,13 +314,11 @@ func runnerConfig(s *runnerSettings, getenv func(string) (string, bool)) (*confi
 		return nil, err
 	}
 	if s.Token == "" {
-		return nil, errors.New("--token: no token; set REPO_TOKEN (or pass --token)")
+		return nil, errors.New("--driver-token: no token; set REPO_TOKEN (or pass --token)")
 	}
 	fc.Token = secret.String(s.Token)
 	if s.Name == "" {
-		b := make([]byte, 4)
-		_, _ = rand.Read(b)
-		s.Name = "cml-" + hex.EncodeToString(b)
+		s.Name = randomName()
 	}
 	if !runnerNameRE.MatchString(s.Name) {
 		return nil, fmt.Errorf("--name: %q is not a valid name (lower-case letters, digits and '-', at most 32)", s.Name)
@@ -397,7 +329,7 @@ func runnerConfig(s *runnerSettings, getenv func(string) (string, bool)) (*confi
 		IdleTimeout: config.D(time.Minute), RetryLost: &retry, Single: s.Single,
 		Agent: config.Agent{Path: s.Agent}, Provider: provName, Section: section,
 	}
-	cfg := &config.Config{ID: s.Name, Resync: config.D(2 * time.Second), DrainTimeout: config.D(24 * time.Hour), Forges: []config.Forge{fc}, Pools: []config.Pool{pc}}
+	cfg := &config.Config{ID: s.Name, StateDir: s.Workdir, Resync: config.D(2 * time.Second), DrainTimeout: config.D(24 * time.Hour), Forges: []config.Forge{fc}, Pools: []config.Pool{pc}}
 	if err := cfg.Complete(); err != nil {
 		return nil, err
 	}
@@ -429,11 +361,13 @@ func runnerForge(s runnerSettings) (config.Forge, error) {
 // runnerProvider finds the provider that CML's options ask for: the one
 // driver that takes them, or runners on this machine when none is asked
 // for.
-func runnerProvider(s runnerSettings, getenv func(string) (string, bool)) (string, json.RawMessage, error) {
+func runnerProvider(s runnerSettings, getenv func(string) (string, bool), log *slog.Logger) (string, json.RawMessage, error) {
 	if len(s.DockerVolumes) > 0 && s.Docker == "" {
-		return "", nil, errors.New("--docker-volumes: needs --docker <image>")
+		// CML gives them to GitLab's Docker executor, and warns of them
+		// elsewhere.
+		log.Warn("--docker-volumes: ignored without --docker IMAGE: the runners run on this machine")
 	}
-	opts := provider.CMLOptions{Docker: s.Docker, DockerVolumes: s.DockerVolumes, Cloud: s.Cloud, Getenv: getenv}
+	opts := provider.CMLOptions{Docker: s.Docker, DockerVolumes: s.DockerVolumes, Cloud: s.Cloud, Metadata: s.Metadata, NodeSelector: s.NodeSelector, Getenv: getenv}
 	var chosen []string
 	var section json.RawMessage
 	for _, name := range provider.Names() {
@@ -457,36 +391,47 @@ func runnerProvider(s runnerSettings, getenv func(string) (string, bool)) (strin
 		return chosen[0], section, nil
 	case s.Cloud["cloud"] != "":
 		return "", nil, fmt.Errorf("--cloud: %q is not a cloud of this build (aws, azure, gcp and kubernetes are); run without --cloud* to start the runner on this machine (or in a container with --docker)", s.Cloud["cloud"])
-	case len(s.Cloud) > 0:
-		return "", nil, fmt.Errorf("--%s: needs --cloud", strings.Join(slices.Sorted(maps.Keys(s.Cloud)), ", --"))
+	case len(s.Cloud) > 0 || len(s.Metadata) > 0 || len(s.NodeSelector) > 0:
+		// CML reads them only with --cloud, and ignores them without.
+		given := slices.Sorted(maps.Keys(s.Cloud))
+		for name, m := range map[string]map[string]string{"cloud-metadata": s.Metadata, "cloud-kubernetes-node-selector": s.NodeSelector} {
+			if len(m) > 0 {
+				given = append(given, name)
+			}
+		}
+		log.Warn("cloud options without --cloud are ignored, as CML does: the runners run on this machine", "options", "--"+strings.Join(given, ", --"))
 	}
 	return config.DefaultProvider, nil, nil
 }
 
-// reuse returns the name of an online runner with the same name or an
-// overlapping label (idle, with --reuse-idle), "" if there is none.
-// Offline runners never count: they take no job.
-func reuse(ctx context.Context, f forge.Forge, s runnerSettings) (string, error) {
-	rs, err := f.Runners(ctx)
-	if err != nil {
-		return "", fmt.Errorf("--reuse: %w", err)
+// reuse returns, with --reuse, an online runner of the same name or
+// with every one of the labels, and with --reuse-idle an idle online one
+// with every label (CML's runnersByLabels); "" if there is none. Offline
+// runners never count: they take no job.
+func reuse(rs []forge.Runner, s runnerSettings) string {
+	if !s.Reuse && !s.ReuseIdle {
+		return ""
 	}
 	for _, r := range rs {
 		if r.Status == forge.StatusOffline || (s.ReuseIdle && r.Status == forge.StatusBusy) {
 			continue
 		}
-		if r.Name == s.Name || strings.HasPrefix(r.Name, s.Name+"-") || slices.ContainsFunc(r.Labels, func(l string) bool { return slices.Contains(s.Labels, l) }) {
-			return r.Name, nil
+		if s.Reuse && ownName(r.Name, s.Name) {
+			return r.Name
+		}
+		if len(s.Labels) > 0 && !slices.ContainsFunc(s.Labels, func(l string) bool { return !slices.Contains(r.Labels, l) }) {
+			return r.Name
 		}
 	}
-	return "", nil
+	return ""
 }
 
 // watchRunner ends the run: after one job with --single, or after the
 // idle timeout. The idle clock restarts whenever a runner is busy, and a
 // fresh read of the forge and the agents confirms that none is before it
-// fires, so it never fires during a job.
-func watchRunner(ctx context.Context, stop context.CancelFunc, p *pool.Pool, s runnerSettings, log *slog.Logger) {
+// fires, so it never fires during a job. It returns whether a runner came
+// online.
+func watchRunner(ctx context.Context, stop context.CancelFunc, p *pool.Pool, s runnerSettings, log *slog.Logger) bool {
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
 	idleSince := time.Now()
@@ -495,10 +440,17 @@ func watchRunner(ctx context.Context, stop context.CancelFunc, p *pool.Pool, s r
 	busy := func(rs []pool.Runner) bool {
 		return slices.ContainsFunc(rs, func(r pool.Runner) bool { return r.State == pool.StateBusy })
 	}
+	// The wait for a job begins when a runner is up, as CML's does on
+	// the runner's machine: a cloud machine that boots for minutes is not
+	// idle. A runner that never comes up is retired at the pool's
+	// bootstrap timeout, and the clock runs while the pool backs off.
+	starting := func(rs []pool.Runner) bool {
+		return slices.ContainsFunc(rs, func(r pool.Runner) bool { return r.State == pool.StateStarting })
+	}
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return p.Served()
 		case <-t.C:
 		}
 		rs := p.Runners()
@@ -512,21 +464,26 @@ func watchRunner(ctx context.Context, stop context.CancelFunc, p *pool.Pool, s r
 			}
 		}
 		for m := range machines {
-			if !now[m] {
-				idleSince = time.Now() // a runner ended: it ran a job, or failed to
+			if !now[m] && p.Served() {
+				// A runner ended: it ran a job, or failed to. Runners
+				// that fail before any came online do not hold the
+				// clock back: the run ends at the timeout, and says so.
+				idleSince = time.Now()
 			}
 		}
 		machines = now
-		if busy(rs) {
+		if busy(rs) || starting(rs) {
 			idleSince = time.Now()
 			continue
 		}
 		// With --single the pool fills its slot once: when that runner
 		// is gone, its job is done.
 		if s.Single && sawRunner && len(rs) == 0 {
-			log.Info("the job is done; exiting (--single)")
+			if p.Served() {
+				log.Info("the job is done; exiting (--single)")
+			}
 			stop()
-			return
+			return p.Served()
 		}
 		if s.IdleTimeout > 0 && time.Since(idleSince) > s.IdleTimeout {
 			fresh, err := p.Observe(ctx)
@@ -534,9 +491,13 @@ func watchRunner(ctx context.Context, stop context.CancelFunc, p *pool.Pool, s r
 				idleSince = time.Now()
 				continue
 			}
-			log.Info("no job within the idle timeout; shutting down", "idle_timeout", s.IdleTimeout)
+			if p.Served() {
+				log.Info("no job within the idle timeout; shutting down", "idle_timeout", s.IdleTimeout)
+			} else {
+				log.Error("no runner came online within the idle timeout; shutting down", "idle_timeout", s.IdleTimeout)
+			}
 			stop()
-			return
+			return p.Served()
 		}
 	}
 }

@@ -34,9 +34,11 @@ job. Idle runners above the size go after idle_timeout; a runner that took a
 job is never removed.
 
 It serves, on listen, /webhook/<forge> for workflow_job webhooks and nothing
-else; and on status_listen (127.0.0.1:9180 unless said otherwise) a status
-page at /, /metrics for Prometheus and /healthz, which show repository, job
-and runner names: keep them off the forges' way, or set status_token.
+else; and on status_listen (127.0.0.1:9180 unless said otherwise; "off" for
+none) a status page at /, /metrics for Prometheus and /healthz, which show
+repository, job and runner names: keep them off the forges' way, or set
+status_token. Should another program hold the default address, serve says so
+and runs without the page.
 
 SIGHUP reloads the config: sizes, limits, timeouts, labels and environment
 change in place, new pools start, removed pools drain; busy runners are not
@@ -62,11 +64,8 @@ and exits 0.`,
 				cfg.Listen = listen
 			}
 			if cmd.Flags().Changed("status-listen") {
-				statusListen = cfg.DefaultStatus(statusListen)
-			} else {
-				statusListen = cfg.DefaultStatus(cfg.StatusListen)
+				cfg.StatusListen, cfg.StatusListenGiven = cfg.DefaultStatus(statusListen), true
 			}
-			cfg.StatusListen = statusListen
 			if err := cfg.Validate(); err != nil {
 				return &ExitError{ExitUsage, err}
 			}
@@ -111,7 +110,7 @@ and exits 0.`,
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "", "config file (YAML)")
 	cmd.Flags().StringVar(&listen, "listen", "", "address of the webhook listener; overrides the config's listen")
-	cmd.Flags().StringVar(&statusListen, "status-listen", "", "address of the status page, /metrics and /healthz (\"off\" for none); overrides the config's status_listen")
+	cmd.Flags().StringVar(&statusListen, "status-listen", "", "address of the status page, /metrics and /healthz (default 127.0.0.1:9180, \"off\" for none); overrides the config's status_listen")
 	return cmd
 }
 
@@ -169,6 +168,12 @@ func startServers(fleet *daemon.Fleet, log *slog.Logger) ([]*http.Server, error)
 	var servers []*http.Server
 	for _, l := range ls {
 		ln, err := net.Listen("tcp", l.addr)
+		if err != nil && l.addr == cfg.StatusListen && !cfg.StatusListenGiven && l.addr != cfg.Listen {
+			// The default address, which another manager on this host
+			// may hold: no page, said once, rather than no manager.
+			log.Warn("the status page, metrics and health are not served: the default address is taken; set status_listen", "addr", l.addr, "err", err)
+			continue
+		}
 		if err != nil {
 			for _, s := range servers {
 				_ = s.Close()

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -78,7 +79,7 @@ is running, and changes nothing.`,
 			if err != nil {
 				return err
 			}
-			fleet, err := daemon.New(cfg, slog.New(slog.DiscardHandler))
+			fleet, err := daemon.Inspect(cfg, slog.New(slog.DiscardHandler))
 			if err != nil {
 				return &ExitError{ExitUsage, err}
 			}
@@ -89,15 +90,21 @@ is running, and changes nothing.`,
 			if output == "json" {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
-				return enc.Encode(map[string]any{"manager": cfg.ID, "pools": pools})
+				if err := enc.Encode(map[string]any{"manager": cfg.ID, "pools": pools}); err != nil {
+					return err
+				}
+			} else {
+				printTable(cmd.OutOrStdout(), pools)
 			}
-			printTable(cmd.OutOrStdout(), pools)
+			// The same exit for either output: a pool that could not be
+			// read is a failure a script must see.
+			var errs []error
 			for _, p := range pools {
 				if p.Error != "" {
-					return fmt.Errorf("pool %s: %s", p.Name, p.Error)
+					errs = append(errs, errors.New(p.Error))
 				}
 			}
-			return nil
+			return errors.Join(errs...)
 		},
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "", "config file (YAML)")

@@ -57,6 +57,8 @@ type Fleet struct {
 	gpuMu   sync.Mutex // guards Inventory and GPUs while they are read
 	closers []io.Closer
 	history jobHistory
+	// readOnly: the fleet is only read (Inspect).
+	readOnly bool
 }
 
 // New builds the fleet for a validated config. It makes no network call;
@@ -64,7 +66,18 @@ type Fleet struct {
 // a directory that cannot be made, GPUs the host lacks), which is a
 // configuration error.
 func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
-	f := &Fleet{Config: cfg, Forges: map[string]forge.Forge{}, Providers: map[string]provider.Provider{}, log: log, runs: map[string]*poolRun{}}
+	return build(cfg, log, false)
+}
+
+// Inspect builds the fleet of a config to be read, not run (status, gc):
+// it writes nothing on disk and needs no agent on this host, since none
+// starts. It makes no network call.
+func Inspect(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
+	return build(cfg, log, true)
+}
+
+func build(cfg *config.Config, log *slog.Logger, readOnly bool) (*Fleet, error) {
+	f := &Fleet{Config: cfg, Forges: map[string]forge.Forge{}, Providers: map[string]provider.Provider{}, log: log, runs: map[string]*poolRun{}, readOnly: readOnly}
 	f.Metrics = metrics.New(f)
 	conns, err := openForges(cfg, log)
 	if err != nil {
@@ -128,7 +141,7 @@ func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 		return nil, fmt.Errorf("provider: %q is not in this build (known: %s)", pc.Provider, strings.Join(provider.Names(), ", "))
 	}
 	pconf := pc.Driver(f.Config.ID, f.Config.StateDir)
-	pconf.GPUs, pconf.Logger = f.inventory, f.log
+	pconf.GPUs, pconf.Logger, pconf.ReadOnly = f.inventory, f.log, f.readOnly
 	prov, err := d.Open(pconf)
 	if err != nil {
 		return nil, err
@@ -142,7 +155,7 @@ func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 		return nil, err
 	}
 	conn := f.conns[pc.Forge]
-	ag, err := conn.(agent.Maker).Agent(agent.Config{Path: pc.Agent.Path, FetchInterval: pc.Agent.FetchInterval.Duration, Local: traits.Local, IdleTimeout: pc.IdleTimeout.Duration})
+	ag, err := conn.(agent.Maker).Agent(agent.Config{Path: pc.Agent.Path, FetchInterval: pc.Agent.FetchInterval.Duration, Local: traits.Local, IdleTimeout: pc.IdleTimeout.Duration, Inspect: f.readOnly})
 	if err != nil {
 		return nil, err
 	}

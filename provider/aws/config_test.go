@@ -76,9 +76,9 @@ func TestCMLSection(t *testing.T) {
 		"cloud": "aws", "cloud-region": "eu-west", "cloud-type": "m", "cloud-gpu": "v100", "cloud-spot": "true",
 		"cloud-spot-price": "1.5", "cloud-hdd-size": "120", "cloud-image": "ami-0123456789abcdef0",
 		"cloud-startup-script": "ZWNobyBoZWxsbw==", "cloud-permission-set": "arn:aws:iam::1:instance-profile/ci",
-		"cloud-metadata": "team=ml", "cloud-aws-security-group": "sg-0123456789abcdef0", "cloud-aws-subnet": "subnet-0123456789abcdef0",
+		"cloud-aws-security-group": "sg-0123456789abcdef0", "cloud-aws-subnet": "subnet-0123456789abcdef0",
 		"cloud-ssh-private": key,
-	}})
+	}, Metadata: map[string]string{"team": "ml"}})
 	if !ok {
 		t.Fatal("--cloud=aws not taken")
 	}

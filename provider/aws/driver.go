@@ -167,7 +167,7 @@ func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 	if c["cloud"] != "aws" {
 		return nil, false, nil
 	}
-	cml, err := vm.ParseCML(c, cmlTables)
+	cml, err := vm.ParseCML(o, cmlTables)
 	errs := []error{err}
 	if cml.Image == "" {
 		errs = append(errs, errors.New("--cloud-image: is required with --cloud=aws: an AMI holding runfleet and the forge's agent (images/ tells how to build one)"))

@@ -61,7 +61,7 @@ func TestCMLSection(t *testing.T) {
 	env := map[string]string{ResourceGroupEnv: armsim.Group, SubnetEnv: armsim.SubnetID("westeurope")}
 	getenv := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	raw, ok, err := cml.CMLSection(provider.CMLOptions{Getenv: getenv, Cloud: map[string]string{"cloud": "azure", "cloud-region": "eu-west",
-		"cloud-type": "m+v100", "cloud-spot": "true", "cloud-spot-price": "0.9", "cloud-image": image, "cloud-metadata": "team=ml", "cloud-hdd-size": "64"}})
+		"cloud-type": "m+v100", "cloud-spot": "true", "cloud-spot-price": "0.9", "cloud-image": image, "cloud-hdd-size": "64"}, Metadata: map[string]string{"team": "ml"}})
 	if !ok || err != nil {
 		t.Fatalf("%v %v", ok, err)
 	}

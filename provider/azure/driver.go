@@ -202,7 +202,8 @@ var cmlTables = vm.Tables{
 	DefaultRegion: "us-west",
 	Regions:       map[string]string{"us-east": "eastus", "us-west": "westus2", "eu-north": "northeurope", "eu-west": "westeurope"},
 	Types: map[string]string{
-		"m": "Standard_F8s_v2", "l": "Standard_F32s_v2", "xl": "Standard_F64s_v2",
+		"s": "Standard_B1s", "m": "Standard_F8s_v2", "l": "Standard_F32s_v2", "xl": "Standard_F64s_v2",
+		"m+t4":  "Standard_NC4as_T4_v3",
 		"m+k80": "Standard_NC6", "l+k80": "Standard_NC12", "xl+k80": "Standard_NC24",
 		"m+v100": "Standard_NC6s_v3", "l+v100": "Standard_NC12s_v3", "xl+v100": "Standard_NC24s_v3",
 	},
@@ -225,7 +226,7 @@ func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 		getenv = os.LookupEnv
 	}
 	env := func(k string) string { v, _ := getenv(k); return v }
-	cml, err := vm.ParseCML(c, cmlTables)
+	cml, err := vm.ParseCML(o, cmlTables)
 	errs := []error{err}
 	if cml.Image == "" {
 		errs = append(errs, errors.New("--cloud-image: is required with --cloud=azure: an image holding runfleet and the forge's agent (Publisher:Offer:Sku:Version, or an image's resource ID)"))
@@ -240,8 +241,10 @@ func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 		errs = append(errs, fmt.Errorf("%s: is required with --cloud=azure: the subnet (resource ID) of the runner's VM, in %s", SubnetEnv, cml.Region))
 	}
 	if p := cml.SpotPrice; p != "" {
+		// A negative price is none (vm.ParseCML): Azure's -1, up to the
+		// pay-as-you-go price, its default.
 		var price float64
-		if _, err := fmt.Sscanf(p, "%g", &price); err != nil || price == 0 || price < 0 && price != -1 {
+		if _, err := fmt.Sscanf(p, "%g", &price); err != nil || price == 0 {
 			errs = append(errs, fmt.Errorf("--cloud-spot-price: %q is not dollars an hour, or -1", p))
 		}
 		s.MaxPrice = &price

@@ -70,6 +70,8 @@ type GPUs struct {
 // Options configures the containers of one pool.
 type Options struct {
 	Client *client.Client
+	// ReadOnly: only List and Output are used; no directory is made.
+	ReadOnly bool
 	// Manager and Pool select this provider's containers. Pool may be
 	// empty to list every pool of the manager.
 	Manager string
@@ -171,7 +173,7 @@ func New(opt Options) (*Provider, error) {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
 	for _, d := range []string{opt.LogDir, opt.FilesDir} {
-		if d == "" {
+		if d == "" || opt.ReadOnly {
 			continue
 		}
 		if err := os.MkdirAll(d, 0o700); err != nil {

@@ -61,7 +61,7 @@ func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 		return nil, err
 	}
 	opt.Client, opt.closeClient = cli, true
-	opt.Manager, opt.Pool = c.Manager, c.Pool
+	opt.Manager, opt.Pool, opt.ReadOnly = c.Manager, c.Pool, c.ReadOnly
 	opt.LogDir = filepath.Join(c.StateDir, "logs")
 	// The runners' files are bind-mounted where the engine shares this
 	// host's filesystem, and copied into the container where it does

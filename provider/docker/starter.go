@@ -7,6 +7,9 @@ import (
 	"github.com/runfleet/runfleet/provider"
 )
 
+// StarterRunnerHost is how a container reaches a forge on this host.
+func (driver) StarterRunnerHost() string { return "host.docker.internal" }
+
 // Starter is a Docker pool's keys in `runfleet init`'s config.
 func (driver) Starter(o provider.StarterOptions) string {
 	return fmt.Sprintf(`    # Each runner is a new container of the engine at DOCKER_HOST (the

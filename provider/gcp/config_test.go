@@ -72,8 +72,8 @@ func TestCMLSection(t *testing.T) {
 		"cloud": "gcp", "cloud-region": "eu-west", "cloud-type": "m", "cloud-gpu": "v100", "cloud-spot": "true",
 		"cloud-hdd-size": "120", "cloud-image": "projects/p-123456/global/images/runner",
 		"cloud-startup-script": "ZWNobyBoZWxsbw==", "cloud-permission-set": "ci@p-123456.iam.gserviceaccount.com,scopes=storage-rw,https://www.googleapis.com/auth/logging.write",
-		"cloud-metadata": "team=ml", "cloud-ssh-private": string(pem.EncodeToMemory(block)),
-	}})
+		"cloud-ssh-private": string(pem.EncodeToMemory(block)),
+	}, Metadata: map[string]string{"team": "ml"}})
 	if !ok || err != nil {
 		t.Fatalf("--cloud=gcp: taken %v, %v", ok, err)
 	}

@@ -218,13 +218,22 @@ func (m *meter) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // cmlTables are CML's aliases on GCP, from the iterative provider's
 // tables: its regions are zones, and a GPU size is a machine type and
-// its accelerators (machine+accelerator*count).
+// its accelerators (machine+accelerator*count); --cloud-gpu beside a
+// machine type attaches one of that accelerator (k80, v100 and t4 are
+// NVIDIA's Tesla models).
 var cmlTables = vm.Tables{
+	WithGPU: func(typ, gpu string) string {
+		if g, ok := map[string]string{"k80": "nvidia-tesla-k80", "v100": "nvidia-tesla-v100", "t4": "nvidia-tesla-t4"}[gpu]; ok {
+			gpu = g
+		}
+		return typ + "+" + gpu + "*1"
+	},
 	Cloud:         "GCP",
 	DefaultRegion: "us-west",
 	Regions:       map[string]string{"us-east": "us-east1-c", "us-west": "us-west1-b", "eu-north": "europe-north1-a", "eu-west": "europe-west1-d"},
 	Types: map[string]string{
-		"m": "e2-custom-8-32768", "l": "e2-custom-32-131072", "xl": "n2-custom-64-262144",
+		"s": "g1-small", "m": "e2-custom-8-32768", "l": "e2-custom-32-131072", "xl": "n2-custom-64-262144",
+		"m+t4":  "n1-standard-4+nvidia-tesla-t4*1",
 		"m+k80": "custom-8-53248+nvidia-tesla-k80*1", "l+k80": "custom-32-131072+nvidia-tesla-k80*4", "xl+k80": "custom-64-212992-ext+nvidia-tesla-k80*8",
 		"m+v100": "custom-8-65536-ext+nvidia-tesla-v100*1", "l+v100": "custom-32-262144-ext+nvidia-tesla-v100*4", "xl+v100": "custom-64-524288-ext+nvidia-tesla-v100*8",
 	},
@@ -242,12 +251,12 @@ func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 	if c["cloud"] != "gcp" {
 		return nil, false, nil
 	}
-	cml, err := vm.ParseCML(c, cmlTables)
+	cml, err := vm.ParseCML(o, cmlTables)
 	errs := []error{err}
 	if cml.Image == "" {
 		errs = append(errs, errors.New("--cloud-image: is required with --cloud=gcp: an image holding runfleet and the forge's agent (projects/P/global/images/NAME)"))
 	}
-	if cml.SpotPrice != "" && cml.SpotPrice != "-1" {
+	if cml.SpotPrice != "" {
 		errs = append(errs, errors.New("--cloud-spot-price: Spot VMs on GCP have no maximum price"))
 	}
 	typ, acc, err := splitType(cml.Type)

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"regexp"
 	"strconv"
-	"strings"
 	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
@@ -100,18 +99,26 @@ func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 			s.KubeconfigData = "${KUBERNETES_CONFIGURATION}"
 		}
 	}
-	if sel := o.Cloud["cloud-kubernetes-node-selector"]; sel != "" {
-		s.NodeSelector = map[string]string{}
-		for kv := range strings.SplitSeq(sel, ",") {
-			k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
-			if !ok || k == "" {
-				return nil, true, fmt.Errorf("--cloud-kubernetes-node-selector: %q is not key=value", kv)
+	model, err := cmlType(&s, o.Cloud["cloud-type"], o.Cloud["cloud-gpu"])
+	if err != nil {
+		return nil, true, err
+	}
+	// The iterative provider's node selector: accelerator=infer unless
+	// given, and "infer" is the GPU's model, the key left out without one.
+	sel := o.NodeSelector
+	if len(sel) == 0 {
+		sel = map[string]string{"accelerator": "infer"}
+	}
+	for k, v := range sel {
+		if v == "infer" {
+			v = model
+		}
+		if v != "" || sel[k] != "infer" {
+			if s.NodeSelector == nil {
+				s.NodeSelector = map[string]string{}
 			}
 			s.NodeSelector[k] = v
 		}
-	}
-	if err := cmlType(&s, o.Cloud["cloud-type"], o.Cloud["cloud-gpu"]); err != nil {
-		return nil, true, err
 	}
 	if hdd := o.Cloud["cloud-hdd-size"]; hdd != "" {
 		// The runner's disk is its work directory.
@@ -131,6 +138,7 @@ var cmlTypes = map[string]struct {
 	gpus        int64
 	model       string
 }{
+	"s":       {"1", "1Gi", 0, ""},
 	"m":       {"8", "32Gi", 0, ""},
 	"l":       {"32", "128Gi", 0, ""},
 	"xl":      {"64", "256Gi", 0, ""},
@@ -145,11 +153,12 @@ var cmlTypes = map[string]struct {
 // customType is the iterative provider's own size: "8-32000+nvidia-tesla-t4*1".
 var customType = regexp.MustCompile(`^(\d+)-(\d+)(?:\+([^*]+)\*([1-9]\d*))?$`)
 
-// cmlType sets the requests (as limits too) of a CML machine type; a GPU
-// model selects nodes by their accelerator label.
-func cmlType(s *Section, typ, gpu string) error {
+// cmlType sets the requests (as limits too) of a CML machine type, and
+// returns its GPU model ("" without GPUs), which an "infer" node selector
+// takes.
+func cmlType(s *Section, typ, gpu string) (string, error) {
 	if typ == "" && gpu == "" {
-		return nil
+		return "", nil
 	}
 	if typ == "" {
 		typ = "m" // CML's default size
@@ -168,7 +177,7 @@ func cmlType(s *Section, typ, gpu string) error {
 		}
 	}
 	if !ok {
-		return fmt.Errorf("--cloud-type: %q is not a Kubernetes machine type (m, l, xl, with +k80 or +v100, or <cpus>-<memory MB>[+<gpu model>*<count>])", typ)
+		return "", fmt.Errorf("--cloud-type: %q is not a Kubernetes machine type (s, m, l, xl, with +k80 or +v100, or <cpus>-<memory MB>[+<gpu model>*<count>])", typ)
 	}
 	list := corev1.ResourceList{
 		corev1.ResourceCPU:    resource.MustParse(t.cpu),
@@ -176,13 +185,9 @@ func cmlType(s *Section, typ, gpu string) error {
 	}
 	if t.gpus > 0 {
 		list[DefaultGPUResource] = *resource.NewQuantity(t.gpus, resource.DecimalSI)
-		if s.NodeSelector == nil {
-			s.NodeSelector = map[string]string{}
-		}
-		if _, set := s.NodeSelector["accelerator"]; !set {
-			s.NodeSelector["accelerator"] = t.model
-		}
+	} else {
+		t.model = ""
 	}
 	s.Resources = corev1.ResourceRequirements{Requests: list, Limits: list.DeepCopy()}
-	return nil
+	return t.model, nil
 }

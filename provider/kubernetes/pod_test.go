@@ -177,7 +177,8 @@ func TestParseVolume(t *testing.T) {
 // resources and GPU, the node selector, and the kubeconfig by reference.
 func TestCMLSection(t *testing.T) {
 	raw, ok, err := driver{}.CMLSection(provider.CMLOptions{
-		Cloud: map[string]string{"cloud": "kubernetes", "cloud-type": "m+v100", "cloud-kubernetes-node-selector": "zone=a, disk=ssd", "cloud-image": "runner:cuda"},
+		Cloud:        map[string]string{"cloud": "kubernetes", "cloud-type": "m+v100", "cloud-image": "runner:cuda"},
+		NodeSelector: map[string]string{"zone": "a", "disk": "ssd", "accelerator": "infer"},
 		Getenv: func(k string) (string, bool) {
 			if k == "KUBERNETES_CONFIGURATION" {
 				return "apiVersion: v1\nkind: Config\n", true
@@ -209,6 +210,19 @@ func TestCMLSection(t *testing.T) {
 	gpu = s.Resources.Limits[DefaultGPUResource]
 	if mem := s.Resources.Requests[corev1.ResourceMemory]; gpu.Value() != 2 || mem.Value() != 16000e6 || s.NodeSelector["accelerator"] != "nvidia-tesla-t4" || s.WorkdirSizeLimit != "50G" {
 		t.Errorf("custom type: %+v", s)
+	}
+	// CML's default selector, accelerator=infer, is nothing without a
+	// GPU; a value of infer is the GPU's model under any key.
+	raw, _, _ = driver{}.CMLSection(provider.CMLOptions{Cloud: map[string]string{"cloud": "kubernetes", "cloud-image": "x", "cloud-type": "m"}})
+	s = Section{}
+	if json.Unmarshal(raw, &s); len(s.NodeSelector) != 0 {
+		t.Errorf("a pod without GPUs selects nodes %v", s.NodeSelector)
+	}
+	raw, _, _ = driver{}.CMLSection(provider.CMLOptions{Cloud: map[string]string{"cloud": "kubernetes", "cloud-image": "x", "cloud-type": "m", "cloud-gpu": "k80"},
+		NodeSelector: map[string]string{"gpu": "infer", "pool": "ml"}})
+	s = Section{}
+	if json.Unmarshal(raw, &s); len(s.NodeSelector) != 2 || s.NodeSelector["gpu"] != "nvidia-tesla-k80" || s.NodeSelector["pool"] != "ml" {
+		t.Errorf("gpu=infer pool=ml with m+k80 selects %v", s.NodeSelector)
 	}
 	if _, _, err := (driver{}).CMLSection(provider.CMLOptions{Cloud: map[string]string{"cloud": "kubernetes", "cloud-image": "x", "cloud-type": "huge"}}); err == nil {
 		t.Error("an unknown machine type was taken")

@@ -43,7 +43,7 @@ func (d driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return New(Options{StateDir: c.StateDir, WorkRoot: c.Workdir, Logger: log.With("provider", "process")})
+	return New(Options{StateDir: c.StateDir, WorkRoot: c.Workdir, ReadOnly: c.ReadOnly, Logger: log.With("provider", "process")})
 }
 
 // Traits: a runner is a process of this host, which gives it the host's

@@ -39,6 +39,8 @@ type Options struct {
 	StateDir string
 	// WorkRoot is the parent of the runners' working directories.
 	WorkRoot string
+	// ReadOnly: only List and Output are used; nothing is written.
+	ReadOnly bool
 	// StopTimeout is how long Delete waits after SIGTERM before SIGKILL.
 	StopTimeout time.Duration
 	// KeepLogs is how many agent logs are kept; older ones are removed.
@@ -86,6 +88,9 @@ func New(opt Options) (*Provider, error) {
 	}
 	p := &Provider{opt: opt, log: opt.Logger, watched: map[string]record{}, creating: map[string]bool{}}
 	for _, d := range []string{p.recordDir(), p.logDir(), opt.WorkRoot} {
+		if opt.ReadOnly {
+			break
+		}
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("process provider: %w", err)
 		}
@@ -269,6 +274,9 @@ func (p *Provider) Watch(ctx context.Context, changed func(name string)) {
 // process did not start (after a manager restart).
 func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instance, error) {
 	entries, err := os.ReadDir(p.recordDir())
+	if errors.Is(err, fs.ErrNotExist) && p.opt.ReadOnly {
+		return nil, nil // no runner ever started here
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list runners: %w", err)
 	}
@@ -276,7 +284,9 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 	for _, e := range entries {
 		name, ok := strings.CutSuffix(e.Name(), ".json")
 		if !ok {
-			p.removeStaleTemp(e)
+			if !p.opt.ReadOnly {
+				p.removeStaleTemp(e)
+			}
 			continue
 		}
 		rec, err := p.readRecord(name)
@@ -302,7 +312,9 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 			// starting the process: find the process, if it started.
 			if pid, st, ok := findByCwd(rec.Workdir); ok {
 				rec.PID, rec.Start = pid, st
-				_ = p.writeRecord(rec)
+				if !p.opt.ReadOnly {
+					_ = p.writeRecord(rec)
+				}
 			}
 		}
 		state := provider.StateExited

@@ -34,7 +34,7 @@ func (d driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 		spool = filepath.Join(s.SpoolDir, c.Manager, c.Pool)
 	}
 	q := clusters.get(s.Bin)
-	return New(Options{Manager: c.Manager, Pool: c.Pool, Section: s, Spool: spool, Workdir: c.Workdir,
+	return New(Options{Manager: c.Manager, Pool: c.Pool, ReadOnly: c.ReadOnly, Section: s, Spool: spool, Workdir: c.Workdir,
 		GPUs: max(c.GPUsPerRunner, 0), MaxLifetime: c.MaxLifetime, Cluster: q.cluster, queue: q,
 		Logger: log.With("provider", "slurm", "pool", c.Pool)})
 }

@@ -98,7 +98,9 @@ func (p *Provider) join(manager string, jobs []Job, at time.Time, recs []record)
 			// the job is found by its name.
 			if j, ok := named[rec.Name]; ok {
 				rec.JobID = j.ID
-				_ = p.writeRecord(rec)
+				if !p.opt.ReadOnly {
+					_ = p.writeRecord(rec)
+				}
 			}
 		}
 		known[rec.JobID] = true
@@ -157,6 +159,9 @@ func (p *Provider) instance(rec record, j Job) provider.Instance {
 // records reads the manager's records of the pool.
 func (p *Provider) records(manager string) ([]record, error) {
 	entries, err := os.ReadDir(p.recordDir())
+	if errors.Is(err, fs.ErrNotExist) && p.opt.ReadOnly {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, err
 	}

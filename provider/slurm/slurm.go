@@ -41,7 +41,9 @@ import (
 // Options configures a Provider.
 type Options struct {
 	Manager, Pool string
-	Section       Section
+	// ReadOnly: only List and Output are used; nothing is written.
+	ReadOnly bool
+	Section  Section
 	// Spool is the pool's spool directory: records, runners' files until
 	// their jobs start, the agents' output. The nodes must see it.
 	Spool string
@@ -100,6 +102,9 @@ func New(opt Options) (*Provider, error) {
 	p := &Provider{opt: opt, log: opt.Logger, q: opt.queue, creating: map[string]bool{},
 		cancelled: map[string]bool{}, last: map[string]string{}}
 	for _, d := range []string{p.recordDir(), p.filesDir(), p.logDir()} {
+		if opt.ReadOnly {
+			break
+		}
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("slurm provider: %w", err)
 		}

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/runfleet/runfleet/provider"
 )
 
 // Tables are one cloud's aliases for CML's --cloud-region and
@@ -20,6 +22,38 @@ type Tables struct {
 	Regions       map[string]string // us-east, us-west, eu-north, eu-west
 	Types         map[string]string // s, m, l, xl, m+t4, m+k80, ..., xl+v100
 	DefaultRegion string            // CML's default region alias
+	// WithGPU gives a machine type the GPU --cloud-gpu names, where the
+	// cloud attaches GPUs to any type (GCP's machine+accelerator*count);
+	// nil where the GPU comes with the type, and a GPU beside a type of
+	// the cloud's own is ignored, as the iterative provider does.
+	WithGPU func(typ, gpu string) string
+}
+
+// resolve finds the instance type as the iterative provider does
+// (getInstanceType of each cloud): CML's size with the GPU, the size
+// alone without one, else the cloud's own type as given.
+func (t Tables) resolve(typ, gpu string) (string, error) {
+	sizes := func() string { return strings.Join(slices.Sorted(maps.Keys(t.Types)), ", ") }
+	if v, ok := t.Types[typ+"+"+gpu]; ok && gpu != "" {
+		return v, nil
+	}
+	size, _, plus := strings.Cut(typ, "+")
+	if v, ok := t.Types[typ]; ok {
+		switch {
+		case gpu == "":
+			return v, nil
+		case t.WithGPU != nil && !strings.Contains(v, "+"):
+			return t.WithGPU(v, gpu), nil
+		}
+		return "", fmt.Errorf("--cloud-gpu: %q is not one of CML's GPUs for --cloud-type %s on %s (%s)", gpu, typ, t.Cloud, sizes())
+	}
+	if _, cml := t.Types[size]; plus && (cml || t.WithGPU == nil) {
+		return "", fmt.Errorf("--cloud-type: %q is not one of CML's sizes on %s (%s) or a machine type", typ, t.Cloud, sizes())
+	}
+	if gpu != "" && t.WithGPU != nil && !plus {
+		return t.WithGPU(typ, gpu), nil
+	}
+	return typ, nil
 }
 
 // CML is what CML's --cloud-* options say that every cloud takes alike.
@@ -27,7 +61,7 @@ type CML struct {
 	Region, Type  string // resolved from the tables, or as given
 	Image         string
 	Spot          bool
-	SpotPrice     string
+	SpotPrice     string // "": none, up to the on-demand price
 	HDDSizeGB     int
 	StartupScript string
 	PermissionSet string
@@ -35,30 +69,33 @@ type CML struct {
 	SSHPublicKey  string // of --cloud-ssh-private; the private key stays here
 }
 
-// ParseCML reads CML's --cloud-* options (cloud is the option name
-// without its dashes, as provider.CMLOptions.Cloud holds them) with a
-// cloud's tables: --cloud-region (an alias or the cloud's own), --cloud-type
-// (CML's size, with --cloud-gpu or +gpu, or the cloud's own type),
-// --cloud-hdd-size (GB), --cloud-spot, --cloud-spot-price,
-// --cloud-startup-script (base64), --cloud-image, --cloud-permission-set,
-// --cloud-metadata (key=value,...), --cloud-ssh-private. Every problem is
-// returned, each naming its option.
-func ParseCML(c map[string]string, t Tables) (CML, error) {
+// ParseCML reads CML's --cloud-* options with a cloud's tables:
+// --cloud-region (an alias or the cloud's own), --cloud-type (CML's size,
+// with --cloud-gpu or +gpu, or the cloud's own type), --cloud-hdd-size
+// (GB), --cloud-spot, --cloud-spot-price (a negative price, CML's default
+// -1, is none: up to the on-demand price), --cloud-startup-script
+// (base64), --cloud-image, --cloud-permission-set, --cloud-metadata,
+// --cloud-ssh-private. Every problem is returned, each naming its option.
+func ParseCML(o provider.CMLOptions, t Tables) (CML, error) {
 	var errs []error
-	out := CML{Image: c["cloud-image"], Spot: c["cloud-spot"] == "true", SpotPrice: c["cloud-spot-price"], PermissionSet: c["cloud-permission-set"]}
+	c := o.Cloud
+	out := CML{Image: c["cloud-image"], Spot: c["cloud-spot"] == "true", PermissionSet: c["cloud-permission-set"], Metadata: o.Metadata}
+	if p := c["cloud-spot-price"]; p != "" {
+		if f, err := strconv.ParseFloat(p, 64); err != nil {
+			errs = append(errs, fmt.Errorf("--cloud-spot-price: %q is not a price in USD", p))
+		} else if f >= 0 {
+			out.SpotPrice = p
+		}
+	}
 	out.Region = or(c["cloud-region"], t.DefaultRegion)
 	if r, ok := t.Regions[out.Region]; ok {
 		out.Region = r
 	}
-	out.Type = or(c["cloud-type"], "m")
-	if g := c["cloud-gpu"]; g != "" && !strings.Contains(out.Type, "+") {
-		out.Type += "+" + g
+	typ, err := t.resolve(or(c["cloud-type"], "m"), c["cloud-gpu"])
+	if err != nil {
+		errs = append(errs, err)
 	}
-	if typ, ok := t.Types[out.Type]; ok {
-		out.Type = typ
-	} else if strings.Contains(out.Type, "+") {
-		errs = append(errs, fmt.Errorf("--cloud-type: %q is not one of CML's sizes on %s (%s) or a machine type", out.Type, t.Cloud, strings.Join(slices.Sorted(maps.Keys(t.Types)), ", ")))
-	}
+	out.Type = typ
 	if hdd := c["cloud-hdd-size"]; hdd != "" {
 		n, err := strconv.Atoi(hdd)
 		if err != nil || n <= 0 {
@@ -72,17 +109,6 @@ func ParseCML(c map[string]string, t Tables) (CML, error) {
 			errs = append(errs, fmt.Errorf("--cloud-startup-script: is not base64, as CML takes it: %v", err))
 		}
 		out.StartupScript = string(b)
-	}
-	if md := c["cloud-metadata"]; md != "" {
-		out.Metadata = map[string]string{}
-		for kv := range strings.SplitSeq(md, ",") {
-			k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
-			if !ok || k == "" {
-				errs = append(errs, fmt.Errorf("--cloud-metadata: %q is not key=value", kv))
-				continue
-			}
-			out.Metadata[k] = v
-		}
 	}
 	if key := c["cloud-ssh-private"]; key != "" {
 		signer, err := ssh.ParsePrivateKey([]byte(key))

@@ -12,23 +12,36 @@ var tables = Tables{Cloud: "Test", DefaultRegion: "us-west",
 	Regions: map[string]string{"us-west": "west-1"}, Types: map[string]string{"m": "medium", "m+t4": "medium-t4"}}
 
 func TestParseCML(t *testing.T) {
-	c, err := ParseCML(map[string]string{"cloud-gpu": "t4", "cloud-hdd-size": "50", "cloud-spot": "true",
-		"cloud-startup-script": "ZWNobyBoaQ==", "cloud-metadata": "team=ml, cost=gpu"}, tables)
+	c, err := ParseCML(provider.CMLOptions{Cloud: map[string]string{"cloud-gpu": "t4", "cloud-hdd-size": "50", "cloud-spot": "true",
+		"cloud-startup-script": "ZWNobyBoaQ==", "cloud-spot-price": "-1"}, Metadata: map[string]string{"team": "ml", "cost": "gpu"}}, tables)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Region != "west-1" || c.Type != "medium-t4" || c.HDDSizeGB != 50 || !c.Spot || c.StartupScript != "echo hi" ||
-		c.Metadata["team"] != "ml" || c.Metadata["cost"] != "gpu" {
+		c.Metadata["team"] != "ml" || c.Metadata["cost"] != "gpu" || c.SpotPrice != "" {
 		t.Errorf("parsed %+v", c)
 	}
-	if c, _ := ParseCML(map[string]string{"cloud-region": "europe-west4", "cloud-type": "n1-standard-8"}, tables); c.Region != "europe-west4" || c.Type != "n1-standard-8" {
-		t.Errorf("the cloud's own names taken as given: %+v", c)
+	if c, _ := ParseCML(provider.CMLOptions{Cloud: map[string]string{"cloud-region": "europe-west4", "cloud-type": "n1-standard-8", "cloud-gpu": "t4"}}, tables); c.Region != "europe-west4" || c.Type != "n1-standard-8" {
+		t.Errorf("the cloud's own names taken as given, the GPU beside them ignored: %+v", c)
 	}
-	_, err = ParseCML(map[string]string{"cloud-type": "xl+a100", "cloud-hdd-size": "big", "cloud-startup-script": "%%%",
-		"cloud-metadata": "novalue", "cloud-ssh-private": "not a key"}, tables)
-	for _, want := range []string{`--cloud-type: "xl+a100" is not one of CML's sizes on Test (m, m+t4)`, "--cloud-hdd-size", "--cloud-startup-script", "--cloud-metadata", "--cloud-ssh-private"} {
+	if c, _ := ParseCML(provider.CMLOptions{Cloud: map[string]string{"cloud-spot-price": "0.25"}}, tables); c.SpotPrice != "0.25" || c.Type != "medium" {
+		t.Errorf("a price, and the default size m: %+v", c)
+	}
+	_, err = ParseCML(provider.CMLOptions{Cloud: map[string]string{"cloud-type": "xl+a100", "cloud-hdd-size": "big", "cloud-startup-script": "%%%",
+		"cloud-ssh-private": "not a key", "cloud-spot-price": "cheap"}}, tables)
+	for _, want := range []string{`--cloud-type: "xl+a100" is not one of CML's sizes on Test (m, m+t4)`, "--cloud-hdd-size", "--cloud-startup-script", "--cloud-ssh-private", "--cloud-spot-price"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v lacks %q", err, want)
+		}
+	}
+	if _, err := ParseCML(provider.CMLOptions{Cloud: map[string]string{"cloud-type": "m", "cloud-gpu": "a100"}}, tables); err == nil || !strings.Contains(err.Error(), `--cloud-gpu: "a100" is not one of CML's GPUs`) {
+		t.Errorf("m with an unknown GPU: %v", err)
+	}
+	withGPU := tables
+	withGPU.WithGPU = func(typ, gpu string) string { return typ + "+" + gpu + "*1" }
+	for typ, want := range map[string]string{"n1-standard-8": "n1-standard-8+t4*1", "m": "medium-t4", "n1-standard-8+a100*2": "n1-standard-8+a100*2"} {
+		if c, err := ParseCML(provider.CMLOptions{Cloud: map[string]string{"cloud-type": typ, "cloud-gpu": "t4"}}, withGPU); err != nil || c.Type != want {
+			t.Errorf("%s with t4 where GPUs attach to any type: %q %v, want %q", typ, c.Type, err, want)
 		}
 	}
 }

@@ -215,7 +215,7 @@ func TestRunnerCloudAWS(t *testing.T) {
 	cmd, out := harness.StartRunner(t, append(harness.AWSEnv(), "AWS_ENDPOINT_URL_EC2="+sim.URL),
 		"runner", "--driver", "github", "--repo", gh.URL+"/acme/awscml", "--agent", "/bin/github-runner",
 		"--single", "--labels", "cml", "--cloud", "aws", "--cloud-region", "us-east", "--cloud-type", "m+t4", "--cloud-spot",
-		"--cloud-image", harness.EC2AMI, "--cloud-metadata", "team=ml,cost-center=42", "--cloud-hdd-size", "50")
+		"--cloud-image", harness.EC2AMI, "--cloud-metadata", "team=ml", "--cloud-metadata", "cost-center=42", "--cloud-hdd-size", "50")
 	harness.Eventually(t, time.Minute, "the runner's instance", func() bool { return len(sim.Instances()) == 1 })
 	in := sim.Instances()[0]
 	if in.Type != "g4dn.xlarge" || !in.Spot || in.Tags["team"] != "ml" || in.Tags["cost-center"] != "42" {

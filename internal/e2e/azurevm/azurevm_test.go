@@ -234,10 +234,10 @@ func TestRunnerCloudAzure(t *testing.T) {
 	cmd, out := harness.StartRunner(t, env,
 		"runner", "--driver", "github", "--repo", gh.URL+"/acme/azcml", "--agent", "/bin/github-runner",
 		"--single", "--labels", "cml", "--cloud", "azure", "--cloud-region", "eu-west", "--cloud-type", "m+v100", "--cloud-spot",
-		"--cloud-spot-price", "0.9", "--cloud-image", harness.ARMImage, "--cloud-metadata", "team=ml,cost-center=42", "--cloud-hdd-size", "64")
+		"--cloud-spot-price", "0.9", "--cloud-image", harness.ARMImage, "--cloud-metadata", "team=ml", "--cloud-metadata", "cost-center=42", "--cloud-metadata", "owners=ml,vision", "--cloud-hdd-size", "64")
 	harness.Eventually(t, time.Minute, "the runner's VM", func() bool { return len(sim.VMs()) == 1 })
 	v := sim.VMs()[0]
-	if v.Size != "Standard_NC6s_v3" || v.Priority != "Spot" || v.MaxPrice != 0.9 || v.Location != "westeurope" || v.Tags["team"] != "ml" || v.Tags["cost-center"] != "42" {
+	if v.Size != "Standard_NC6s_v3" || v.Priority != "Spot" || v.MaxPrice != 0.9 || v.Location != "westeurope" || v.Tags["team"] != "ml" || v.Tags["cost-center"] != "42" || v.Tags["owners"] != "ml,vision" {
 		t.Errorf("VM %s: size %s priority %s max price %g location %s tags %v", v.Name, v.Size, v.Priority, v.MaxPrice, v.Location, v.Tags)
 	}
 	for _, s := range []string{harness.GHToken, sim.Secret()} {

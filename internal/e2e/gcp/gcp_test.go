@@ -233,7 +233,7 @@ func TestRunnerCloudGCP(t *testing.T) {
 	cmd, out := harness.StartRunner(t, append(harness.GCPEnv(sim), "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE="+sim.URL+"/compute/v1/"),
 		"runner", "--driver", "github", "--repo", gh.URL+"/acme/gcpcml", "--agent", "/bin/github-runner",
 		"--single", "--labels", "cml", "--cloud", "gcp", "--cloud-region", "eu-west", "--cloud-type", "m+v100", "--cloud-spot",
-		"--cloud-image", harness.GCEImage, "--cloud-metadata", "team=ml,cost-center=42", "--cloud-hdd-size", "50")
+		"--cloud-image", harness.GCEImage, "--cloud-hdd-size", "50", "--cloud-metadata", "team=ml", "cost-center=42")
 	harness.Eventually(t, time.Minute, "the runner's instance", func() bool { return len(sim.Instances()) == 1 })
 	in := sim.Instances()[0]
 	if in.Type != "custom-8-65536-ext" || in.Accelerators != 1 || in.Model != "SPOT" || in.Zone != "europe-west1-d" || in.Labels["team"] != "ml" || in.Labels["cost-center"] != "42" {

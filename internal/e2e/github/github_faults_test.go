@@ -39,7 +39,7 @@ func TestGitHubCrashLoopBacksOff(t *testing.T) {
 	if failures < 4 {
 		t.Errorf("runfleet_pool_start_failures = %v, want the failures in a row counted", failures)
 	}
-	if _, page := harness.Get(t, base+"/"); !strings.Contains(page, why) || !strings.Contains(page, "runners failed in a row") {
+	if _, page := harness.Get(t, base+"/"); !strings.Contains(page, why) || !strings.Contains(page, "runner starts failed in a row") {
 		t.Errorf("the status page does not say why the pool backs off:\n%s", page)
 	}
 	cmd := exec.Command(harness.FleetBin, "status", "-c", f.Config, "-o", "json")

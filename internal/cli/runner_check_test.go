@@ -1,0 +1,158 @@
+package cli
+
+import (
+	"bytes"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/internal/testbed/azsim"
+	"github.com/runfleet/runfleet/internal/testbed/bbsim"
+	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
+	"github.com/runfleet/runfleet/internal/testbed/ghsim"
+	"github.com/runfleet/runfleet/internal/testbed/glsim"
+)
+
+const (
+	rightToken = "right-token-0123456789"
+	wrongToken = "wrong-token-9876543210"
+)
+
+// closedURL is an address nothing listens on.
+func closedURL(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return "http://" + addr
+}
+
+// A wrong token, a wrong repository and an unreachable forge each end
+// `runfleet runner` with exit 1 within seconds, saying what the forge
+// answered, on every forge's stand-in, as CML's token check at start does
+// (src/cml.js repoTokenCheck); nothing is left running. Before, the run
+// waited out the idle timeout and exited 0.
+func TestRunnerFailsFast(t *testing.T) {
+	gh := ghsim.New(ghsim.Options{Token: rightToken, Repos: []string{"acme/models"}})
+	t.Cleanup(gh.Close)
+	gl := glsim.New(glsim.Options{Token: rightToken, Projects: []string{"acme/models"}})
+	t.Cleanup(gl.Close)
+	bb := bbsim.New(bbsim.Options{Token: rightToken, Repos: []string{"models"}})
+	t.Cleanup(bb.Close)
+	az := azsim.New(azsim.Options{Token: rightToken, Pools: []string{"ml"}})
+	t.Cleanup(az.Close)
+	closed := closedURL(t)
+	// The Azure agent's directory, as its driver checks it: bin/ and
+	// run.sh, which nothing here runs.
+	azAgent := t.TempDir()
+	if err := os.Mkdir(filepath.Join(azAgent, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(azAgent, "run.sh"), []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	type forgeCase struct {
+		driver, repo, wrongRepo, unreachable, agent string
+	}
+	forges := []forgeCase{
+		{"github", gh.URL + "/acme/models", gh.URL + "/acme/nothing", closed + "/acme/models", "/bin/true"},
+		{"gitlab", gl.URL + "/acme/models", gl.URL + "/acme/nothing", closed + "/acme/models", "/bin/true"},
+		{"bitbucket", bb.URL + "/acme/models", bb.URL + "/acme/nothing", closed + "/acme/models", "/bin/true"},
+		{"azure-pipelines", az.URL + "/models?pool=ml", az.URL + "/models?pool=nothing", closed + "/acme/models?pool=ml", filepath.Join(azAgent, "run.sh")},
+	}
+	for _, f := range forges {
+		for _, tc := range []struct {
+			what, repo, token string
+			want              []string
+		}{
+			{"wrong token", f.repo, wrongToken, []string{"the forge refused the token or the repository", "401|Unauthorized"}},
+			{"wrong repository", f.wrongRepo, rightToken, []string{"the forge refused the token or the repository"}},
+			{"unreachable forge", f.unreachable, rightToken, []string{"the forge could not be reached", "connection refused"}},
+		} {
+			t.Run(f.driver+" "+tc.what, func(t *testing.T) {
+				t.Setenv("REPO_TOKEN", tc.token)
+				t.Setenv("XDG_STATE_HOME", t.TempDir())
+				var out bytes.Buffer
+				start := time.Now()
+				code := Main([]string{"runner", "launch", "--driver", f.driver, "--repo", tc.repo, "--agent", f.agent, "--idle-timeout", "60"}, &out, &out)
+				took := time.Since(start)
+				if code != ExitFailure || took > 10*time.Second {
+					t.Errorf("exit %d after %s, want 1 within 10s:\n%s", code, took.Round(time.Millisecond), out.String())
+				}
+				for _, w := range tc.want {
+					// "a|b": either one, as each forge words it.
+					if !slices.ContainsFunc(strings.Split(w, "|"), func(w string) bool { return strings.Contains(out.String(), w) }) {
+						t.Errorf("the output does not say %q:\n%s", w, out.String())
+					}
+				}
+				if strings.Contains(out.String(), tc.token) {
+					t.Error("the token was printed")
+				}
+				t.Logf("exit %d after %s: %s", code, took.Round(time.Millisecond), strings.TrimSpace(out.String()))
+			})
+		}
+	}
+
+	// --cloud=aws where EC2 refuses the credentials: the cloud's answer,
+	// at once, and no registration is made.
+	ec2, err := ec2sim.New(ec2sim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ec2.Close)
+	t.Setenv("REPO_TOKEN", rightToken)
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": "not-the-key", "AWS_SECRET_ACCESS_KEY": "nope", "AWS_ENDPOINT_URL_EC2": ec2.URL,
+		"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"} {
+		t.Setenv(k, v)
+	}
+	var out bytes.Buffer
+	start := time.Now()
+	code := Main([]string{"runner", "--driver", "github", "--repo", gh.URL + "/acme/models", "--agent", "/bin/github-runner",
+		"--cloud=aws", "--cloud-region=us-west", "--cloud-type=p2.xlarge", "--cloud-image", "ami-0123456789abcdef0", "--labels=cml-gpu"}, &out, &out)
+	if took := time.Since(start); code != ExitFailure || took > 10*time.Second || !strings.Contains(out.String(), "the cloud refused to list the runners' machines (aws)") || !strings.Contains(out.String(), "AuthFailure") {
+		t.Errorf("--cloud=aws with credentials EC2 refuses: exit %d after %s:\n%s", code, took, out.String())
+	}
+	if len(gh.Runners()) != 0 || len(ec2.Instances()) != 0 {
+		t.Errorf("left %d registrations and %d instances", len(gh.Runners()), len(ec2.Instances()))
+	}
+}
+
+// A runner whose agent never comes online (here it fails at once) ends
+// the run with exit 1 and the reason, at the idle timeout, or after its
+// one try with --single: exit 0 only means a runner served.
+func TestRunnerNeverOnlineFails(t *testing.T) {
+	gh := ghsim.New(ghsim.Options{Token: rightToken, Repos: []string{"acme/models"}})
+	t.Cleanup(gh.Close)
+	t.Setenv("REPO_TOKEN", rightToken)
+	// An agent that fails at once and says so, as a real one does (a
+	// version the forge refuses, a library missing).
+	failing := filepath.Join(t.TempDir(), "run.sh")
+	if err := os.WriteFile(failing, []byte("#!/bin/sh\necho 'runner: cannot start: a library is missing' >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"--idle-timeout", "3"}, {"--single"}} {
+		t.Setenv("XDG_STATE_HOME", t.TempDir())
+		var out bytes.Buffer
+		start := time.Now()
+		code := Main(append([]string{"runner", "--driver", "github", "--repo", gh.URL + "/acme/models", "--agent", failing}, args...), &out, &out)
+		took := time.Since(start)
+		if code != ExitFailure || !strings.Contains(out.String(), "no runner came online") || !strings.Contains(out.String(), "agent exited without taking a job") || !strings.Contains(out.String(), "a library is missing") {
+			t.Errorf("%v with an agent that exits at once: exit %d after %s:\n%s", args, code, took, out.String())
+		}
+		if took > time.Minute {
+			t.Errorf("%v: took %s", args, took)
+		}
+		if len(gh.Runners()) != 0 {
+			t.Errorf("%v: registrations left: %+v", args, gh.Runners())
+		}
+		t.Logf("%v: exit %d after %s", args, code, took.Round(100*time.Millisecond))
+	}
+}
