@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/runfleet/runfleet/fetch"
 	"github.com/runfleet/runfleet/secret"
 )
 
@@ -90,6 +91,14 @@ type RepoDriver interface {
 	// RepoConfig returns the forge's URL and the driver's section for a
 	// repository or organisation URL.
 	RepoConfig(repo string) (forgeURL string, section json.RawMessage, err error)
+}
+
+// AgentReleaser is implemented by drivers whose runner agent runfleet can
+// fetch for a host that lacks it, as CML fetches the agent itself: the
+// forge's own published release, pinned by version and checksum
+// (`runfleet runner` on this host, without --agent).
+type AgentReleaser interface {
+	AgentRelease() fetch.Release
 }
 
 // Starter is implemented by drivers that `runfleet init` writes a starter

@@ -8,12 +8,32 @@ import (
 	"strings"
 
 	"github.com/runfleet/runfleet/agent"
+	"github.com/runfleet/runfleet/fetch"
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/provider"
 )
 
 // ImageRunScript is where images/github-runner keeps the runner's run.sh.
 const ImageRunScript = "/home/runner/run.sh"
+
+// AgentRelease is GitHub's runner (actions/runner) that `runfleet runner`
+// fetches for a host without one: v2.337.0 (2026-08-26), its files'
+// SHA-256 as the release publishes them. A runner older than GitHub's
+// minimum updates itself before it takes a job.
+var AgentRelease = fetch.Release{
+	Name: "actions-runner", Version: "2.337.0",
+	URL:  "https://github.com/actions/runner/releases/download/v{version}",
+	File: "actions-runner-linux-{arch}-{version}.tar.gz",
+	Arch: map[string]string{"amd64": "x64", "arm64": "arm64"},
+	SHA256: map[string]string{
+		"amd64": "70920811a4f8ad4328818682bca5c6469c1c942fab52448868071d0063816613",
+		"arm64": "9b1dc70626422526e3c94767cf024896beb15da5342a3f4819bf2feac13e0393",
+	},
+	Program: "run.sh",
+}
+
+// AgentRelease makes GitHub's runner fetchable (forge.AgentReleaser).
+func (driver) AgentRelease() fetch.Release { return AgentRelease }
 
 // Agent makes GitHub's runner the agent of a pool: run.sh in PATH on this
 // host, or in the image at ImageRunScript, unless the pool names another.

@@ -127,7 +127,11 @@ var cmlOptions = []cmlOption{
 	{name: "docker", runfleet: true,
 		help: "run each job's runner in a fresh container of this image instead of on this machine"},
 	{name: "agent", runfleet: true,
-		help: "the forge's runner agent (run.sh, gitea-runner, gitlab-runner, ...); fetched into runfleet's cache when absent"},
+		help: "the forge's runner agent (run.sh, gitea-runner, gitlab-runner, ...); without it, on this host, the one in PATH, else the forge's release runfleet pins, fetched into runfleet's cache (GitHub's runner)"},
+	{name: "agent-url", runfleet: true,
+		help: "where to fetch the forge's agent release from instead of the forge's own site: a mirror holding the same files"},
+	{name: "agent-sha256", runfleet: true,
+		help: "the SHA-256 of the agent release's file at --agent-url, where it is a build of your own rather than the forge's"},
 }
 
 // cmlOptionNamed returns the option of that name.
@@ -266,6 +270,7 @@ func resolveRunner(fs *pflag.FlagSet, getenv func(string) (string, bool)) (runne
 		Name: raw["name"].value(), Single: boolean("single"), Reuse: boolean("reuse"), ReuseIdle: boolean("reuse-idle"),
 		NoRetry: boolean("no-retry"), Workdir: raw["workdir"].value(), Driver: raw["driver"].value(), Repo: raw["repo"].value(),
 		Log: raw["log"].value(), Docker: raw["docker"].value(), Agent: raw["agent"].value(),
+		AgentURL: raw["agent-url"].value(), AgentSHA256: strings.TrimSpace(raw["agent-sha256"].value()),
 		// A token from a variable may end in the newline of the file or
 		// the secret store it came from: trimmed, as token_file's is.
 		Token: strings.TrimSpace(raw["driver-token"].value()),

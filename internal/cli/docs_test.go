@@ -47,7 +47,7 @@ func TestCMLPageTable(t *testing.T) {
 	page := read(t, "../../docs/cml.md")
 	_, table, _ := strings.Cut(page, "\n## Each option\n")
 	table, _, _ = strings.Cut(table, "\n## ")
-	flag := regexp.MustCompile("`--([a-z_-]+)")
+	flag := regexp.MustCompile("`--([a-z0-9_-]+)")
 	inCML, inRunfleet := map[string]bool{}, map[string]bool{}
 	for _, line := range strings.Split(table, "\n") {
 		cells := strings.Split(line, " | ")

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/fetch"
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/internal/daemon"
 	"github.com/runfleet/runfleet/pool"
@@ -47,6 +49,9 @@ type runnerSettings struct {
 	Log           string
 	Docker        string // image: run the agent in a container
 	Agent         string
+	// AgentURL and AgentSHA256 say where the forge's agent release is
+	// fetched from, and its checksum, instead of the forge's own.
+	AgentURL, AgentSHA256 string
 	// Cloud holds the scalar --cloud* options given, by flag name
 	// without the dashes; Metadata and NodeSelector CML's key=value
 	// lists.
@@ -188,21 +193,30 @@ func runRunner(ctx context.Context, s runnerSettings, getenv func(string) (strin
 	if err != nil {
 		return usage(err)
 	}
-	fleet, err := daemon.New(cfg, log)
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	// The token, the repository and the cloud are checked first, by a
+	// fleet that is only read: before an agent is looked for or fetched,
+	// and before anything is written.
+	probe, err := daemon.Inspect(cfg, log)
 	if err != nil {
 		return usage(err)
 	}
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-
-	reused, err := checkRunner(ctx, fleet, s)
-	if err != nil || reused != "" {
-		fleet.Close()
-		if err != nil {
-			return err
-		}
+	reused, err := checkRunner(ctx, probe, s)
+	probe.Close()
+	if err != nil {
+		return err
+	}
+	if reused != "" {
 		log.Info("an existing runner matches; starting none", "runner", reused)
 		return nil
+	}
+	if err := fetchAgent(ctx, &cfg.Pools[0], s, log); err != nil {
+		return err
+	}
+	fleet, err := daemon.New(cfg, log)
+	if err != nil {
+		return usage(err)
 	}
 
 	runCtx, cancel := context.WithCancel(ctx)
@@ -214,6 +228,33 @@ func runRunner(ctx context.Context, s runnerSettings, getenv func(string) (strin
 	if !served {
 		return &ExitError{ExitFailure, noRunner(fleet.Pools[0], ctx.Err() != nil)}
 	}
+	return nil
+}
+
+// fetchAgent gives runners on this host the forge's agent when the host
+// has none and --agent names none, as CML installs the agent itself: the
+// forge's release runfleet pins (forge.AgentReleaser), fetched into
+// runfleet's cache and checked against its SHA-256.
+func fetchAgent(ctx context.Context, pc *config.Pool, s runnerSettings, log *slog.Logger) error {
+	if pc.Agent.Path != "" || pc.Provider != config.DefaultProvider {
+		return nil
+	}
+	d, _ := forge.Lookup(s.Driver)
+	rel, ok := d.(forge.AgentReleaser)
+	if !ok {
+		return nil // the driver's own error says what to install
+	}
+	r := rel.AgentRelease()
+	if _, err := exec.LookPath(cmp.Or(r.Program, r.Name)); err == nil {
+		return nil
+	}
+	log.Info("the forge's runner agent is not on this host; fetching it", "agent", r.Name, "version", r.Version)
+	path, err := r.Get(ctx, fetch.Options{Cache: fetch.DefaultCache(), Mirror: s.AgentURL, SHA256: s.AgentSHA256})
+	if err != nil {
+		return &ExitError{ExitFailure, fmt.Errorf("--agent: %s is not in PATH, and fetching %s %s failed: %w (install it, or name it with --agent)", cmp.Or(r.Program, r.Name), r.Name, r.Version, err)}
+	}
+	log.Info("fetched the forge's runner agent", "agent", r.Name, "version", r.Version, "path", path)
+	pc.Agent.Path = path
 	return nil
 }
 

@@ -1,15 +1,23 @@
 package cli
 
 import (
+	"archive/tar"
 	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/runfleet/runfleet/forge/github"
 	"github.com/runfleet/runfleet/internal/testbed/azsim"
 	"github.com/runfleet/runfleet/internal/testbed/bbsim"
 	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
@@ -154,5 +162,56 @@ func TestRunnerNeverOnlineFails(t *testing.T) {
 			t.Errorf("%v: registrations left: %+v", args, gh.Runners())
 		}
 		t.Logf("%v: exit %d after %s", args, code, took.Round(100*time.Millisecond))
+	}
+}
+
+// Without GitHub's runner on this host and without --agent, runner
+// fetches the release it pins, here from a loopback mirror (--agent-url)
+// with the checksum of the mirror's own build (--agent-sha256), and runs
+// it; a file whose checksum is not the one given is refused, with exit 1
+// and nothing run. The release's run.sh here says it ran and fails, which
+// the pool shows.
+func TestRunnerFetchesTheAgent(t *testing.T) {
+	gh := ghsim.New(ghsim.Options{Token: rightToken, Repos: []string{"acme/models"}})
+	t.Cleanup(gh.Close)
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	script := "#!/bin/sh\necho 'the fetched agent ran'\nexit 1\n"
+	tw.WriteHeader(&tar.Header{Name: "run.sh", Mode: 0o755, Size: int64(len(script)), Typeflag: tar.TypeReg})
+	tw.Write([]byte(script))
+	tw.Close()
+	gz.Close()
+	release := buf.Bytes()
+	file := strings.NewReplacer("{arch}", github.AgentRelease.Arch[runtime.GOARCH], "{version}", github.AgentRelease.Version).Replace(github.AgentRelease.File)
+	mirror := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/mirror/"+file {
+			http.NotFound(w, r)
+			return
+		}
+		w.Write(release)
+	}))
+	t.Cleanup(mirror.Close)
+	sum := sha256.Sum256(release)
+	t.Setenv("REPO_TOKEN", rightToken)
+	t.Setenv("PATH", "/usr/bin:/bin") // no run.sh
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	for _, tc := range []struct {
+		sum  string
+		want string
+	}{
+		{hex.EncodeToString(sum[:]), "the fetched agent ran"},
+		{strings.Repeat("0", 64), "checksum mismatch"},
+	} {
+		t.Setenv("XDG_STATE_HOME", t.TempDir())
+		var out bytes.Buffer
+		code := Main([]string{"runner", "--driver", "github", "--repo", gh.URL + "/acme/models", "--single",
+			"--agent-url", mirror.URL + "/mirror", "--agent-sha256", tc.sum}, &out, &out)
+		if code != ExitFailure || !strings.Contains(out.String(), tc.want) {
+			t.Errorf("--agent-sha256 %s: exit %d, want 1 and %q:\n%s", tc.sum[:8], code, tc.want, out.String())
+		}
+	}
+	if entries, _ := os.ReadDir(filepath.Join(os.Getenv("XDG_CACHE_HOME"), "runfleet", "releases", "actions-runner")); len(entries) != 1 {
+		t.Errorf("the cache holds %d releases of actions-runner, want the one that matched", len(entries))
 	}
 }

@@ -1,10 +1,18 @@
 package manager
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/runfleet/runfleet/forge/github"
 	"github.com/runfleet/runfleet/internal/testbed/ghsim"
 	"github.com/runfleet/runfleet/internal/testbed/harness"
 )
@@ -63,5 +71,45 @@ func TestRunnerReuseIgnoresOffline(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "an existing runner matches") {
 		t.Errorf("output does not say why nothing started:\n%s", out.String())
+	}
+}
+
+// A host without GitHub's runner: `runfleet runner` fetches the release
+// (from a loopback mirror of it, the stand-in runner packed as
+// actions/runner packs its own, with its checksum), unpacks it into its
+// cache, and the job runs on it; a second run takes it from the cache.
+func TestRunnerFetchesTheAgent(t *testing.T) {
+	sim := harness.NewRunnerSim(t, "acme/fetch")
+	tgz := harness.GitHubRunnerRelease(t)
+	rel := github.AgentRelease
+	file := strings.NewReplacer("{arch}", rel.Arch[runtime.GOARCH], "{version}", rel.Version).Replace(rel.File)
+	var fetched atomic.Int64
+	mirror := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/actions-runner/"+file {
+			http.NotFound(w, r)
+			return
+		}
+		fetched.Add(1)
+		w.Write(tgz)
+	}))
+	t.Cleanup(mirror.Close)
+	sum := sha256.Sum256(tgz)
+	cache := t.TempDir()
+	for i := range 2 {
+		cmd, out := harness.StartRunner(t, []string{"PATH=/usr/bin:/bin", "XDG_CACHE_HOME=" + cache},
+			"runner", "--driver", "github", "--repo", sim.URL+"/acme/fetch", "--single", "--labels", "cml",
+			"--agent-url", mirror.URL+"/actions-runner", "--agent-sha256", hex.EncodeToString(sum[:]))
+		sim.Queue("acme/fetch", ghsim.JobSpec{Name: fmt.Sprint("train-", i), Labels: []string{"self-hosted", "cml"}, Script: "echo on-the-fetched-runner"})
+		harness.WaitExit(t, cmd, time.Minute)
+		if i == 0 && !strings.Contains(out.String(), "fetched the forge's runner agent") {
+			t.Errorf("the output does not say the agent was fetched:\n%s", out.String())
+		}
+	}
+	jobs := sim.Jobs()
+	if len(jobs) != 2 || jobs[0].Conclusion != "success" || jobs[1].Conclusion != "success" || !strings.Contains(jobs[0].Output, "on-the-fetched-runner") {
+		t.Fatalf("jobs = %+v", jobs)
+	}
+	if n := fetched.Load(); n != 1 {
+		t.Errorf("the release was fetched %d times for two runs, want once", n)
 	}
 }

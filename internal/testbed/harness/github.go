@@ -1,7 +1,9 @@
 package harness
 
 import (
+	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"os"
@@ -236,3 +238,24 @@ func FileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // GitHubRunnerBin is the stand-in for GitHub's runner, a host binary.
 func GitHubRunnerBin(t testing.TB) string { return needGitHubRunner(t) }
+
+// GitHubRunnerRelease is a release of the stand-in runner packed as
+// actions/runner packs its own (a tarball with run.sh at its top), for a
+// test's loopback mirror.
+func GitHubRunnerRelease(t testing.TB) []byte {
+	t.Helper()
+	bin, err := os.ReadFile(needGitHubRunner(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	if err := tw.WriteHeader(&tar.Header{Name: "run.sh", Mode: 0o755, Size: int64(len(bin)), Typeflag: tar.TypeReg}); err != nil {
+		t.Fatal(err)
+	}
+	tw.Write(bin)
+	tw.Close()
+	gz.Close()
+	return buf.Bytes()
+}
