@@ -242,7 +242,13 @@ func fetchAgent(ctx context.Context, pc *config.Pool, s runnerSettings, log *slo
 	d, _ := forge.Lookup(s.Driver)
 	rel, ok := d.(forge.AgentReleaser)
 	if !ok {
-		return nil // the driver's own error says what to install
+		st, ok := d.(forge.Starter)
+		if agent := st.Starter(forge.StarterOptions{}).Agent; ok && agent != "" {
+			if _, err := exec.LookPath(agent); err != nil {
+				return &ExitError{ExitUsage, fmt.Errorf("--agent: %s is not on this host, and runfleet fetches no release of %s's agent: install it (docs/forges/%s.md), or name it with --agent", agent, s.Driver, s.Driver)}
+			}
+		}
+		return nil
 	}
 	r := rel.AgentRelease()
 	if _, err := exec.LookPath(cmp.Or(r.Program, r.Name)); err == nil {

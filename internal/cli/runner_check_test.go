@@ -215,3 +215,21 @@ func TestRunnerFetchesTheAgent(t *testing.T) {
 		t.Errorf("the cache holds %d releases of actions-runner, want the one that matched", len(entries))
 	}
 }
+
+// A forge whose agent runfleet does not fetch, and that is not on this
+// host: said before anything starts, with where to read how to install it.
+func TestRunnerSaysWhichAgentToInstall(t *testing.T) {
+	gl := glsim.New(glsim.Options{Token: rightToken, Projects: []string{"acme/models"}})
+	t.Cleanup(gl.Close)
+	t.Setenv("REPO_TOKEN", rightToken)
+	t.Setenv("PATH", "/usr/bin:/bin")
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	var out bytes.Buffer
+	code := Main([]string{"runner", "--driver", "gitlab", "--repo", gl.URL + "/acme/models", "--single"}, &out, &out)
+	if code != ExitUsage || !strings.Contains(out.String(), "gitlab-runner is not on this host") || !strings.Contains(out.String(), "docs/forges/gitlab.md") {
+		t.Errorf("exit %d:\n%s", code, out.String())
+	}
+	if len(gl.Runners()) != 0 {
+		t.Errorf("a runner was registered: %+v", gl.Runners())
+	}
+}
