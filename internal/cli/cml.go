@@ -134,12 +134,6 @@ var cmlOptions = []cmlOption{
 		help: "the SHA-256 of the agent release's file at --agent-url, where it is a build of your own rather than the forge's"},
 }
 
-// cmlOptionNamed returns the option of that name.
-func cmlOptionNamed(name string) cmlOption {
-	i := slices.IndexFunc(cmlOptions, func(o cmlOption) bool { return o.name == name })
-	return cmlOptions[i]
-}
-
 // envNames returns the variables that set an option, in precedence:
 // CML's renamed ones, then CML_RUNNER_<NAME> for the name and each alias
 // (yargs' .env('CML_RUNNER')).

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -214,4 +215,10 @@ func TestCMLArrays(t *testing.T) {
 			t.Errorf("%s:\n got %s\nwant %s", in, got, want)
 		}
 	}
+}
+
+// cmlOptionNamed returns the option of that name.
+func cmlOptionNamed(name string) cmlOption {
+	i := slices.IndexFunc(cmlOptions, func(o cmlOption) bool { return o.name == name })
+	return cmlOptions[i]
 }

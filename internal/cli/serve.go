@@ -192,7 +192,7 @@ func startServers(fleet *daemon.Fleet, log *slog.Logger) ([]*http.Server, error)
 		log.Info("serving "+l.what, "addr", ln.Addr().String())
 	}
 	if h, _, err := net.SplitHostPort(cfg.StatusListen); err == nil && cfg.StatusToken == "" {
-		if ip := net.ParseIP(h); h != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		if !isLoopback(h) {
 			log.Warn("the status page and /metrics are served beyond this host without a token; they show repository, job and runner names", "status_listen", cfg.StatusListen)
 		}
 	}
