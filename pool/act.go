@@ -244,6 +244,12 @@ func (p *Pool) removeRegistrationFirst(ctx context.Context, name string, id int6
 	case err != nil && !errors.Is(err, forge.ErrNotFound):
 		p.log.Warn("remove registration failed", "runner", name, "err", err)
 		return exited
+	case errors.Is(err, forge.ErrNotFound) && (exited || gone):
+		// The forge deleted it first, as it deletes an ephemeral
+		// runner's once its job ended (deletedByForge).
+		p.mu.Lock()
+		p.served = true
+		p.mu.Unlock()
 	}
 	return true
 }

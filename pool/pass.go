@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/runfleet/runfleet/agent"
@@ -42,12 +43,7 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 		if !s.classified {
 			continue
 		}
-		// A runner served if it was seen online or at a job, or if it
-		// ended with no output to say it failed: a short job may start
-		// and end between two passes, on a machine whose output is
-		// gone with it (a cloud instance, a deleted pod).
-		hadMachine := s.inst != nil || p.last[s.name].ID != ""
-		if s.verdict.state == StateIdle || s.verdict.retire != "" && hadMachine && len(s.output) == 0 && s.phase == agent.PhaseUnknown && !s.verdict.lost {
+		if s.verdict.state == StateIdle || p.deletedByForge(s) {
 			p.served = true
 		}
 		p.apply(ctx, s, debug)
@@ -67,6 +63,22 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 		p.crashed(crashed)
 	}
 	p.view = p.scale(ctx, snap, p.view, view, n, pol.now)
+}
+
+// deletedByForge says whether a slot's registration went without the
+// pool removing it while its machine ran or after it ended: the forge
+// deletes an ephemeral runner's registration once its job ended (GitHub's
+// just-in-time runners, Gitea's ephemeral ones). A short job on a machine
+// whose output the pool cannot read (a cloud instance) is known to have
+// run by that alone, when no pass saw the runner online. Called with p.mu
+// held.
+func (p *Pool) deletedByForge(s *slot) bool {
+	id := cmp.Or(p.registered[s.name], p.memory[s.name].regID)
+	if i := slices.IndexFunc(p.view, func(r Runner) bool { return r.Name == s.name }); i >= 0 {
+		id = cmp.Or(id, p.view[i].RunnerID) // the last pass's listing had it
+	}
+	hadMachine := s.inst != nil || p.last[s.name].ID != ""
+	return s.reg == nil && id != 0 && hadMachine && p.pending[s.name] != opRemove && p.done[s.name].op != opRemove
 }
 
 // crashed backs the pool off after an agent ended without taking a job,

@@ -397,9 +397,10 @@ func (p *Pool) Created() int {
 	return p.created
 }
 
-// Served says whether a runner of the pool has come online at its forge,
-// taken a job, or ended without output saying it failed, since the pool
-// began: false means that every runner failed to start or said it failed.
+// Served says whether a runner of the pool has come online at its forge
+// or taken a job since the pool began: seen online or busy, its agent
+// saying it took a job, or its registration deleted by the forge as an
+// ephemeral runner's is once its job ended.
 func (p *Pool) Served() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -82,6 +82,16 @@ type CMLOptions struct {
 	// split at its first "=".
 	Metadata, NodeSelector map[string]string
 	Getenv                 func(string) (string, bool)
+	// Stock is what a cloud machine booted from a stock image installs
+	// (no --cloud-image): runfleet and the forge's agent, each a file and
+	// its SHA-256; nil where none can be installed.
+	Stock *Stock
+}
+
+// Stock is what the boot script of a stock image fetches.
+type Stock struct {
+	RunfleetURL, RunfleetSHA256 string
+	AgentURL, AgentSHA256       string
 }
 
 // Starter is implemented by drivers that `runfleet init` writes a starter

@@ -189,12 +189,12 @@ func runRunner(ctx context.Context, s runnerSettings, getenv func(string) (strin
 	if len(s.Ignored) > 0 {
 		log.Debug("CML options that mean nothing to runfleet, ignored", "options", strings.Join(s.Ignored, "; "))
 	}
-	cfg, err := runnerConfig(&s, getenv, log)
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	cfg, err := runnerConfig(ctx, &s, getenv, log)
 	if err != nil {
 		return usage(err)
 	}
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	// The token, the repository and the cloud are checked first, by a
 	// fleet that is only read: before an agent is looked for or fetched,
 	// and before anything is written.
@@ -342,11 +342,7 @@ func ownName(reg, name string) bool {
 // runnerConfig builds the config of a one-pool fleet from CML's options:
 // the forge from the repository (through its driver), the provider that
 // CML's options ask for (--docker, --cloud), or runners on this machine.
-func runnerConfig(s *runnerSettings, getenv func(string) (string, bool), log *slog.Logger) (*config.Config, error) {
-	provName, section, err := runnerProvider(*s, getenv, log)
-	if err != nil {
-		return nil, err
-	}
+func runnerConfig(ctx context.Context, s *runnerSettings, getenv func(string) (string, bool), log *slog.Logger) (*config.Config, error) {
 	if s.Repo == "" {
 		s.Repo = inferRepo(getenv)
 	}
@@ -359,6 +355,20 @@ func runnerConfig(s *runnerSettings, getenv func(string) (string, bool), log *sl
 	fc, err := runnerForge(*s)
 	if err != nil {
 		return nil, err
+	}
+	stock, err := stockInstall(ctx, *s, getenv)
+	if err != nil {
+		return nil, err
+	}
+	provName, section, err := runnerProvider(*s, stock, getenv, log)
+	if err != nil {
+		return nil, err
+	}
+	agentPath := s.Agent
+	if stock != nil && agentPath == "" {
+		// The boot script unpacks the agent's release where this says.
+		d, _ := forge.Lookup(s.Driver)
+		agentPath = stockAgentPath(d.(forge.AgentReleaser).AgentRelease(), stock.AgentURL)
 	}
 	if s.Token == "" {
 		return nil, errors.New("--driver-token: no token; set REPO_TOKEN (or pass --token)")
@@ -374,7 +384,7 @@ func runnerConfig(s *runnerSettings, getenv func(string) (string, bool), log *sl
 	pc := config.Pool{
 		Name: s.Name, Forge: fc.Name, Labels: s.Labels, Size: 1, Max: 1,
 		IdleTimeout: config.D(time.Minute), RetryLost: &retry, Single: s.Single,
-		Agent: config.Agent{Path: s.Agent}, Provider: provName, Section: section,
+		Agent: config.Agent{Path: agentPath}, Provider: provName, Section: section,
 	}
 	cfg := &config.Config{ID: s.Name, StateDir: s.Workdir, Resync: config.D(2 * time.Second), DrainTimeout: config.D(24 * time.Hour), Forges: []config.Forge{fc}, Pools: []config.Pool{pc}}
 	if err := cfg.Complete(); err != nil {
@@ -408,13 +418,13 @@ func runnerForge(s runnerSettings) (config.Forge, error) {
 // runnerProvider finds the provider that CML's options ask for: the one
 // driver that takes them, or runners on this machine when none is asked
 // for.
-func runnerProvider(s runnerSettings, getenv func(string) (string, bool), log *slog.Logger) (string, json.RawMessage, error) {
+func runnerProvider(s runnerSettings, stock *provider.Stock, getenv func(string) (string, bool), log *slog.Logger) (string, json.RawMessage, error) {
 	if len(s.DockerVolumes) > 0 && s.Docker == "" {
 		// CML gives them to GitLab's Docker executor, and warns of them
 		// elsewhere.
 		log.Warn("--docker-volumes: ignored without --docker IMAGE: the runners run on this machine")
 	}
-	opts := provider.CMLOptions{Docker: s.Docker, DockerVolumes: s.DockerVolumes, Cloud: s.Cloud, Metadata: s.Metadata, NodeSelector: s.NodeSelector, Getenv: getenv}
+	opts := provider.CMLOptions{Docker: s.Docker, DockerVolumes: s.DockerVolumes, Cloud: s.Cloud, Metadata: s.Metadata, NodeSelector: s.NodeSelector, Getenv: getenv, Stock: stock}
 	var chosen []string
 	var section json.RawMessage
 	for _, name := range provider.Names() {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/provider/vm"
 )
 
 // Section is a pool's `aws:` section: where its instances run and what
@@ -59,6 +60,10 @@ type Section struct {
 	SSHPublicKey string `json:"ssh_public_key"`
 	// Runfleet is runfleet on the image ("runfleet" in its PATH).
 	Runfleet string `json:"runfleet"`
+	// Install is what a stock image lacks, fetched and checked by the
+	// boot script before it starts anything: runfleet and the forge's
+	// agent (vm.Install).
+	Install vm.Install `json:"install"`
 	// Workdir is the agent's working directory on the instance.
 	Workdir string `json:"workdir"`
 	// IdleTimeout powers an instance off when no job came within it,
@@ -101,7 +106,10 @@ var (
 	instanceType = regexp.MustCompile(`^[a-z][a-z0-9-]*\.[a-z0-9-]+$`)
 	region       = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-\d+$`)
 	ids          = map[string]*regexp.Regexp{
-		"image":           regexp.MustCompile(`^ami-[0-9a-f]{8,17}$`),
+		// An AMI, or a Systems Manager parameter that names one, which
+		// RunInstances resolves at launch (EC2 User Guide, "Reference AMIs
+		// using Systems Manager parameters").
+		"image":           regexp.MustCompile(`^(ami-[0-9a-f]{8,17}|resolve:ssm:[A-Za-z0-9_./-]+(:\d+)?)$`),
 		"subnet":          regexp.MustCompile(`^subnet-[0-9a-f]{8,17}$`),
 		"security group":  regexp.MustCompile(`^sg-[0-9a-f]{8,17}$`),
 		"launch template": regexp.MustCompile(`^lt-[0-9a-f]{8,17}$`),
@@ -134,7 +142,7 @@ func DecodeSection(raw json.RawMessage) (Section, error) {
 }
 
 func (s Section) check() error {
-	var errs []error
+	errs := []error{s.Install.Check()}
 	add := func(field, format string, a ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
 	}
@@ -148,9 +156,9 @@ func (s Section) check() error {
 	}
 	switch {
 	case s.Image == "" && !s.LaunchTemplate.given():
-		add("image", "is required (an AMI id, ami-...), unless a launch_template gives it")
+		add("image", "is required (an AMI id, ami-..., or resolve:ssm:<parameter>), unless a launch_template gives it")
 	case s.Image != "" && !ids["image"].MatchString(s.Image):
-		add("image", "%q is not an AMI id (ami-...)", s.Image)
+		add("image", "%q is not an AMI id (ami-...) or resolve:ssm:<parameter>", s.Image)
 	}
 	lt := s.LaunchTemplate
 	switch {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"sync/atomic"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
@@ -155,6 +156,29 @@ var cmlTables = vm.Tables{
 	},
 }
 
+// The stock images CML's runners boot without --cloud-image, as AWS and
+// Canonical publish them in Systems Manager's public parameters, which
+// RunInstances resolves at launch (EC2 User Guide, "Reference AMIs using
+// Systems Manager parameters"): Ubuntu 24.04 LTS, and for GPU types AWS's
+// Deep Learning Base AMI with NVIDIA's driver, Docker and the container
+// toolkit (Ubuntu 22.04). Resolving them needs ssm:GetParameters.
+const (
+	StockUbuntu = "resolve:ssm:/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
+	StockGPU    = "resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+)
+
+// gpuFamily is the instance families with NVIDIA GPUs (g4dn, g5, g6e, p3,
+// p4d, p5, ...).
+var gpuFamily = regexp.MustCompile(`^(g|p)\d[a-z]*\.`)
+
+// StockImage is the stock image for an instance type.
+func StockImage(typ string) string {
+	if gpuFamily.MatchString(typ) {
+		return StockGPU
+	}
+	return StockUbuntu
+}
+
 // CMLSection takes `--cloud=aws` as CML does (vm.ParseCML): the region,
 // the type, the disk, spot and its price, the startup script, the image
 // (an AMI holding runfleet and the forge's agent), --cloud-permission-set
@@ -169,10 +193,14 @@ func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 	}
 	cml, err := vm.ParseCML(o, cmlTables)
 	errs := []error{err}
-	if cml.Image == "" {
-		errs = append(errs, errors.New("--cloud-image: is required with --cloud=aws: an AMI holding runfleet and the forge's agent (images/ tells how to build one)"))
+	var install vm.Install
+	switch {
+	case cml.Image == "" && o.Stock == nil:
+		errs = append(errs, errors.New("--cloud-image: is required with --cloud=aws here: an AMI holding runfleet and the forge's agent (images/ tells how to build one), since runfleet cannot install them on a stock one"))
+	case cml.Image == "":
+		cml.Image, install = StockImage(cml.Type), vm.StockInstall(o.Stock)
 	}
-	s := Section{Image: cml.Image, Region: cml.Region, InstanceTypes: []string{cml.Type}, Spot: cml.Spot, SpotMaxPrice: cml.SpotPrice,
+	s := Section{Image: cml.Image, Install: install, Region: cml.Region, InstanceTypes: []string{cml.Type}, Spot: cml.Spot, SpotMaxPrice: cml.SpotPrice,
 		StartupScript: cml.StartupScript, InstanceProfile: cml.PermissionSet, Tags: cml.Metadata, SSHPublicKey: cml.SSHPublicKey}
 	s.RootVolume.SizeGB = cml.HDDSizeGB
 	if sg := c["cloud-aws-security-group"]; sg != "" {

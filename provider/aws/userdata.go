@@ -14,7 +14,7 @@ const MaxUserData = 16 << 10
 // with the instance interruptions read from EC2's metadata service.
 func userData(s Section, spec provider.Spec, now time.Time, idle, lifetime time.Duration) ([]byte, error) {
 	return vm.Boot{
-		Cloud: "EC2", Notices: "aws", Limit: MaxUserData, Runfleet: s.Runfleet, Workdir: s.Workdir,
+		Cloud: "EC2", Notices: "aws", Limit: MaxUserData, Runfleet: s.Runfleet, Workdir: s.Workdir, Install: s.Install,
 		StartupScript: s.StartupScript, SSHPublicKey: s.SSHPublicKey, IdleTimeout: idle, Lifetime: lifetime,
 	}.Script(spec, now)
 }

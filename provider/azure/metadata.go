@@ -25,7 +25,7 @@ const MaxCustomData = 65535
 // the custom data, with evictions read from Scheduled Events.
 func customData(s Section, spec provider.Spec, now time.Time, idle, lifetime time.Duration) ([]byte, error) {
 	return vm.Boot{
-		Cloud: "Azure", Notices: "azure", Limit: MaxCustomData, Runfleet: s.Runfleet, Workdir: s.Workdir,
+		Cloud: "Azure", Notices: "azure", Limit: MaxCustomData, Runfleet: s.Runfleet, Workdir: s.Workdir, Install: s.Install,
 		StartupScript: s.StartupScript, SSHPublicKey: s.SSHPublicKey, IdleTimeout: idle, Lifetime: lifetime,
 	}.Script(spec, now)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/provider/vm"
 )
 
 // Section is a pool's `gcp:` section: where its instances run and what
@@ -69,6 +70,10 @@ type Section struct {
 	SSHPublicKey string `json:"ssh_public_key"`
 	// Runfleet is runfleet on the image ("runfleet" in its PATH).
 	Runfleet string `json:"runfleet"`
+	// Install is what a stock image lacks, fetched and checked by the
+	// boot script before it starts anything: runfleet and the forge's
+	// agent (vm.Install).
+	Install vm.Install `json:"install"`
 	// Workdir is the agent's working directory on the instance.
 	Workdir string `json:"workdir"`
 	// IdleTimeout powers an instance off when no job came within it,
@@ -151,7 +156,7 @@ func DecodeSection(raw json.RawMessage) (Section, error) {
 }
 
 func (s Section) check() error {
-	var errs []error
+	errs := []error{s.Install.Check()}
 	add := func(field, format string, a ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
 	}

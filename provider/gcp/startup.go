@@ -15,7 +15,7 @@ const MaxMetadataValue = 256 << 10
 // from Compute Engine's metadata server.
 func startupScript(s Section, spec provider.Spec, now time.Time, idle, lifetime time.Duration) (string, error) {
 	b, err := vm.Boot{
-		Cloud: "Compute Engine", Notices: "gcp", Limit: MaxMetadataValue, Runfleet: s.Runfleet, Workdir: s.Workdir,
+		Cloud: "Compute Engine", Notices: "gcp", Limit: MaxMetadataValue, Runfleet: s.Runfleet, Workdir: s.Workdir, Install: s.Install,
 		StartupScript: s.StartupScript, SSHPublicKey: s.SSHPublicKey, IdleTimeout: idle, Lifetime: lifetime,
 	}.Script(spec, now)
 	return string(b), err

@@ -11,9 +11,14 @@
 package vm
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/url"
+	"path"
 	"strings"
 	"time"
 
@@ -23,6 +28,58 @@ import (
 
 // PlanPath is where the boot script writes the runner's plan (0600).
 const PlanPath = "/var/lib/runfleet/plan.json"
+
+// Where the boot script installs what a stock image lacks.
+const (
+	// InstalledRunfleet is runfleet, fetched for a stock image.
+	InstalledRunfleet = "/usr/local/bin/runfleet"
+	// AgentDir holds the forge's agent, fetched and unpacked for a stock
+	// image: a pool's agent path is within it.
+	AgentDir = "/opt/runfleet/agent"
+)
+
+// Install is what a stock image lacks, which the boot script fetches
+// before it starts anything: runfleet itself and the forge's agent (a
+// tarball is unpacked into AgentDir, a program put there). Each file's
+// SHA-256 is checked before it is used; a file that does not match
+// powers the instance off, saying which.
+type Install struct {
+	Runfleet Download `json:"runfleet"`
+	Agent    Download `json:"agent"`
+}
+
+// Download is one file: where it is and its SHA-256.
+type Download struct {
+	URL    string `json:"url"`
+	SHA256 string `json:"sha256"`
+}
+
+// StockInstall is the install section of a stock image, from what
+// `runfleet runner` found to install.
+func StockInstall(s *provider.Stock) Install {
+	return Install{Runfleet: Download{URL: s.RunfleetURL, SHA256: s.RunfleetSHA256}, Agent: Download{URL: s.AgentURL, SHA256: s.AgentSHA256}}
+}
+
+// Given says whether anything is to be installed.
+func (i Install) Given() bool { return i.Runfleet.URL != "" || i.Agent.URL != "" }
+
+// Check says what is wrong with an install section, each problem named
+// by its field.
+func (i Install) Check() error {
+	var errs []error
+	for name, d := range map[string]Download{"install.runfleet": i.Runfleet, "install.agent": i.Agent} {
+		if d.URL == "" && d.SHA256 == "" {
+			continue
+		}
+		if u, err := url.Parse(d.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("%s.url: %q is not an http(s) URL", name, d.URL))
+		}
+		if b, err := hex.DecodeString(d.SHA256); err != nil || len(b) != sha256.Size {
+			errs = append(errs, fmt.Errorf("%s.sha256: %q is not a SHA-256 (64 hexadecimal digits)", name, d.SHA256))
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // Boot is what an instance's boot script needs beside the runner's spec.
 type Boot struct {
@@ -34,6 +91,9 @@ type Boot struct {
 	// Runfleet is runfleet on the image; Workdir the agent's working
 	// directory there.
 	Runfleet, Workdir string
+	// Install is what the image lacks, fetched first (runfleet is then
+	// InstalledRunfleet).
+	Install Install
 	// StartupScript runs as root before the agent (installs, mounts);
 	// SSHPublicKey is added to root's authorized keys.
 	StartupScript, SSHPublicKey string
@@ -103,16 +163,55 @@ func (b Boot) Script(spec provider.Spec, now time.Time) ([]byte, error) {
 		s.WriteString("mkdir -p /root/.ssh && chmod 700 /root/.ssh\n")
 		fmt.Fprintf(&s, "echo %s >> /root/.ssh/authorized_keys\n", ShellQuote(strings.TrimSpace(b.SSHPublicKey)))
 	}
+	runfleet := b.Runfleet
+	if b.Install.Given() {
+		b.Install.script(&s)
+		if b.Install.Runfleet.URL != "" {
+			runfleet = InstalledRunfleet
+		}
+	}
 	if b.StartupScript != "" {
 		heredoc(&s, "/var/lib/runfleet/startup.sh", []byte(b.StartupScript))
 		s.WriteString("sh /var/lib/runfleet/startup.sh || off \"the startup script failed\"\n")
 	}
-	fmt.Fprintf(&s, "command -v %[1]s >/dev/null || off \"%[1]s is not on this image\"\n", ShellQuote(b.Runfleet))
-	fmt.Fprintf(&s, "exec %s agent --plan %s\n", ShellQuote(b.Runfleet), PlanPath)
+	fmt.Fprintf(&s, "command -v %[1]s >/dev/null || off \"%[1]s is not on this image\"\n", ShellQuote(runfleet))
+	fmt.Fprintf(&s, "exec %s agent --plan %s\n", ShellQuote(runfleet), PlanPath)
 	if n := s.Len(); b.Limit > 0 && n > b.Limit {
 		return nil, fmt.Errorf("the boot script of %s is %d bytes, over %s's %d (a shorter startup_script, or fewer files)", spec.Name, n, b.Cloud, b.Limit)
 	}
 	return []byte(s.String()), nil
+}
+
+// script writes the lines that install what the image lacks: each file
+// fetched (curl, or wget where there is no curl) into a directory only
+// root can read, its SHA-256 checked, then put in place. A failure powers
+// the instance off with a line that says what failed, so the runner is
+// reported failed instead of waiting for a job it cannot take.
+func (i Install) script(s *strings.Builder) {
+	s.WriteString("fetch() { curl -fsSL --retry 5 --retry-connrefused -o \"$2\" \"$1\" 2>/dev/null || wget -q -O \"$2\" \"$1\"; }\n")
+	s.WriteString("verify() { [ \"$(sha256sum \"$1\" | cut -d' ' -f1)\" = \"$2\" ]; }\n")
+	// cp and chmod rather than install(1), which a minimal image may lack.
+	s.WriteString("place() { mkdir -p \"$(dirname \"$2\")\" && cp \"$1\" \"$2\" && chmod 0755 \"$2\"; }\n")
+	s.WriteString("mkdir -p /var/lib/runfleet/fetch\n")
+	if d := i.Runfleet; d.URL != "" {
+		fmt.Fprintf(s, "fetch %s /var/lib/runfleet/fetch/runfleet || off %s\n", ShellQuote(d.URL), ShellQuote("could not fetch runfleet from "+d.URL))
+		fmt.Fprintf(s, "verify /var/lib/runfleet/fetch/runfleet %s || off %s\n", d.SHA256, ShellQuote("runfleet from "+d.URL+": its SHA-256 is not "+d.SHA256+" (checksum mismatch)"))
+		fmt.Fprintf(s, "place /var/lib/runfleet/fetch/runfleet %s || off \"could not install runfleet\"\n", InstalledRunfleet)
+	}
+	if d := i.Agent; d.URL != "" {
+		fmt.Fprintf(s, "fetch %s /var/lib/runfleet/fetch/agent || off %s\n", ShellQuote(d.URL), ShellQuote("could not fetch the agent from "+d.URL))
+		fmt.Fprintf(s, "verify /var/lib/runfleet/fetch/agent %s || off %s\n", d.SHA256, ShellQuote("the agent from "+d.URL+": its SHA-256 is not "+d.SHA256+" (checksum mismatch)"))
+		fmt.Fprintf(s, "mkdir -p %s\n", AgentDir)
+		if strings.HasSuffix(d.URL, ".tar.gz") || strings.HasSuffix(d.URL, ".tgz") {
+			fmt.Fprintf(s, "tar -xzf /var/lib/runfleet/fetch/agent -C %s || off \"could not unpack the agent\"\n", AgentDir)
+			// A release that says what it needs from the system (GitHub's
+			// runner: .NET's libraries) gets it, where the image can.
+			fmt.Fprintf(s, "[ -x %[1]s/bin/installdependencies.sh ] && %[1]s/bin/installdependencies.sh >/var/lib/runfleet/dependencies.log 2>&1\n", AgentDir)
+		} else {
+			fmt.Fprintf(s, "place /var/lib/runfleet/fetch/agent %s/%s || off \"could not install the agent\"\n", AgentDir, path.Base(d.URL))
+		}
+	}
+	s.WriteString("rm -rf /var/lib/runfleet/fetch\n")
 }
 
 // heredoc writes data to path through base64, so that no line of it can

@@ -66,3 +66,31 @@ func TestScript(t *testing.T) {
 		t.Errorf("an oversized script: %v", err)
 	}
 }
+
+// With an install section the script fetches runfleet and the agent,
+// checks each file's SHA-256 before it is used, powers off saying which
+// when one does not match, and runs the runfleet it installed.
+func TestScriptInstalls(t *testing.T) {
+	sum := strings.Repeat("ab", 32)
+	b := Boot{Cloud: "Test", Notices: "test", Runfleet: "runfleet", Workdir: "/w", Lifetime: time.Hour,
+		Install: Install{Runfleet: Download{URL: "https://releases.example/runfleet-v1-linux-amd64", SHA256: sum},
+			Agent: Download{URL: "https://releases.example/actions-runner-linux-x64-2.337.0.tar.gz", SHA256: sum}}}
+	out, err := b.Script(provider.Spec{Name: "p-1", Manager: "m", Pool: "p", Command: AgentDir + "/run.sh"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"fetch 'https://releases.example/runfleet-v1-linux-amd64' /var/lib/runfleet/fetch/runfleet || off",
+		"verify /var/lib/runfleet/fetch/runfleet " + sum + " || off 'runfleet from https://releases.example/runfleet-v1-linux-amd64: its SHA-256 is not " + sum + " (checksum mismatch)'",
+		"tar -xzf /var/lib/runfleet/fetch/agent -C " + AgentDir,
+		"exec '" + InstalledRunfleet + "' agent --plan",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("script lacks %q:\n%s", want, out)
+		}
+	}
+	if err := (Install{Runfleet: Download{URL: "ftp://x", SHA256: "12"}}).Check(); err == nil ||
+		!strings.Contains(err.Error(), "install.runfleet.url") || !strings.Contains(err.Error(), "install.runfleet.sha256") {
+		t.Errorf("a bad install section: %v", err)
+	}
+}

@@ -2,8 +2,10 @@ package aws
 
 import (
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -316,4 +318,68 @@ func TestAWSOutage(t *testing.T) {
 		t.Errorf("the outage was logged %d times in 40s, want it once a minute", f.LogCount("describing instances failed"))
 	}
 	f.StopLeavesNothing()
+}
+
+// CML's own example (its README, "Allocating Cloud Compute Resources with
+// CML"), unchanged but for the command name, in a GitHub Actions job: no
+// --cloud-image, so the instance boots the stock GPU image (AWS's Deep
+// Learning AMI's public parameter, resolved at launch), and its boot
+// script fetches runfleet (this build, from its release directory) and
+// GitHub's runner (from a mirror: CML_RUNNER_AGENT_URL), checks both, and
+// the job runs. A release whose files do not match their checksums
+// stops the boot, saying so, and the runner exits 1.
+func TestRunnerCloudAWSStockImage(t *testing.T) {
+	sim := harness.NeedEC2(t)
+	harness.AddStockImages(t, sim)
+	rel := harness.NewReleases(t)
+	gh := ghsim.New(ghsim.Options{Token: harness.GHToken, Repos: []string{"acme/stock"}, LostAfter: 2 * time.Second, RunnerHost: "host.docker.internal"})
+	t.Cleanup(gh.Close)
+	env := append(harness.AWSEnv(), "AWS_ENDPOINT_URL_EC2="+sim.URL, "GITHUB_ACTIONS=true", "GITHUB_SERVER_URL="+gh.URL, "GITHUB_REPOSITORY=acme/stock",
+		"RUNFLEET_RELEASE_URL="+rel.URL, "CML_RUNNER_AGENT_URL="+rel.Agent, "CML_RUNNER_AGENT_SHA256="+rel.AgentSHA256)
+	// README.md of iterative/cml, "Allocating Cloud Compute Resources with CML".
+	example := []string{"runner", "launch", "--cloud=aws", "--cloud-region=us-west", "--cloud-type=g4dn.xlarge", "--labels=cml-gpu"}
+	cmd, out := harness.StartRunner(t, env, example...)
+	harness.Eventually(t, time.Minute, "the runner's instance", func() bool { return len(sim.Instances()) == 1 })
+	in := sim.Instances()[0]
+	if in.Image != harness.StockAMI || in.Type != "g4dn.xlarge" {
+		t.Errorf("instance %s: image %s type %s, want the stock GPU image %s", in.ID, in.Image, in.Type, harness.StockAMI)
+	}
+	gh.Queue("acme/stock", ghsim.JobSpec{Name: "train", Labels: []string{"self-hosted", "cml-gpu"}, Script: "echo trained-on-a-stock-image"})
+	harness.Eventually(t, 3*time.Minute, "the job done", func() bool {
+		jobs := gh.Jobs()
+		return len(jobs) == 1 && jobs[0].Conclusion != ""
+	})
+	if jobs := gh.Jobs(); jobs[0].Conclusion != "success" || !strings.Contains(jobs[0].Output, "trained-on-a-stock-image") {
+		t.Fatalf("jobs = %+v", jobs)
+	}
+	if rel.Fetched("linux-amd64") != 1 || rel.Fetched(".tar.gz") != 1 {
+		t.Errorf("runfleet fetched %d times, the agent %d, want once each", rel.Fetched("linux-amd64"), rel.Fetched(".tar.gz"))
+	}
+	// The instance powers off after its one job; then the runner is
+	// stopped as a user stops it.
+	harness.Eventually(t, time.Minute, "the instance's end seen", func() bool { return strings.Contains(out.String(), "runner removed") })
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	harness.WaitExit(t, cmd, 2*time.Minute)
+	if strings.Contains(out.String(), harness.GHToken) || strings.Contains(string(in.UserData), harness.GHToken) {
+		t.Error("the token reached the log or the user data")
+	}
+
+	// The same, from a release whose files are not what their checksums
+	// say: the instance powers off, saying which, and no runner came.
+	rel.Tamper()
+	cmd, out = harness.StartRunner(t, env, append(example, "--single")...)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(out.String(), "no runner came online") {
+			t.Errorf("a tampered release: %v\n%s", err, out.String())
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatal("a tampered release: the runner did not exit")
+	}
+	insts := sim.Instances()
+	if console := insts[len(insts)-1].Console; !strings.Contains(console, "checksum mismatch") || !strings.Contains(console, "powering off") {
+		t.Errorf("the instance did not say why it stopped:\n%s", console)
+	}
 }

@@ -67,6 +67,7 @@ type Server struct {
 	order     []string
 	tokens    map[string]string // client token -> instance id
 	images    map[string]string // AMI -> Docker image ("" boots nothing)
+	params    map[string]string // Systems Manager parameter -> the AMI it names
 	subnets   map[string]string // subnet -> zone
 	noCap     map[string]bool   // "<market> <type> <zone>", "<market> <type>", "<market>"
 	faults    map[string][]string
@@ -93,7 +94,7 @@ func New(o Options) (*Server, error) {
 		opt: o, ln: ln, id: randHex(4),
 		URL:       "http://" + ln.Addr().String(),
 		instances: map[string]*Instance{}, tokens: map[string]string{},
-		images: map[string]string{}, noCap: map[string]bool{}, faults: map[string][]string{},
+		images: map[string]string{}, params: map[string]string{}, noCap: map[string]bool{}, faults: map[string][]string{},
 		calls: map[string]int{}, buckets: map[string]*rate.Limiter{},
 		subnets: map[string]string{
 			"subnet-0a000000000000001": "us-east-1a", "subnet-0b000000000000002": "us-east-1b",
@@ -128,6 +129,15 @@ func (s *Server) AddImage(ami, image string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.images[ami] = image
+}
+
+// AddParameter makes a Systems Manager parameter name an AMI, as AWS's
+// and Canonical's public parameters do (/aws/service/...), for images
+// given as resolve:ssm:<name>.
+func (s *Server) AddParameter(name, ami string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.params[name] = ami
 }
 
 // SetLatency changes the latency added to every answer.

@@ -79,6 +79,20 @@ func (s *Server) runInstances(form url.Values) (any, *apiError) {
 	if ami == "" {
 		return nil, &apiError{http.StatusBadRequest, "MissingParameter", "The request must contain the parameter ImageId"}
 	}
+	// RunInstances takes resolve:ssm:<parameter> for an AMI and resolves
+	// it at launch; the instance then names the AMI itself (EC2 User
+	// Guide, "Reference AMIs using Systems Manager parameters"). How EC2
+	// words a parameter that does not exist is not documented: the
+	// stand-in refuses it as an invalid value.
+	if name, ok := strings.CutPrefix(ami, "resolve:ssm:"); ok {
+		s.mu.Lock()
+		resolved, known := s.params[name]
+		s.mu.Unlock()
+		if !known {
+			return nil, badParam("Invalid value '%s' for ImageId: parameter %s not found.", ami, name)
+		}
+		ami = resolved
+	}
 	if !regexp.MustCompile(`^ami-[0-9a-f]{8,17}$`).MatchString(ami) {
 		return nil, &apiError{http.StatusBadRequest, "InvalidAMIID.Malformed", fmt.Sprintf("Invalid id: \"%s\" (expecting \"ami-...\")", ami)}
 	}

@@ -220,6 +220,10 @@ const InstanceImageRepo = "runfleet-test/ec2-instance"
 // a poweroff that ends the machine.
 func InstanceImage(ctx context.Context, cli *client.Client, runfleet string, agents map[string]string) (string, error) {
 	files := []ImageFile{
+		// /bin/sh a shell, not busybox's: busybox's runs its own applets
+		// before PATH, and its poweroff does nothing in a container, so
+		// a boot script's poweroff would not end the machine.
+		{Path: "bin/sh", From: BashStatic, Mode: 0o755},
 		{Path: "bin/runfleet", From: runfleet, Mode: 0o755},
 		{Path: "bin/ec2-init", Data: []byte(ec2Init), Mode: 0o755},
 		{Path: "bin/poweroff", Data: []byte("#!/bin/sh\n# Ends the machine: its init is PID 1.\nkill -TERM 1\n"), Mode: 0o755},
@@ -228,6 +232,20 @@ func InstanceImage(ctx context.Context, cli *client.Client, runfleet string, age
 		files = append(files, ImageFile{Path: "bin/" + name, From: agents[name], Mode: 0o755})
 	}
 	return BuildImage(ctx, cli, InstanceImageRepo, files...)
+}
+
+// StockImageRepo is the repository of the clouds' stand-ins' stock image.
+const StockImageRepo = "runfleet-test/stock-instance"
+
+// StockImage builds the image a stand-in boots for a cloud's stock image
+// (Ubuntu, a Deep Learning AMI): a shell, busybox's tools (wget,
+// sha256sum, tar), the stand-in for cloud-init and a poweroff, and no
+// runfleet and no agent, which its boot script must fetch.
+func StockImage(ctx context.Context, cli *client.Client) (string, error) {
+	return BuildImage(ctx, cli, StockImageRepo,
+		ImageFile{Path: "bin/sh", From: BashStatic, Mode: 0o755}, // as InstanceImage's
+		ImageFile{Path: "bin/ec2-init", Data: []byte(ec2Init), Mode: 0o755},
+		ImageFile{Path: "bin/poweroff", Data: []byte("#!/bin/sh\n# Ends the machine: its init is PID 1.\nkill -TERM 1\n"), Mode: 0o755})
 }
 
 // ec2Init plays cloud-init: it runs the user data once, its output on

@@ -1,0 +1,165 @@
+package harness
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/runfleet/runfleet/forge/github"
+	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
+	"github.com/runfleet/runfleet/internal/testbed/peers"
+	"github.com/runfleet/runfleet/provider/aws"
+)
+
+// StockAMI is the EC2 stand-in's AMI for a stock image (no runfleet, no
+// agent), which AWS's and Canonical's public parameters name.
+const StockAMI = "ami-0e2e00000000005fe"
+
+var (
+	stockOnce  sync.Once
+	stockImage string
+	stockErr   error
+)
+
+// needStockImage builds, once, the clouds' stand-ins' stock image.
+func needStockImage(t testing.TB) string {
+	t.Helper()
+	NeedDocker(t)
+	stockOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		stockImage, stockErr = peers.StockImage(ctx, DockerCli)
+	})
+	peers.Need(t, "the cloud stand-ins' stock image", stockErr)
+	return stockImage
+}
+
+// AddStockImages gives an EC2 stand-in the stock image behind the public
+// parameters runfleet names (aws.StockUbuntu, aws.StockGPU).
+func AddStockImages(t testing.TB, sim *ec2sim.Server) {
+	t.Helper()
+	sim.AddImage(StockAMI, needStockImage(t))
+	for _, p := range []string{aws.StockUbuntu, aws.StockGPU} {
+		sim.AddParameter(strings.TrimPrefix(p, "resolve:ssm:"), StockAMI)
+	}
+}
+
+// Releases serves, as a release site would, runfleet's release (the
+// static build the instances run, named as `make release` names it, and
+// its SHA256SUMS) and a mirror of GitHub's runner release (the stand-in
+// runner, packed as actions/runner packs its own), at an address both
+// this host and its containers reach: the Docker bridge's.
+type Releases struct {
+	// URL is runfleet's release directory (RUNFLEET_RELEASE_URL); Agent
+	// the runner release's mirror (--agent-url) and AgentSHA256 its file's
+	// checksum (--agent-sha256).
+	URL, Agent, AgentSHA256 string
+	mu                      sync.Mutex
+	fetched                 map[string]int
+	tamper                  bool
+}
+
+// NewReleases serves the releases until the test ends.
+func NewReleases(t testing.TB) *Releases {
+	t.Helper()
+	needInstanceImage(t) // builds staticBin
+	bin := staticBin
+	out, err := exec.Command(bin, "version", "-o", "json").Output()
+	if err != nil {
+		t.Fatalf("%s version: %v", bin, err)
+	}
+	var v struct{ Version string }
+	if err := json.Unmarshal(out, &v); err != nil {
+		t.Fatal(err)
+	}
+	runfleet, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "runfleet-" + v.Version + "-linux-amd64"
+	agent := GitHubRunnerRelease(t)
+	rel := github.AgentRelease
+	agentFile := strings.NewReplacer("{arch}", rel.Arch[runtime.GOARCH], "{version}", rel.Version).Replace(rel.File)
+	sums := fmt.Sprintf("%s  %s\n", sum(runfleet), name)
+	r := &Releases{fetched: map[string]int{}, AgentSHA256: sum(agent)}
+	files := map[string][]byte{"/runfleet/SHA256SUMS": []byte(sums), "/runfleet/" + name: runfleet, "/actions-runner/" + agentFile: agent}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		b, ok := files[req.URL.Path]
+		if !ok {
+			http.NotFound(w, req)
+			return
+		}
+		r.mu.Lock()
+		r.fetched[req.URL.Path]++
+		tamper := r.tamper && !strings.HasSuffix(req.URL.Path, "SHA256SUMS")
+		r.mu.Unlock()
+		if tamper {
+			b = append([]byte("tampered"), b...)
+		}
+		w.Write(b)
+	}))
+	gw := bridgeAddr(t)
+	l, err := net.Listen("tcp", gw+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Listener = l
+	srv.Start()
+	t.Cleanup(srv.Close)
+	r.URL, r.Agent = srv.URL+"/runfleet", srv.URL+"/actions-runner"
+	return r
+}
+
+// Tamper makes every release file served from now on differ from its
+// checksum, as a compromised mirror's would.
+func (r *Releases) Tamper() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.tamper = true
+}
+
+// Fetched counts the requests for files whose path ends with suffix.
+func (r *Releases) Fetched(suffix string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for p, c := range r.fetched {
+		if strings.HasSuffix(p, suffix) {
+			n += c
+		}
+	}
+	return n
+}
+
+// bridgeAddr is this host's address on Docker's default bridge, which
+// containers reach it at (host.docker.internal is not a name this host
+// knows).
+func bridgeAddr(t testing.TB) string {
+	t.Helper()
+	ifc, err := net.InterfaceByName("docker0")
+	if err != nil {
+		t.Fatalf("Docker's bridge: %v", err)
+	}
+	addrs, _ := ifc.Addrs()
+	for _, a := range addrs {
+		if ip, ok := a.(*net.IPNet); ok && ip.IP.To4() != nil {
+			return ip.IP.String()
+		}
+	}
+	t.Fatal("Docker's bridge has no IPv4 address")
+	return ""
+}
+
+func sum(b []byte) string { h := sha256.Sum256(b); return hex.EncodeToString(h[:]) }
