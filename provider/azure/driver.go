@@ -209,6 +209,22 @@ var cmlTables = vm.Tables{
 	},
 }
 
+// The stock images CML's runners boot without --cloud-image, from the
+// marketplace: Canonical's Ubuntu 24.04 LTS, and for N-series sizes (with
+// GPUs) Microsoft's Ubuntu HPC image with NVIDIA's driver (Ubuntu 22.04).
+const (
+	StockUbuntu = "Canonical:ubuntu-24_04-lts:server:latest"
+	StockGPU    = "microsoft-dsvm:ubuntu-hpc:2204:latest"
+)
+
+// StockImage is the stock image for a VM size.
+func StockImage(size string) string {
+	if strings.HasPrefix(strings.ToLower(size), "standard_n") {
+		return StockGPU
+	}
+	return StockUbuntu
+}
+
 // CMLSection takes `--cloud=azure` as CML does (vm.ParseCML): the region
 // (a location), the type (a VM size), the disk, spot and its price, the
 // startup script, the image, --cloud-permission-set (a user-assigned
@@ -228,10 +244,14 @@ func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 	env := func(k string) string { v, _ := getenv(k); return v }
 	cml, err := vm.ParseCML(o, cmlTables)
 	errs := []error{err}
-	if cml.Image == "" {
-		errs = append(errs, errors.New("--cloud-image: is required with --cloud=azure: an image holding runfleet and the forge's agent (Publisher:Offer:Sku:Version, or an image's resource ID)"))
+	var install vm.Install
+	switch {
+	case cml.Image == "" && o.Stock == nil:
+		errs = append(errs, errors.New("--cloud-image: is required with --cloud=azure here: an image holding runfleet and the forge's agent (Publisher:Offer:Sku:Version, or an image's resource ID), since runfleet cannot install them on a stock one"))
+	case cml.Image == "":
+		cml.Image, install = StockImage(cml.Type), vm.StockInstall(o.Stock)
 	}
-	s := Section{Image: cml.Image, Locations: []string{cml.Region}, VMSizes: []string{cml.Type}, Spot: cml.Spot,
+	s := Section{Image: cml.Image, Install: install, Locations: []string{cml.Region}, VMSizes: []string{cml.Type}, Spot: cml.Spot,
 		StartupScript: cml.StartupScript, SSHPublicKey: cml.SSHPublicKey, Disk: Disk{SizeGB: cml.HDDSizeGB},
 		ResourceGroup: env(ResourceGroupEnv), Subnet: env(SubnetEnv), Identity: cml.PermissionSet, Tags: cml.Metadata}
 	if s.ResourceGroup == "" {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"sync/atomic"
 
@@ -239,6 +240,27 @@ var cmlTables = vm.Tables{
 	},
 }
 
+// The stock images CML's runners boot without --cloud-image, by image
+// family, whose newest image Compute Engine takes: Ubuntu 24.04 LTS, and
+// for machines with GPUs Google's Deep Learning VM image with NVIDIA's
+// driver and CUDA (Ubuntu 22.04, driver 570).
+const (
+	StockUbuntu = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"
+	StockGPU    = "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2204-nvidia-570"
+)
+
+// gpuMachine is the machine families that come with GPUs (A100, H100,
+// L4).
+var gpuMachine = regexp.MustCompile(`^(a2|a3|g2)-`)
+
+// StockImage is the stock image for a machine type and its accelerator.
+func StockImage(typ string, acc Accelerator) string {
+	if acc.Type != "" || gpuMachine.MatchString(typ) {
+		return StockGPU
+	}
+	return StockUbuntu
+}
+
 // CMLSection takes `--cloud=gcp` as CML does (vm.ParseCML): the region
 // (a zone), the type (machine+accelerator*count as CML's table writes
 // it), the disk, spot, the startup script, the image, --cloud-permission-set
@@ -253,15 +275,19 @@ func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 	}
 	cml, err := vm.ParseCML(o, cmlTables)
 	errs := []error{err}
-	if cml.Image == "" {
-		errs = append(errs, errors.New("--cloud-image: is required with --cloud=gcp: an image holding runfleet and the forge's agent (projects/P/global/images/NAME)"))
+	typ, acc, err := splitType(cml.Type)
+	errs = append(errs, err)
+	var install vm.Install
+	switch {
+	case cml.Image == "" && o.Stock == nil:
+		errs = append(errs, errors.New("--cloud-image: is required with --cloud=gcp here: an image holding runfleet and the forge's agent (projects/P/global/images/NAME), since runfleet cannot install them on a stock one"))
+	case cml.Image == "":
+		cml.Image, install = StockImage(typ, acc), vm.StockInstall(o.Stock)
 	}
 	if cml.SpotPrice != "" {
 		errs = append(errs, errors.New("--cloud-spot-price: Spot VMs on GCP have no maximum price"))
 	}
-	typ, acc, err := splitType(cml.Type)
-	errs = append(errs, err)
-	s := Section{Image: cml.Image, Zones: []string{cml.Region}, MachineTypes: []string{typ}, Accelerator: acc, Spot: cml.Spot,
+	s := Section{Image: cml.Image, Install: install, Zones: []string{cml.Region}, MachineTypes: []string{typ}, Accelerator: acc, Spot: cml.Spot,
 		StartupScript: cml.StartupScript, SSHPublicKey: cml.SSHPublicKey, Disk: Disk{SizeGB: cml.HDDSizeGB}}
 	s.ServiceAccount, s.Scopes = permissionSet(cml.PermissionSet)
 	if len(cml.Metadata) > 0 {

@@ -4,6 +4,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -306,4 +307,40 @@ func TestAzureOutage(t *testing.T) {
 		t.Errorf("the outage was logged %d times in 40s, want it once a minute", f.LogCount("listing VMs failed"))
 	}
 	f.StopLeavesNothing()
+}
+
+// CML's runner on Azure (cml.dev usage: `cml runner launch --cloud=azure
+// ...`) with CML's own size m+t4 and no --cloud-image: the VM boots the
+// stock GPU image (Microsoft's Ubuntu HPC image, NVIDIA's driver), and its
+// custom data fetches runfleet and GitHub's runner, checks both, and the
+// job runs.
+func TestRunnerCloudAzureStockImage(t *testing.T) {
+	sim := harness.NeedARM(t)
+	harness.AddARMStockImages(t, sim)
+	rel := harness.NewReleases(t)
+	gh := ghsim.New(ghsim.Options{Token: harness.GHToken, Repos: []string{"acme/stock"}, LostAfter: 2 * time.Second, RunnerHost: "host.docker.internal"})
+	t.Cleanup(gh.Close)
+	env := append(sim.Env(), "RUNFLEET_AZURE_ENDPOINT="+sim.URL, "RUNFLEET_AZURE_RESOURCE_GROUP="+armsim.Group, "RUNFLEET_AZURE_SUBNET="+armsim.SubnetID("westus2"),
+		"GITHUB_ACTIONS=true", "GITHUB_SERVER_URL="+gh.URL, "GITHUB_REPOSITORY=acme/stock",
+		"RUNFLEET_RELEASE_URL="+rel.URL, "CML_RUNNER_AGENT_URL="+rel.Agent, "CML_RUNNER_AGENT_SHA256="+rel.AgentSHA256)
+	cmd, out := harness.StartRunner(t, env, "runner", "launch", "--cloud=azure", "--cloud-type=m+t4", "--labels=cml-gpu")
+	harness.Eventually(t, time.Minute, "the runner's VM", func() bool { return len(sim.VMs()) == 1 })
+	v := sim.VMs()[0]
+	if v.Size != "Standard_NC4as_T4_v3" || v.Location != "westus2" {
+		t.Errorf("VM %s: size %s location %s", v.Name, v.Size, v.Location)
+	}
+	gh.Queue("acme/stock", ghsim.JobSpec{Name: "train", Labels: []string{"self-hosted", "cml-gpu"}, Script: "echo trained-on-a-stock-image"})
+	harness.Eventually(t, 3*time.Minute, "the job done", func() bool {
+		jobs := gh.Jobs()
+		return len(jobs) == 1 && jobs[0].Conclusion != ""
+	})
+	if jobs := gh.Jobs(); jobs[0].Conclusion != "success" || !strings.Contains(jobs[0].Output, "trained-on-a-stock-image") {
+		t.Fatalf("jobs = %+v", jobs)
+	}
+	harness.Eventually(t, time.Minute, "the VM's end seen", func() bool { return strings.Contains(out.String(), "runner removed") })
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	harness.WaitExit(t, cmd, 2*time.Minute)
+	if rel.Fetched("linux-amd64") != 1 || rel.Fetched(".tar.gz") != 1 {
+		t.Errorf("runfleet fetched %d times, the agent %d, want once each", rel.Fetched("linux-amd64"), rel.Fetched(".tar.gz"))
+	}
 }

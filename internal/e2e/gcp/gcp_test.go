@@ -4,6 +4,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/runfleet/runfleet/internal/testbed/gcesim"
 	"github.com/runfleet/runfleet/internal/testbed/ghsim"
 	"github.com/runfleet/runfleet/internal/testbed/harness"
+	"github.com/runfleet/runfleet/provider/gcp"
 	"github.com/runfleet/runfleet/record"
 )
 
@@ -335,4 +337,47 @@ func TestGCPJobChoosesStandard(t *testing.T) {
 	}
 	t.Logf("instances made: %v", models)
 	f.StopLeavesNothing()
+}
+
+// CML's own example for GCP (cml.dev, "CML with DVC", --cloud-permission-set
+// for a DVC remote), unchanged but for the command name, in a GitHub
+// Actions job: no --cloud-image, so the instance boots the stock GPU image
+// (Google's Deep Learning VM family, m+t4 having a T4), and its startup
+// script fetches runfleet and GitHub's runner, checks both, and the job
+// runs.
+func TestRunnerCloudGCPStockImage(t *testing.T) {
+	sim := harness.NeedGCE(t)
+	harness.AddGCEStockImages(t, sim)
+	rel := harness.NewReleases(t)
+	gh := ghsim.New(ghsim.Options{Token: harness.GHToken, Repos: []string{"acme/stock"}, LostAfter: 2 * time.Second, RunnerHost: "host.docker.internal"})
+	t.Cleanup(gh.Close)
+	env := append(harness.GCPEnv(sim), "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE="+sim.URL+"/compute/v1/",
+		"GITHUB_ACTIONS=true", "GITHUB_SERVER_URL="+gh.URL, "GITHUB_REPOSITORY=acme/stock",
+		"RUNFLEET_RELEASE_URL="+rel.URL, "CML_RUNNER_AGENT_URL="+rel.Agent, "CML_RUNNER_AGENT_SHA256="+rel.AgentSHA256)
+	// cml.dev content/docs/cml-with-dvc.md, the GCP tab.
+	cmd, out := harness.StartRunner(t, env, "runner", "launch",
+		"--cloud=gcp",
+		"--cloud-region=us-west",
+		"--cloud-type=m+t4",
+		"--cloud-permission-set=dvc-sa@myproject.iam.gserviceaccount.com,scopes=storage-rw",
+		"--labels=cml-gpu")
+	harness.Eventually(t, time.Minute, "the runner's instance", func() bool { return len(sim.Instances()) == 1 })
+	in := sim.Instances()[0]
+	if in.SourceImage != gcp.StockGPU || in.Type != "n1-standard-4" || in.Accelerators != 1 {
+		t.Errorf("instance %s: image %s type %s with %d GPUs, want the stock GPU image", in.Name, in.SourceImage, in.Type, in.Accelerators)
+	}
+	gh.Queue("acme/stock", ghsim.JobSpec{Name: "train", Labels: []string{"self-hosted", "cml-gpu"}, Script: "echo trained-on-a-stock-image"})
+	harness.Eventually(t, 3*time.Minute, "the job done", func() bool {
+		jobs := gh.Jobs()
+		return len(jobs) == 1 && jobs[0].Conclusion != ""
+	})
+	if jobs := gh.Jobs(); jobs[0].Conclusion != "success" || !strings.Contains(jobs[0].Output, "trained-on-a-stock-image") {
+		t.Fatalf("jobs = %+v", jobs)
+	}
+	harness.Eventually(t, time.Minute, "the instance's end seen", func() bool { return strings.Contains(out.String(), "runner removed") })
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	harness.WaitExit(t, cmd, 2*time.Minute)
+	if rel.Fetched("linux-amd64") != 1 || rel.Fetched(".tar.gz") != 1 {
+		t.Errorf("runfleet fetched %d times, the agent %d, want once each", rel.Fetched("linux-amd64"), rel.Fetched(".tar.gz"))
+	}
 }

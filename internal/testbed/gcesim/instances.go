@@ -18,7 +18,10 @@ import (
 
 // Instance is one stand-in instance.
 type Instance struct {
-	Name, Zone, Type, Model  string // Model: SPOT or STANDARD
+	Name, Zone, Type, Model string // Model: SPOT or STANDARD
+	// SourceImage is its boot disk's, as the insert named it (an image
+	// family's newest, for a family).
+	SourceImage              string
 	Status                   string
 	Labels, Metadata         map[string]string
 	Accelerators             int
@@ -52,7 +55,7 @@ var nextID atomic.Uint64
 // held.
 func (s *Server) newInstance(res *computepb.Instance, zone string) *Instance {
 	m := machineRE.FindStringSubmatch(res.GetMachineType())
-	in := &Instance{Name: res.GetName(), Zone: zone, Type: m[2], Model: res.GetScheduling().GetProvisioningModel(),
+	in := &Instance{Name: res.GetName(), SourceImage: res.GetDisks()[0].GetInitializeParams().GetSourceImage(), Zone: zone, Type: m[2], Model: res.GetScheduling().GetProvisioningModel(),
 		Labels: res.GetLabels(), Metadata: map[string]string{}, Created: time.Now(), res: res,
 		self: s.selfLink("zones", zone, "instances", res.GetName()), id: 1e18 + nextID.Add(1)}
 	if in.Model == "" {

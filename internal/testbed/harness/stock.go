@@ -18,9 +18,13 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/forge/github"
+	"github.com/runfleet/runfleet/internal/testbed/armsim"
 	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
+	"github.com/runfleet/runfleet/internal/testbed/gcesim"
 	"github.com/runfleet/runfleet/internal/testbed/peers"
 	"github.com/runfleet/runfleet/provider/aws"
+	"github.com/runfleet/runfleet/provider/azure"
+	"github.com/runfleet/runfleet/provider/gcp"
 )
 
 // StockAMI is the EC2 stand-in's AMI for a stock image (no runfleet, no
@@ -53,6 +57,24 @@ func AddStockImages(t testing.TB, sim *ec2sim.Server) {
 	sim.AddImage(StockAMI, needStockImage(t))
 	for _, p := range []string{aws.StockUbuntu, aws.StockGPU} {
 		sim.AddParameter(strings.TrimPrefix(p, "resolve:ssm:"), StockAMI)
+	}
+}
+
+// AddGCEStockImages gives a Compute Engine stand-in the stock image behind
+// the image families runfleet names (gcp.StockUbuntu, gcp.StockGPU).
+func AddGCEStockImages(t testing.TB, sim *gcesim.Server) {
+	t.Helper()
+	for _, f := range []string{gcp.StockUbuntu, gcp.StockGPU} {
+		sim.AddImage(f, needStockImage(t))
+	}
+}
+
+// AddARMStockImages gives an Azure stand-in the stock image behind the
+// marketplace images runfleet names (azure.StockUbuntu, azure.StockGPU).
+func AddARMStockImages(t testing.TB, sim *armsim.Server) {
+	t.Helper()
+	for _, urn := range []string{azure.StockUbuntu, azure.StockGPU} {
+		sim.AddImage(urn, needStockImage(t))
 	}
 }
 
