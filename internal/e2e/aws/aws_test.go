@@ -5,7 +5,6 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -344,24 +343,9 @@ func TestRunnerCloudAWSStockImage(t *testing.T) {
 	if in.Image != harness.StockAMI || in.Type != "g4dn.xlarge" {
 		t.Errorf("instance %s: image %s type %s, want the stock GPU image %s", in.ID, in.Image, in.Type, harness.StockAMI)
 	}
-	gh.Queue("acme/stock", ghsim.JobSpec{Name: "train", Labels: []string{"self-hosted", "cml-gpu"}, Script: "echo trained-on-a-stock-image"})
-	harness.Eventually(t, 3*time.Minute, "the job done", func() bool {
-		jobs := gh.Jobs()
-		return len(jobs) == 1 && jobs[0].Conclusion != ""
-	})
-	if jobs := gh.Jobs(); jobs[0].Conclusion != "success" || !strings.Contains(jobs[0].Output, "trained-on-a-stock-image") {
-		t.Fatalf("jobs = %+v", jobs)
-	}
-	if rel.Fetched("linux-amd64") != 1 || rel.Fetched(".tar.gz") != 1 {
-		t.Errorf("runfleet fetched %d times, the agent %d, want once each", rel.Fetched("linux-amd64"), rel.Fetched(".tar.gz"))
-	}
-	// The instance powers off after its one job; then the runner is
-	// stopped as a user stops it.
-	harness.Eventually(t, time.Minute, "the instance's end seen", func() bool { return strings.Contains(out.String(), "runner removed") })
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	harness.WaitExit(t, cmd, 2*time.Minute)
-	if strings.Contains(out.String(), harness.GHToken) || strings.Contains(string(in.UserData), harness.GHToken) {
-		t.Error("the token reached the log or the user data")
+	rel.RunJob(t, gh, "acme/stock", "cml-gpu", cmd, out)
+	if strings.Contains(string(in.UserData), harness.GHToken) {
+		t.Error("the token reached the user data")
 	}
 
 	// The same, from a release whose files are not what their checksums

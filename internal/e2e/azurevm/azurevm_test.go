@@ -4,7 +4,6 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -329,18 +328,5 @@ func TestRunnerCloudAzureStockImage(t *testing.T) {
 	if v.Size != "Standard_NC4as_T4_v3" || v.Location != "westus2" {
 		t.Errorf("VM %s: size %s location %s", v.Name, v.Size, v.Location)
 	}
-	gh.Queue("acme/stock", ghsim.JobSpec{Name: "train", Labels: []string{"self-hosted", "cml-gpu"}, Script: "echo trained-on-a-stock-image"})
-	harness.Eventually(t, 3*time.Minute, "the job done", func() bool {
-		jobs := gh.Jobs()
-		return len(jobs) == 1 && jobs[0].Conclusion != ""
-	})
-	if jobs := gh.Jobs(); jobs[0].Conclusion != "success" || !strings.Contains(jobs[0].Output, "trained-on-a-stock-image") {
-		t.Fatalf("jobs = %+v", jobs)
-	}
-	harness.Eventually(t, time.Minute, "the VM's end seen", func() bool { return strings.Contains(out.String(), "runner removed") })
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	harness.WaitExit(t, cmd, 2*time.Minute)
-	if rel.Fetched("linux-amd64") != 1 || rel.Fetched(".tar.gz") != 1 {
-		t.Errorf("runfleet fetched %d times, the agent %d, want once each", rel.Fetched("linux-amd64"), rel.Fetched(".tar.gz"))
-	}
+	rel.RunJob(t, gh, "acme/stock", "cml-gpu", cmd, out)
 }

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -14,6 +15,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +23,7 @@ import (
 	"github.com/runfleet/runfleet/internal/testbed/armsim"
 	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
 	"github.com/runfleet/runfleet/internal/testbed/gcesim"
+	"github.com/runfleet/runfleet/internal/testbed/ghsim"
 	"github.com/runfleet/runfleet/internal/testbed/peers"
 	"github.com/runfleet/runfleet/provider/aws"
 	"github.com/runfleet/runfleet/provider/azure"
@@ -185,3 +188,29 @@ func bridgeAddr(t testing.TB) string {
 }
 
 func sum(b []byte) string { h := sha256.Sum256(b); return hex.EncodeToString(h[:]) }
+
+// RunJob queues a job for the runner started (cmd, out) on a stock image,
+// waits for it to succeed there, for its machine to be seen gone after
+// its one job, stops the runner as a user does (exit 0: a runner served),
+// and checks that runfleet and the agent were fetched (the slot's next
+// machine may have fetched them again by then).
+func (r *Releases) RunJob(t *testing.T, gh *ghsim.Server, repo, label string, cmd *exec.Cmd, out *bytes.Buffer) {
+	t.Helper()
+	gh.Queue(repo, ghsim.JobSpec{Name: "train", Labels: []string{"self-hosted", label}, Script: "echo trained-on-a-stock-image"})
+	Eventually(t, 3*time.Minute, "the job done", func() bool {
+		jobs := gh.Jobs()
+		return len(jobs) == 1 && jobs[0].Conclusion != ""
+	})
+	if jobs := gh.Jobs(); jobs[0].Conclusion != "success" || !strings.Contains(jobs[0].Output, "trained-on-a-stock-image") {
+		t.Fatalf("jobs = %+v", jobs)
+	}
+	Eventually(t, time.Minute, "the machine's end seen", func() bool { return strings.Contains(out.String(), "runner removed") })
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	WaitExit(t, cmd, 2*time.Minute)
+	if r.Fetched("linux-amd64") < 1 || r.Fetched(".tar.gz") < 1 {
+		t.Errorf("runfleet fetched %d times, the agent %d: the job ran on what?", r.Fetched("linux-amd64"), r.Fetched(".tar.gz"))
+	}
+	if strings.Contains(out.String(), GHToken) {
+		t.Error("the token reached the runner's log")
+	}
+}
