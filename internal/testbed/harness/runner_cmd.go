@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"os/exec"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,20 +13,40 @@ import (
 
 // RunnerCmd starts `runfleet runner` against a simulated repository, with
 // the token only in REPO_TOKEN, as CML users pass it.
-func RunnerCmd(t *testing.T, sim *ghsim.Server, repo string, args ...string) (*exec.Cmd, *bytes.Buffer) {
+func RunnerCmd(t *testing.T, sim *ghsim.Server, repo string, args ...string) (*exec.Cmd, *Output) {
 	t.Helper()
 	args = append([]string{"runner", "--driver", "github", "--repo", sim.URL + "/" + repo, "--agent", needGitHubRunner(t)}, args...)
 	return StartRunner(t, nil, args...)
 }
 
+// Output is a command's output, read while it runs: exec copies into it
+// from a goroutine of its own.
+type Output struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (o *Output) Write(b []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.Write(b)
+}
+
+// String is what it has printed so far.
+func (o *Output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
+}
+
 // StartRunner starts `runfleet runner` with the token in REPO_TOKEN and
 // env added, and shows its output if the test fails.
-func StartRunner(t *testing.T, env []string, args ...string) (*exec.Cmd, *bytes.Buffer) {
+func StartRunner(t *testing.T, env []string, args ...string) (*exec.Cmd, *Output) {
 	t.Helper()
 	cmd := exec.Command(FleetBin, args...)
 	cmd.Env = append(append(os.Environ(), "REPO_TOKEN="+GHToken, "XDG_STATE_HOME="+t.TempDir()), env...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := &Output{}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +59,7 @@ func StartRunner(t *testing.T, env []string, args ...string) (*exec.Cmd, *bytes.
 			t.Logf("runfleet runner output:\n%s", TailString(out.String(), 6000))
 		}
 	})
-	return cmd, &out
+	return cmd, out
 }
 
 func WaitExit(t *testing.T, cmd *exec.Cmd, within time.Duration) time.Duration {

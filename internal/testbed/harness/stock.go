@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -194,7 +193,7 @@ func sum(b []byte) string { h := sha256.Sum256(b); return hex.EncodeToString(h[:
 // its one job, stops the runner as a user does (exit 0: a runner served),
 // and checks that runfleet and the agent were fetched (the slot's next
 // machine may have fetched them again by then).
-func (r *Releases) RunJob(t *testing.T, gh *ghsim.Server, repo, label string, cmd *exec.Cmd, out *bytes.Buffer) {
+func (r *Releases) RunJob(t *testing.T, gh *ghsim.Server, repo, label string, cmd *exec.Cmd, out *Output) {
 	t.Helper()
 	gh.Queue(repo, ghsim.JobSpec{Name: "train", Labels: []string{"self-hosted", label}, Script: "echo trained-on-a-stock-image"})
 	Eventually(t, 3*time.Minute, "the job done", func() bool {
