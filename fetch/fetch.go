@@ -117,7 +117,7 @@ func (r Release) Get(ctx context.Context, o Options) (string, error) {
 	}
 	// Keyed by the checksum too: a mirror's own build is not the forge's.
 	dir := filepath.Join(o.Cache, r.Name, r.Version+"-linux-"+arch+"-"+strings.ToLower(want)[:12])
-	program := filepath.Join(dir, filepath.FromSlash(r.program(url)))
+	program := filepath.Join(dir, filepath.FromSlash(r.program()))
 	if _, err := os.Stat(filepath.Join(dir, ".complete")); err == nil {
 		return program, nil
 	}
@@ -137,8 +137,8 @@ func (r Release) Get(ctx context.Context, o Options) (string, error) {
 	if err := r.unpack(file, unpacked); err != nil {
 		return "", fmt.Errorf("%s %s: unpack %s: %w", r.Name, r.Version, url, err)
 	}
-	if _, err := os.Stat(filepath.Join(unpacked, filepath.FromSlash(r.program(url)))); err != nil {
-		return "", fmt.Errorf("%s %s: %s holds no %s", r.Name, r.Version, url, r.program(url))
+	if _, err := os.Stat(filepath.Join(unpacked, filepath.FromSlash(r.program()))); err != nil {
+		return "", fmt.Errorf("%s %s: %s holds no %s", r.Name, r.Version, url, r.program())
 	}
 	if err := os.WriteFile(filepath.Join(unpacked, ".complete"), []byte(url+"\n"), 0o644); err != nil {
 		return "", err
@@ -153,7 +153,7 @@ func (r Release) Get(ctx context.Context, o Options) (string, error) {
 }
 
 // program is the path of the program within the unpacked release.
-func (r Release) program(url string) string {
+func (r Release) program() string {
 	if r.Program != "" {
 		return r.Program
 	}
@@ -205,7 +205,7 @@ func (r Release) unpack(file, dir string) error {
 	}
 	if !strings.HasSuffix(file, ".tar.gz") && !strings.HasSuffix(file, ".tgz") {
 		// A single binary.
-		dst := filepath.Join(dir, r.program(file))
+		dst := filepath.Join(dir, r.program())
 		if err := os.Rename(file, dst); err != nil {
 			return err
 		}

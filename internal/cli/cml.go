@@ -106,7 +106,7 @@ var cmlOptions = []cmlOption{
 	{name: "cloud-kubernetes-node-selector", kind: optArray,
 		help: `key=value node selector for the runner's pod; may be given several times; a value of "infer" takes the GPU's model (default accelerator=infer)`},
 	{name: "cloud-image",
-		help: "machine image (an AMI, a GCE image, an Azure image) or the pod's image; without it, a stock image and the agent installed at boot"},
+		help: "machine image (an AMI, a GCE image, an Azure image) or the pod's image; without it on AWS, GCP and Azure, a stock image onto which runfleet and the agent are installed at boot"},
 	{name: "tpi-version", def: ">= 0.9.10", ignored: "runfleet calls the clouds' APIs itself, without Terraform"},
 	{name: "cml-version", ignored: "the instance runs runfleet's agent, not CML"},
 	{name: "tf-resource", aliases: []string{"tf_resource"}, ignored: "runfleet keeps no Terraform state"},

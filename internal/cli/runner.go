@@ -356,7 +356,7 @@ func runnerConfig(ctx context.Context, s *runnerSettings, getenv func(string) (s
 	if err != nil {
 		return nil, err
 	}
-	stock, err := stockInstall(ctx, *s, getenv)
+	stock, stockAgent, err := stockInstall(ctx, *s, getenv)
 	if err != nil {
 		return nil, err
 	}
@@ -365,10 +365,8 @@ func runnerConfig(ctx context.Context, s *runnerSettings, getenv func(string) (s
 		return nil, err
 	}
 	agentPath := s.Agent
-	if stock != nil && agentPath == "" {
-		// The boot script unpacks the agent's release where this says.
-		d, _ := forge.Lookup(s.Driver)
-		agentPath = stockAgentPath(d.(forge.AgentReleaser).AgentRelease(), stock.AgentURL)
+	if agentPath == "" {
+		agentPath = stockAgent // where the boot script unpacks the agent; "" without one
 	}
 	if s.Token == "" {
 		return nil, errors.New("--driver-token: no token; set REPO_TOKEN (or pass --token)")

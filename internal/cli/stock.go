@@ -37,21 +37,21 @@ var releaseVersion = regexp.MustCompile(`^v\d+\.\d+\.\d+(-[0-9A-Za-z.]+)?$`)
 // --cloud asks for a cloud machine without --cloud-image, as CML boots a
 // stock image and installs what it needs: this runfleet's release file
 // and its SHA-256 (from the release's SHA256SUMS), and the forge's agent
-// release that runfleet pins. nil where no cloud machine or an image was
-// asked for.
-func stockInstall(ctx context.Context, s runnerSettings, getenv func(string) (string, bool)) (*provider.Stock, error) {
+// release that runfleet pins, and where the boot script puts the agent's
+// program. nil where no cloud machine or an image was asked for.
+func stockInstall(ctx context.Context, s runnerSettings, getenv func(string) (string, bool)) (*provider.Stock, string, error) {
 	if !slices.Contains(stockClouds, s.Cloud["cloud"]) || s.Cloud["cloud-image"] != "" {
-		return nil, nil
+		return nil, "", nil
 	}
 	d, _ := forge.Lookup(s.Driver)
 	rel, ok := d.(forge.AgentReleaser)
 	if !ok {
-		return nil, fmt.Errorf("--cloud-image: is required with --driver %s: runfleet fetches no release of its agent to install on a stock image (an image holding runfleet and the agent: images/)", s.Driver)
+		return nil, "", fmt.Errorf("--cloud-image: is required with --driver %s: runfleet fetches no release of its agent to install on a stock image (an image holding runfleet and the agent: images/)", s.Driver)
 	}
 	r := rel.AgentRelease()
 	agentURL, err := r.URLFor("amd64", s.AgentURL)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	agentSum := s.AgentSHA256
 	if agentSum == "" {
@@ -59,9 +59,9 @@ func stockInstall(ctx context.Context, s runnerSettings, getenv func(string) (st
 	}
 	runfleetURL, runfleetSum, err := runfleetRelease(ctx, getenv)
 	if err != nil {
-		return nil, fmt.Errorf("--cloud-image: no image was given, and %w", err)
+		return nil, "", fmt.Errorf("--cloud-image: no image was given, and %w", err)
 	}
-	return &provider.Stock{RunfleetURL: runfleetURL, RunfleetSHA256: runfleetSum, AgentURL: agentURL, AgentSHA256: agentSum}, nil
+	return &provider.Stock{RunfleetURL: runfleetURL, RunfleetSHA256: runfleetSum, AgentURL: agentURL, AgentSHA256: agentSum}, stockAgentPath(r, agentURL), nil
 }
 
 // stockAgentPath is where a stock image's boot script puts the agent's

@@ -193,13 +193,8 @@ func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 	}
 	cml, err := vm.ParseCML(o, cmlTables)
 	errs := []error{err}
-	var install vm.Install
-	switch {
-	case cml.Image == "" && o.Stock == nil:
-		errs = append(errs, errors.New("--cloud-image: is required with --cloud=aws here: an AMI holding runfleet and the forge's agent (images/ tells how to build one), since runfleet cannot install them on a stock one"))
-	case cml.Image == "":
-		cml.Image, install = StockImage(cml.Type), vm.StockInstall(o.Stock)
-	}
+	install, err := cml.Stock(o, "aws", StockImage(cml.Type), "an AMI (images/ tells how to build one)")
+	errs = append(errs, err)
 	s := Section{Image: cml.Image, Install: install, Region: cml.Region, InstanceTypes: []string{cml.Type}, Spot: cml.Spot, SpotMaxPrice: cml.SpotPrice,
 		StartupScript: cml.StartupScript, InstanceProfile: cml.PermissionSet, Tags: cml.Metadata, SSHPublicKey: cml.SSHPublicKey}
 	s.RootVolume.SizeGB = cml.HDDSizeGB

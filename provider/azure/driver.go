@@ -244,13 +244,8 @@ func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 	env := func(k string) string { v, _ := getenv(k); return v }
 	cml, err := vm.ParseCML(o, cmlTables)
 	errs := []error{err}
-	var install vm.Install
-	switch {
-	case cml.Image == "" && o.Stock == nil:
-		errs = append(errs, errors.New("--cloud-image: is required with --cloud=azure here: an image holding runfleet and the forge's agent (Publisher:Offer:Sku:Version, or an image's resource ID), since runfleet cannot install them on a stock one"))
-	case cml.Image == "":
-		cml.Image, install = StockImage(cml.Type), vm.StockInstall(o.Stock)
-	}
+	install, err := cml.Stock(o, "azure", StockImage(cml.Type), "an image (Publisher:Offer:Sku:Version, or an image's resource ID)")
+	errs = append(errs, err)
 	s := Section{Image: cml.Image, Install: install, Locations: []string{cml.Region}, VMSizes: []string{cml.Type}, Spot: cml.Spot,
 		StartupScript: cml.StartupScript, SSHPublicKey: cml.SSHPublicKey, Disk: Disk{SizeGB: cml.HDDSizeGB},
 		ResourceGroup: env(ResourceGroupEnv), Subnet: env(SubnetEnv), Identity: cml.PermissionSet, Tags: cml.Metadata}

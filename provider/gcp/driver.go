@@ -277,13 +277,8 @@ func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 	errs := []error{err}
 	typ, acc, err := splitType(cml.Type)
 	errs = append(errs, err)
-	var install vm.Install
-	switch {
-	case cml.Image == "" && o.Stock == nil:
-		errs = append(errs, errors.New("--cloud-image: is required with --cloud=gcp here: an image holding runfleet and the forge's agent (projects/P/global/images/NAME), since runfleet cannot install them on a stock one"))
-	case cml.Image == "":
-		cml.Image, install = StockImage(typ, acc), vm.StockInstall(o.Stock)
-	}
+	install, err := cml.Stock(o, "gcp", StockImage(typ, acc), "an image (projects/P/global/images/NAME)")
+	errs = append(errs, err)
 	if cml.SpotPrice != "" {
 		errs = append(errs, errors.New("--cloud-spot-price: Spot VMs on GCP have no maximum price"))
 	}

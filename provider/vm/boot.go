@@ -54,12 +54,6 @@ type Download struct {
 	SHA256 string `json:"sha256"`
 }
 
-// StockInstall is the install section of a stock image, from what
-// `runfleet runner` found to install.
-func StockInstall(s *provider.Stock) Install {
-	return Install{Runfleet: Download{URL: s.RunfleetURL, SHA256: s.RunfleetSHA256}, Agent: Download{URL: s.AgentURL, SHA256: s.AgentSHA256}}
-}
-
 // Given says whether anything is to be installed.
 func (i Install) Given() bool { return i.Runfleet.URL != "" || i.Agent.URL != "" }
 
@@ -67,7 +61,11 @@ func (i Install) Given() bool { return i.Runfleet.URL != "" || i.Agent.URL != ""
 // by its field.
 func (i Install) Check() error {
 	var errs []error
-	for name, d := range map[string]Download{"install.runfleet": i.Runfleet, "install.agent": i.Agent} {
+	for _, f := range []struct {
+		name string
+		d    Download
+	}{{"install.runfleet", i.Runfleet}, {"install.agent", i.Agent}} {
+		name, d := f.name, f.d
 		if d.URL == "" && d.SHA256 == "" {
 			continue
 		}

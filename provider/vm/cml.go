@@ -121,6 +121,22 @@ func ParseCML(o provider.CMLOptions, t Tables) (CML, error) {
 	return out, errors.Join(errs...)
 }
 
+// Stock settles the image of a runner CML's options give no --cloud-image:
+// the cloud's stock image, and the install section that fetches what it
+// lacks, where `runfleet runner` found what to install (o.Stock);
+// otherwise --cloud-image is required, an image of the kind want says.
+func (c *CML) Stock(o provider.CMLOptions, cloud, stock, want string) (Install, error) {
+	switch {
+	case c.Image != "":
+		return Install{}, nil
+	case o.Stock == nil:
+		return Install{}, fmt.Errorf("--cloud-image: is required with --cloud=%s here: %s holding runfleet and the forge's agent, since runfleet cannot install them on a stock one", cloud, want)
+	}
+	c.Image = stock
+	s := o.Stock
+	return Install{Runfleet: Download{URL: s.RunfleetURL, SHA256: s.RunfleetSHA256}, Agent: Download{URL: s.AgentURL, SHA256: s.AgentSHA256}}, nil
+}
+
 func or(s, alt string) string {
 	if s == "" {
 		return alt
