@@ -80,7 +80,9 @@ func TestRunfleetImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	created, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{
-		Name: "runfleet-e2e-image",
+		// A name of its own: a fixed one collides with another run of
+		// this test on the same engine (seen in CI beside a local run).
+		Name: fmt.Sprintf("runfleet-e2e-image-%d", time.Now().UnixNano()),
 		Config: &container.Config{
 			Image: tag, Cmd: []string{"serve", "-c", f.Config, "--log-level", "debug"},
 			Env:    []string{"E2E_GITEA_TOKEN=" + harness.Gitea.Token, "RUNFLEET_HEALTH_URL=http://" + status + "/healthz"},
