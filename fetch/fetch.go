@@ -11,6 +11,8 @@ package fetch
 
 import (
 	"archive/tar"
+	"bytes"
+	"cmp"
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
@@ -45,6 +47,12 @@ type Release struct {
 	// SHA256 is each platform's file's SHA-256, by GOARCH, as the
 	// forge publishes it with the release.
 	SHA256 map[string]string
+	// Sums, where the forge publishes a checksum list beside its files
+	// and runfleet pins no SHA-256 for a platform, is that list's path
+	// relative to URL, with {file} ("release.sha256", "{file}.sha256"):
+	// lines as sha256sum prints them. It is read from the same place as
+	// the file, the mirror included, before the file is fetched.
+	Sums string
 	// Program is the file to run in a tarball ("run.sh"); "" when the
 	// file is the program itself.
 	Program string
@@ -82,11 +90,10 @@ func DefaultCache() string {
 // URLFor returns the file's URL for a platform, from the mirror when
 // there is one.
 func (r Release) URLFor(arch, mirror string) (string, error) {
-	spelled, ok := r.Arch[arch]
-	if !ok {
+	if _, ok := r.Arch[arch]; !ok {
 		return "", fmt.Errorf("%s %s has no release for linux/%s", r.Name, r.Version, arch)
 	}
-	file := strings.NewReplacer("{version}", r.Version, "{arch}", spelled).Replace(r.File)
+	file := r.file(arch)
 	base := strings.ReplaceAll(r.URL, "{version}", r.Version)
 	if mirror != "" {
 		base = mirror
@@ -105,15 +112,9 @@ func (r Release) Get(ctx context.Context, o Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	want := o.SHA256
-	if want == "" {
-		want = r.SHA256[arch]
-	}
-	if want == "" {
-		return "", fmt.Errorf("%s %s: no SHA-256 is pinned for linux/%s; give the checksum of the file at %s", r.Name, r.Version, arch, url)
-	}
-	if b, err := hex.DecodeString(want); err != nil || len(b) != sha256.Size {
-		return "", fmt.Errorf("%s: %q is not a SHA-256 (64 hexadecimal digits)", r.Name, want)
+	want, err := r.Checksum(ctx, arch, o)
+	if err != nil {
+		return "", err
 	}
 	// Keyed by the checksum too: a mirror's own build is not the forge's.
 	dir := filepath.Join(o.Cache, r.Name, r.Version+"-linux-"+arch+"-"+strings.ToLower(want)[:12])
@@ -152,6 +153,70 @@ func (r Release) Get(ctx context.Context, o Options) (string, error) {
 	return program, nil
 }
 
+// Checksum returns the SHA-256 the platform's file must have: the one
+// given in o, else the one runfleet pins, else the one the release's
+// checksum list (Sums) gives for the file.
+func (r Release) Checksum(ctx context.Context, arch string, o Options) (string, error) {
+	url, err := r.URLFor(arch, o.Mirror)
+	if err != nil {
+		return "", err
+	}
+	want := cmp.Or(o.SHA256, r.SHA256[arch])
+	if want == "" && r.Sums != "" {
+		if want, err = r.listed(ctx, arch, o); err != nil {
+			return "", fmt.Errorf("%s %s: %w", r.Name, r.Version, err)
+		}
+	}
+	if want == "" {
+		return "", fmt.Errorf("%s %s: no SHA-256 is pinned for linux/%s; give the checksum of the file at %s", r.Name, r.Version, arch, url)
+	}
+	if b, err := hex.DecodeString(want); err != nil || len(b) != sha256.Size {
+		return "", fmt.Errorf("%s: %q is not a SHA-256 (64 hexadecimal digits)", r.Name, want)
+	}
+	return strings.ToLower(want), nil
+}
+
+// listed reads the platform's file's SHA-256 from the release's checksum
+// list: a line "<sha256>  <file>" (or " *<file>", or the file's path
+// under the list's directory), or a list of one file holding the digest
+// alone.
+func (r Release) listed(ctx context.Context, arch string, o Options) (string, error) {
+	file := r.file(arch)
+	base := cmp.Or(o.Mirror, strings.ReplaceAll(r.URL, "{version}", r.Version))
+	url := strings.TrimRight(base, "/") + "/" + strings.ReplaceAll(r.Sums, "{file}", file)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var list bytes.Buffer
+	if err := get(ctx, o.Client, url, &list, 1<<20); err != nil {
+		return "", fmt.Errorf("the release's checksums: %w", err)
+	}
+	lines := strings.Split(strings.TrimSpace(list.String()), "\n")
+	for _, line := range lines {
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 1 && len(lines) == 1 && strings.Contains(r.Sums, "{file}"):
+			return f[0], nil
+		case len(f) == 2:
+			name := strings.TrimPrefix(strings.TrimPrefix(f[1], "*"), "./")
+			if name == file || path.Base(name) == path.Base(file) {
+				return f[0], nil
+			}
+		}
+	}
+	return "", fmt.Errorf("the release's checksums (%s) list no %s", url, file)
+}
+
+// file is the release's file for a platform, as the forge names it.
+func (r Release) file(arch string) string {
+	return strings.NewReplacer("{version}", r.Version, "{arch}", r.Arch[arch]).Replace(r.File)
+}
+
+// Archive reports whether the release's file is a tarball to unpack,
+// rather than the program itself.
+func (r Release) Archive() bool {
+	return strings.HasSuffix(r.File, ".tar.gz") || strings.HasSuffix(r.File, ".tgz")
+}
+
 // program is the path of the program within the unpacked release.
 func (r Release) program() string {
 	if r.Program != "" {
@@ -163,6 +228,27 @@ func (r Release) program() string {
 // download writes url's body to file, checking its SHA-256 as it goes;
 // a body that does not match is removed and reported.
 func download(ctx context.Context, client *http.Client, url, file, want string) error {
+	f, err := os.OpenFile(file, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	h := sha256.New()
+	err = get(ctx, client, url, io.MultiWriter(f, h), -1)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); !strings.EqualFold(got, want) {
+		os.Remove(file)
+		return fmt.Errorf("%w: the SHA-256 of %s is %s, the release's is %s: not installed", ErrChecksum, url, got, want)
+	}
+	return nil
+}
+
+// get copies url's body to w, at most limit bytes of it when limit >= 0.
+func get(ctx context.Context, client *http.Client, url string, w io.Writer, limit int64) error {
 	if client == nil {
 		client = &http.Client{Timeout: 10 * time.Minute}
 	}
@@ -179,21 +265,12 @@ func download(ctx context.Context, client *http.Client, url, file, want string) 
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("fetch %s: %s", url, resp.Status)
 	}
-	f, err := os.OpenFile(file, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
+	var body io.Reader = resp.Body
+	if limit >= 0 {
+		body = io.LimitReader(resp.Body, limit)
 	}
-	h := sha256.New()
-	_, err = io.Copy(io.MultiWriter(f, h), resp.Body)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if _, err := io.Copy(w, body); err != nil {
 		return fmt.Errorf("fetch %s: %w", url, err)
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); !strings.EqualFold(got, want) {
-		os.Remove(file)
-		return fmt.Errorf("%w: the SHA-256 of %s is %s, the release's is %s: not installed", ErrChecksum, url, got, want)
 	}
 	return nil
 }
@@ -203,7 +280,7 @@ func (r Release) unpack(file, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	if !strings.HasSuffix(file, ".tar.gz") && !strings.HasSuffix(file, ".tgz") {
+	if !r.Archive() {
 		// A single binary.
 		dst := filepath.Join(dir, r.program())
 		if err := os.Rename(file, dst); err != nil {

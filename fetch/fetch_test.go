@@ -128,3 +128,54 @@ func TestGetRefusesEscapes(t *testing.T) {
 		}
 	}
 }
+
+// Where runfleet pins no checksum, the release's own checksum list is
+// read first, in the two layouts forges publish: one list for the whole
+// release with paths under it (gitlab-runner's release.sha256, read with
+// `sha256sum -c`), and a list per file (gitea-runner's <file>.sha256,
+// from its Makefile's release-check). A file that the list does not
+// match, or that the list does not name, is not installed.
+func TestGetChecksumList(t *testing.T) {
+	bin := []byte("#!/bin/sh\necho agent\n")
+	for _, tc := range []struct {
+		name  string
+		r     Release
+		files map[string][]byte
+		want  string
+	}{
+		{"gitlab", Release{Name: "gitlab-runner", Version: "18.6.0", URL: "{url}/v{version}", File: "binaries/gitlab-runner-linux-{arch}", Sums: "release.sha256", Program: "gitlab-runner"},
+			map[string][]byte{"/v18.6.0/binaries/gitlab-runner-linux-amd64": bin,
+				"/v18.6.0/release.sha256": []byte(sum([]byte("other")) + " *binaries/gitlab-runner-linux-arm64\n" + sum(bin) + " *binaries/gitlab-runner-linux-amd64\n")}, ""},
+		{"gitea", Release{Name: "gitea-runner", Version: "1.0.8", URL: "{url}/{version}", File: "gitea-runner-{version}-linux-{arch}", Sums: "{file}.sha256", Program: "gitea-runner"},
+			map[string][]byte{"/1.0.8/gitea-runner-1.0.8-linux-amd64": bin,
+				"/1.0.8/gitea-runner-1.0.8-linux-amd64.sha256": []byte(sum(bin) + "  gitea-runner-1.0.8-linux-amd64\n")}, ""},
+		{"tampered", Release{Name: "gitea-runner", Version: "1.0.8", URL: "{url}/{version}", File: "gitea-runner-{version}-linux-{arch}", Sums: "{file}.sha256", Program: "gitea-runner"},
+			map[string][]byte{"/1.0.8/gitea-runner-1.0.8-linux-amd64": append([]byte("evil"), bin...),
+				"/1.0.8/gitea-runner-1.0.8-linux-amd64.sha256": []byte(sum(bin) + "  gitea-runner-1.0.8-linux-amd64\n")}, "checksum mismatch"},
+		{"unlisted", Release{Name: "gitlab-runner", Version: "18.6.0", URL: "{url}/v{version}", File: "binaries/gitlab-runner-linux-{arch}", Sums: "release.sha256", Program: "gitlab-runner"},
+			map[string][]byte{"/v18.6.0/binaries/gitlab-runner-linux-amd64": bin,
+				"/v18.6.0/release.sha256": []byte(sum(bin) + " *binaries/gitlab-runner-linux-arm64\n")}, "list no binaries/gitlab-runner-linux-amd64"},
+		{"no list", Release{Name: "gitlab-runner", Version: "18.6.0", URL: "{url}/v{version}", File: "binaries/gitlab-runner-linux-{arch}", Sums: "release.sha256", Program: "gitlab-runner"},
+			map[string][]byte{"/v18.6.0/binaries/gitlab-runner-linux-amd64": bin}, "404 Not Found"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, _ := server(t, tc.files)
+			r := tc.r
+			r.URL = strings.ReplaceAll(r.URL, "{url}", srv.URL)
+			r.Arch = map[string]string{"amd64": "amd64", "arm64": "arm64"}
+			p, err := r.Get(context.Background(), Options{Cache: t.TempDir(), Arch: "amd64"})
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("err = %v, want %q", err, tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b, _ := os.ReadFile(p); !bytes.Equal(b, bin) || filepath.Base(p) != r.Program {
+				t.Errorf("%s holds %q", p, b)
+			}
+		})
+	}
+}

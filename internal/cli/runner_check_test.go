@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/forge/github"
+	"github.com/runfleet/runfleet/forge/gitlab"
 	"github.com/runfleet/runfleet/internal/testbed/azsim"
 	"github.com/runfleet/runfleet/internal/testbed/bbsim"
 	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
@@ -216,20 +218,61 @@ func TestRunnerFetchesTheAgent(t *testing.T) {
 	}
 }
 
+// gitlab-runner, where runfleet pins no digest: fetched from a loopback
+// mirror laid out as GitLab's bucket (binaries/ beside release.sha256),
+// checked against the list read from there first, and run; a binary the
+// list does not match is refused, exit 1, nothing run.
+func TestRunnerFetchesGitLabRunner(t *testing.T) {
+	gl := glsim.New(glsim.Options{Token: rightToken, Projects: []string{"acme/models"}})
+	t.Cleanup(gl.Close)
+	bin := []byte("#!/bin/sh\necho 'the fetched gitlab-runner ran'\nexit 1\n")
+	file := strings.ReplaceAll(gitlab.AgentRelease.File, "{arch}", gitlab.AgentRelease.Arch[runtime.GOARCH])
+	served := bin
+	mirror := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/mirror/release.sha256":
+			h := sha256.Sum256(bin)
+			fmt.Fprintf(w, "%x *%s\n", h, file)
+		case "/mirror/" + file:
+			w.Write(served)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(mirror.Close)
+	t.Setenv("REPO_TOKEN", rightToken)
+	t.Setenv("PATH", "/usr/bin:/bin") // no gitlab-runner
+	for _, tc := range []struct {
+		body []byte
+		want string
+	}{
+		{bin, "the fetched gitlab-runner ran"},
+		{append([]byte("#tampered\n"), bin...), "checksum mismatch"},
+	} {
+		served = tc.body
+		t.Setenv("XDG_CACHE_HOME", t.TempDir())
+		t.Setenv("XDG_STATE_HOME", t.TempDir())
+		var out bytes.Buffer
+		code := Main([]string{"runner", "--driver", "gitlab", "--repo", gl.URL + "/acme/models", "--single", "--agent-url", mirror.URL + "/mirror"}, &out, &out)
+		if code != ExitFailure || !strings.Contains(out.String(), tc.want) {
+			t.Errorf("exit %d, want 1 and %q:\n%s", code, tc.want, out.String())
+		}
+	}
+}
+
 // A forge whose agent runfleet does not fetch, and that is not on this
 // host: said before anything starts, with where to read how to install it.
 func TestRunnerSaysWhichAgentToInstall(t *testing.T) {
-	gl := glsim.New(glsim.Options{Token: rightToken, Projects: []string{"acme/models"}})
-	t.Cleanup(gl.Close)
+	bb := bbsim.New(bbsim.Options{Token: rightToken, Repos: []string{"models"}})
+	t.Cleanup(bb.Close)
 	t.Setenv("REPO_TOKEN", rightToken)
-	t.Setenv("PATH", "/usr/bin:/bin")
 	t.Setenv("XDG_STATE_HOME", t.TempDir())
 	var out bytes.Buffer
-	code := Main([]string{"runner", "--driver", "gitlab", "--repo", gl.URL + "/acme/models", "--single"}, &out, &out)
-	if code != ExitUsage || !strings.Contains(out.String(), "gitlab-runner is not on this host") || !strings.Contains(out.String(), "docs/forges/gitlab.md") {
+	code := Main([]string{"runner", "--driver", "bitbucket", "--repo", bb.URL + "/acme/models", "--single"}, &out, &out)
+	if code != ExitUsage || !strings.Contains(out.String(), "is not on this host") || !strings.Contains(out.String(), "docs/forges/bitbucket.md") {
 		t.Errorf("exit %d:\n%s", code, out.String())
 	}
-	if len(gl.Runners()) != 0 {
-		t.Errorf("a runner was registered: %+v", gl.Runners())
+	if len(bb.Runners()) != 0 {
+		t.Errorf("a runner was registered: %+v", bb.Runners())
 	}
 }

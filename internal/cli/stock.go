@@ -53,9 +53,9 @@ func stockInstall(ctx context.Context, s runnerSettings, getenv func(string) (st
 	if err != nil {
 		return nil, "", err
 	}
-	agentSum := s.AgentSHA256
-	if agentSum == "" {
-		agentSum = r.SHA256["amd64"]
+	agentSum, err := r.Checksum(ctx, "amd64", fetch.Options{Mirror: s.AgentURL, SHA256: s.AgentSHA256, Client: &http.Client{Timeout: checkTimeout}})
+	if err != nil {
+		return nil, "", fmt.Errorf("--cloud-image: no image was given, and the agent to install cannot be checked: %w", err)
 	}
 	runfleetURL, runfleetSum, err := runfleetRelease(ctx, getenv)
 	if err != nil {
@@ -65,9 +65,9 @@ func stockInstall(ctx context.Context, s runnerSettings, getenv func(string) (st
 }
 
 // stockAgentPath is where a stock image's boot script puts the agent's
-// program.
+// program: unpacked from a tarball, or the file itself.
 func stockAgentPath(r fetch.Release, url string) string {
-	if r.Program != "" {
+	if r.Archive() && r.Program != "" {
 		return vm.AgentDir + "/" + r.Program
 	}
 	return vm.AgentDir + "/" + url[strings.LastIndex(url, "/")+1:]
