@@ -189,6 +189,15 @@ type JobRerunner interface {
 	RerunJob(ctx context.Context, j Job) error
 }
 
+// Refresher is implemented by forges whose driver keeps its listing of
+// runners between reads (Kept): Refresh makes the next Runners read the
+// forge, for when something has changed that the driver cannot see (a
+// runner's machine ended: its agent may have reached the forge since the
+// kept listing was read).
+type Refresher interface {
+	Refresh()
+}
+
 // EndObserver is implemented by forges whose driver keeps a list of
 // runners between listings.
 type EndObserver interface {

@@ -16,14 +16,15 @@ import (
 // fakeForge is an in-memory forge with the semantics the pool relies on:
 // RemoveRunner refuses a busy runner.
 type fakeForge struct {
-	mu       sync.Mutex
-	nextID   int64
-	runners  map[int64]*forge.Runner
-	failList error
-	failReg  error // every Register fails with it
-	removed  []string
-	calls    int
-	removals int // RemoveRunner calls
+	refreshed int // Refresh calls
+	mu        sync.Mutex
+	nextID    int64
+	runners   map[int64]*forge.Runner
+	failList  error
+	failReg   error // every Register fails with it
+	removed   []string
+	calls     int
+	removals  int // RemoveRunner calls
 	// hooks, called without the lock
 	beforeRegister func()
 	afterRunners   func()
@@ -252,4 +253,10 @@ func (f *fakeForge) labelsOf(name string) []string {
 		}
 	}
 	return nil
+}
+
+func (f *fakeForge) Refresh() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.refreshed++
 }

@@ -33,6 +33,7 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 	for _, r := range snap.duplicates {
 		p.removeRegistration(ctx, r)
 	}
+	p.endedUnseen(snap)
 	p.remember(snap)
 	pol := p.policy()
 	view, n := p.classifyAll(snap, pol)
@@ -43,7 +44,10 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 		if !s.classified {
 			continue
 		}
-		if s.verdict.state == StateIdle || p.deletedByForge(s) {
+		// The forge lists a registration online or busy only once its
+		// agent has reached it, whether or not its machine is still
+		// there (a fast job's machine may be gone by the next pass).
+		if s.verdict.state == StateIdle || p.deletedByForge(s) || (s.reg != nil && (s.reg.Status == forge.StatusIdle || s.reg.Status == forge.StatusBusy)) {
 			p.served = true
 		}
 		p.apply(ctx, s, debug)
@@ -63,6 +67,24 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 		p.crashed(crashed)
 	}
 	p.view = p.scale(ctx, snap, p.view, view, n, pol.now)
+}
+
+// endedUnseen tells of the runners that the last pass listed, with a
+// machine and a registration, and that this one lists neither of, though
+// the pool removed neither: a fast job's, whose machine ended after it
+// and whose ephemeral registration the forge deleted, between two passes.
+// Such a runner served. Called with p.mu held, before remember.
+func (p *Pool) endedUnseen(snap snapshot) {
+	for _, r := range p.view {
+		_, listed := snap.slots[r.Name]
+		if listed || p.pending[r.Name] == opRemove || p.done[r.Name].op == opRemove {
+			continue
+		}
+		if cmp.Or(r.RunnerID, p.registered[r.Name]) != 0 && cmp.Or(r.Machine, p.last[r.Name].ID) != "" {
+			p.served = true
+			p.log.Info("runner removed", "runner", r.Name, "reason", "its machine ended and the forge deleted its registration")
+		}
+	}
 }
 
 // deletedByForge says whether a slot's registration went without the

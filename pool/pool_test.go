@@ -469,3 +469,63 @@ func TestFailedStartThatTookAJobIsKept(t *testing.T) {
 		t.Fatalf("states %v, want gpu-1 busy", st)
 	}
 }
+
+// A runner whose agent reached the forge and whose machine was gone by the
+// next pass (a fast job on a cloud machine that powers itself off) has
+// served: the forge lists it online, as GitLab lists a runner contacted
+// within the last hours, though the pool never saw it idle or busy with
+// its machine. Before it is seen online, nothing has served.
+func TestServedBySeenOnlineWithoutMachine(t *testing.T) {
+	h := newHarness(t, Config{Size: 1, Max: 1})
+	h.settle()
+	if h.pool.Served() {
+		t.Fatal("served before any agent reached the forge")
+	}
+	h.prov.mu.Lock()
+	for name := range h.prov.insts {
+		delete(h.prov.insts, name) // the machine powered itself off
+	}
+	h.prov.mu.Unlock()
+	h.online()
+	if err := h.pool.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.pool.Wait()
+	if !h.pool.Served() {
+		t.Error("a runner the forge lists online, its machine gone, has not served")
+	}
+}
+
+// A runner whose machine ended and whose registration the forge deleted,
+// both between two passes (a one-second job on a machine that powers
+// itself off, an ephemeral runner), has served, and its end is logged;
+// the kept listing is read afresh once a machine has ended.
+func TestServedByEndBetweenPasses(t *testing.T) {
+	h := newHarness(t, Config{Size: 1, Max: 1})
+	h.settle()
+	h.online()
+	h.settle()
+	h.pool.mu.Lock()
+	h.pool.served = false // as before the agent reached the forge
+	h.pool.mu.Unlock()
+	h.prov.mu.Lock()
+	for name := range h.prov.insts {
+		delete(h.prov.insts, name)
+	}
+	h.prov.mu.Unlock()
+	h.forge.mu.Lock()
+	for id := range h.forge.runners {
+		delete(h.forge.runners, id)
+	}
+	h.forge.mu.Unlock()
+	if err := h.pool.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.pool.Wait()
+	if !h.pool.Served() {
+		t.Error("a runner that ended between two passes has not served")
+	}
+	if h.forge.refreshed == 0 {
+		t.Error("the forge's kept listing was not read afresh after a machine ended")
+	}
+}

@@ -47,6 +47,25 @@ const outputTail = 32 << 10
 
 // read lists the machines and the registrations, and reads the agents'
 // output. Reconcile records how many machines the pool has (act).
+// vanished reports whether a machine of the last listing is not in this
+// one, and keeps this one for the next.
+func (p *Pool) vanished(snap snapshot) bool {
+	now := map[string]bool{}
+	for _, s := range snap.slots {
+		if s.inst != nil {
+			now[s.inst.ID] = true
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	gone := false
+	for id := range p.listed {
+		gone = gone || !now[id]
+	}
+	p.listed = now
+	return gone
+}
+
 func (p *Pool) read(ctx context.Context, act bool) (snapshot, error) {
 	p.mu.Lock()
 	since := p.epoch
@@ -65,6 +84,11 @@ func (p *Pool) read(ctx context.Context, act bool) (snapshot, error) {
 		p.mu.Lock()
 		p.machines = len(snap.slots)
 		p.mu.Unlock()
+	}
+	if r, ok := p.forge.(forge.Refresher); act && p.vanished(snap) && ok {
+		// What its agent did before the machine ended may be newer
+		// than the driver's kept listing: it came online, took a job.
+		r.Refresh()
 	}
 	regs, err := p.forge.Runners(ctx)
 	if err != nil {

@@ -379,3 +379,6 @@ func (d *Driver) ImplicitLabels() []string {
 // Meets matches a job's demands to a pool's labels as capabilities
 // (forge.DemandMatcher).
 func (d *Driver) Meets(labels, demands []string) bool { return meets(capabilities(labels), demands) }
+
+// Refresh drops the kept listing of runners (forge.Refresher).
+func (d *Driver) Refresh() { d.kept.Drop() }

@@ -405,3 +405,6 @@ func idOf(uuid string) int64 {
 	}
 	return id
 }
+
+// Refresh drops the kept listing of runners (forge.Refresher).
+func (d *Driver) Refresh() { d.kept.Drop() }

@@ -921,3 +921,6 @@ func (d *Driver) rerunOnce(ctx context.Context, r forge.Runner, run *gh.Workflow
 	d.log.Info("github: re-ran the failed jobs of a run whose runner was lost", "runner", r.Name, "id", r.ID, "run", runID)
 	return nil
 }
+
+// Refresh drops the kept listing of runners (forge.Refresher).
+func (d *Driver) Refresh() { d.kept.Drop() }

@@ -542,3 +542,6 @@ func jobStatus(st, failure string) (forge.JobStatus, string) {
 	}
 	return 0, "" // created, manual, scheduled
 }
+
+// Refresh drops the kept listing of runners (forge.Refresher).
+func (d *Driver) Refresh() { d.kept.Drop() }
