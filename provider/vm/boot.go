@@ -158,8 +158,10 @@ func (b Boot) Script(spec provider.Spec, now time.Time) ([]byte, error) {
 	s.WriteString("off() { echo \"runfleet: $1; powering off\" >&2; poweroff; exit 1; }\n")
 	heredoc(&s, PlanPath, pj)
 	if b.SSHPublicKey != "" {
-		s.WriteString("mkdir -p /root/.ssh && chmod 700 /root/.ssh\n")
-		fmt.Fprintf(&s, "echo %s >> /root/.ssh/authorized_keys\n", ShellQuote(strings.TrimSpace(b.SSHPublicKey)))
+		// root's, and the image's login user's where it has one (Ubuntu's
+		// ubuntu, which CML's docs ssh in as).
+		fmt.Fprintf(&s, "for home in /root /home/ubuntu; do [ -d \"$home\" ] || continue; mkdir -p \"$home/.ssh\" && chmod 700 \"$home/.ssh\" && echo %s >> \"$home/.ssh/authorized_keys\"; done\n", ShellQuote(strings.TrimSpace(b.SSHPublicKey)))
+		s.WriteString("[ -d /home/ubuntu/.ssh ] && chown -R ubuntu: /home/ubuntu/.ssh 2>/dev/null\n")
 	}
 	runfleet := b.Runfleet
 	if b.Install.Given() {

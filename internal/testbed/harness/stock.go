@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/forge/github"
+	"github.com/runfleet/runfleet/forge/gitlab"
 	"github.com/runfleet/runfleet/internal/testbed/armsim"
 	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
 	"github.com/runfleet/runfleet/internal/testbed/gcesim"
@@ -82,17 +83,20 @@ func AddARMStockImages(t testing.TB, sim *armsim.Server) {
 
 // Releases serves, as a release site would, runfleet's release (the
 // static build the instances run, named as `make release` names it, and
-// its SHA256SUMS) and a mirror of GitHub's runner release (the stand-in
-// runner, packed as actions/runner packs its own), at an address both
-// this host and its containers reach: the Docker bridge's.
+// its SHA256SUMS), a mirror of GitHub's runner release (the stand-in
+// runner, packed as actions/runner packs its own) and one of
+// gitlab-runner's (the stand-in, laid out as GitLab's bucket: binaries/
+// beside release.sha256), at an address both this host and its containers
+// reach: the Docker bridge's.
 type Releases struct {
 	// URL is runfleet's release directory (RUNFLEET_RELEASE_URL); Agent
 	// the runner release's mirror (--agent-url) and AgentSHA256 its file's
-	// checksum (--agent-sha256).
-	URL, Agent, AgentSHA256 string
-	mu                      sync.Mutex
-	fetched                 map[string]int
-	tamper                  bool
+	// checksum (--agent-sha256); GitLab gitlab-runner's mirror, whose
+	// checksums its release.sha256 lists.
+	URL, Agent, AgentSHA256, GitLab string
+	mu                              sync.Mutex
+	fetched                         map[string]int
+	tamper                          bool
 }
 
 // NewReleases serves the releases until the test ends.
@@ -119,6 +123,13 @@ func NewReleases(t testing.TB) *Releases {
 	sums := fmt.Sprintf("%s  %s\n", sum(runfleet), name)
 	r := &Releases{fetched: map[string]int{}, AgentSHA256: sum(agent)}
 	files := map[string][]byte{"/runfleet/SHA256SUMS": []byte(sums), "/runfleet/" + name: runfleet, "/actions-runner/" + agentFile: agent}
+	gl, err := os.ReadFile(NeedGitLabRunner(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	glFile := strings.ReplaceAll(gitlab.AgentRelease.File, "{arch}", gitlab.AgentRelease.Arch[runtime.GOARCH])
+	files["/gitlab-runner/"+glFile] = gl
+	files["/gitlab-runner/release.sha256"] = fmt.Appendf(nil, "%s *%s\n", sum(gl), glFile)
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		b, ok := files[req.URL.Path]
 		if !ok {
@@ -127,7 +138,7 @@ func NewReleases(t testing.TB) *Releases {
 		}
 		r.mu.Lock()
 		r.fetched[req.URL.Path]++
-		tamper := r.tamper && !strings.HasSuffix(req.URL.Path, "SHA256SUMS")
+		tamper := r.tamper && !strings.Contains(strings.ToLower(req.URL.Path), "sha256")
 		r.mu.Unlock()
 		if tamper {
 			b = append([]byte("tampered"), b...)
@@ -142,7 +153,7 @@ func NewReleases(t testing.TB) *Releases {
 	srv.Listener = l
 	srv.Start()
 	t.Cleanup(srv.Close)
-	r.URL, r.Agent = srv.URL+"/runfleet", srv.URL+"/actions-runner"
+	r.URL, r.Agent, r.GitLab = srv.URL+"/runfleet", srv.URL+"/actions-runner", srv.URL+"/gitlab-runner"
 	return r
 }
 
@@ -166,6 +177,11 @@ func (r *Releases) Fetched(suffix string) int {
 	}
 	return n
 }
+
+// BridgeAddr is this host's address on Docker's default bridge: a
+// stand-in listening there is reached at the same URL by this host and by
+// the containers that play cloud machines.
+func BridgeAddr(t testing.TB) string { return bridgeAddr(t) }
 
 // bridgeAddr is this host's address on Docker's default bridge, which
 // containers reach it at (host.docker.internal is not a name this host
