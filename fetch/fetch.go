@@ -191,14 +191,17 @@ func (r Release) listed(ctx context.Context, arch string, o Options) (string, er
 		return "", fmt.Errorf("the release's checksums: %w", err)
 	}
 	lines := strings.Split(strings.TrimSpace(list.String()), "\n")
-	for _, line := range lines {
-		f := strings.Fields(line)
-		switch {
-		case len(f) == 1 && len(lines) == 1 && strings.Contains(r.Sums, "{file}"):
-			return f[0], nil
-		case len(f) == 2:
-			name := strings.TrimPrefix(strings.TrimPrefix(f[1], "*"), "./")
-			if name == file || path.Base(name) == path.Base(file) {
+	if f := strings.Fields(lines[0]); len(lines) == 1 && len(f) == 1 && strings.Contains(r.Sums, "{file}") {
+		return f[0], nil
+	}
+	// The file's own path first, then its name alone (a list written
+	// from inside the files' directory).
+	for _, same := range []func(string) bool{
+		func(name string) bool { return name == file },
+		func(name string) bool { return path.Base(name) == path.Base(file) },
+	} {
+		for _, line := range lines {
+			if f := strings.Fields(line); len(f) == 2 && same(strings.TrimPrefix(strings.TrimPrefix(f[1], "*"), "./")) {
 				return f[0], nil
 			}
 		}

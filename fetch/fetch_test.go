@@ -145,7 +145,8 @@ func TestGetChecksumList(t *testing.T) {
 	}{
 		{"gitlab", Release{Name: "gitlab-runner", Version: "18.6.0", URL: "{url}/v{version}", File: "binaries/gitlab-runner-linux-{arch}", Sums: "release.sha256", Program: "gitlab-runner"},
 			map[string][]byte{"/v18.6.0/binaries/gitlab-runner-linux-amd64": bin,
-				"/v18.6.0/release.sha256": []byte(sum([]byte("other")) + " *binaries/gitlab-runner-linux-arm64\n" + sum(bin) + " *binaries/gitlab-runner-linux-amd64\n")}, ""},
+				"/v18.6.0/release.sha256": []byte(sum([]byte("other")) + " *binaries/gitlab-runner-linux-arm64\n" +
+					sum([]byte("another")) + " *deb/gitlab-runner-linux-amd64\n" + sum(bin) + " *binaries/gitlab-runner-linux-amd64\n")}, ""},
 		{"gitea", Release{Name: "gitea-runner", Version: "1.0.8", URL: "{url}/{version}", File: "gitea-runner-{version}-linux-{arch}", Sums: "{file}.sha256", Program: "gitea-runner"},
 			map[string][]byte{"/1.0.8/gitea-runner-1.0.8-linux-amd64": bin,
 				"/1.0.8/gitea-runner-1.0.8-linux-amd64.sha256": []byte(sum(bin) + "  gitea-runner-1.0.8-linux-amd64\n")}, ""},
