@@ -111,3 +111,13 @@ func TestStartupScriptCarriesOnlyThePlan(t *testing.T) {
 		t.Errorf("oversized script: %v", err)
 	}
 }
+
+// cml.dev content/docs/ref/runner.md, --cloud-permission-set on GCP: a
+// service account, then scopes= and its list, aliases as gcloud's.
+func TestPermissionSetDocsExample(t *testing.T) {
+	sa, scopes := permissionSet("my-sa@myproject.iam.gserviceaccount.com,scopes=storage-rw,datastore")
+	if sa != "my-sa@myproject.iam.gserviceaccount.com" ||
+		strings.Join(scopes, " ") != "https://www.googleapis.com/auth/devstorage.read_write https://www.googleapis.com/auth/datastore" {
+		t.Errorf("service account %q, scopes %v", sa, scopes)
+	}
+}
