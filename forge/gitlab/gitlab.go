@@ -129,6 +129,12 @@ func New(cfg Config) (*Driver, error) {
 		// timeout; beyond that the pool backs off.
 		gl.WithCustomRetryMax(3),
 		gl.WithUserAgent("runfleet/"+cmp.Or(cfg.Version, "dev")),
+		// The budget above paces the calls. Without a limiter of its
+		// own, the client sets one from the first answer's
+		// RateLimit-Limit while other goroutines' calls read it: a data
+		// race in client-go v1.46.0 (gitlab.go, configureLimiter and
+		// Do), seen by -race when the pool and the poll call at once.
+		gl.WithCustomLimiter(rate.NewLimiter(rate.Inf, 0)),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("gitlab client: %w", err)
