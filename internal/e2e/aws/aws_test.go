@@ -211,8 +211,7 @@ func TestAWSCrashDeadlineAndGC(t *testing.T) {
 // is gone.
 func TestRunnerCloudAWS(t *testing.T) {
 	sim := harness.NeedEC2(t)
-	gh := ghsim.New(ghsim.Options{Token: harness.GHToken, Repos: []string{"acme/awscml"}, LostAfter: 2 * time.Second, RunnerHost: "host.docker.internal"})
-	t.Cleanup(gh.Close)
+	gh := harness.NewCloudRunnerSim(t, "acme/awscml")
 	cmd, out := harness.StartRunner(t, append(harness.AWSEnv(), "AWS_ENDPOINT_URL_EC2="+sim.URL),
 		"runner", "--driver", "github", "--repo", gh.URL+"/acme/awscml", "--agent", "/bin/github-runner",
 		"--single", "--labels", "cml", "--cloud", "aws", "--cloud-region", "us-east", "--cloud-type", "m+t4", "--cloud-spot",
@@ -327,8 +326,7 @@ func TestRunnerCloudAWSStockImage(t *testing.T) {
 	sim := harness.NeedEC2(t)
 	harness.AddStockImages(t, sim)
 	rel := harness.NewReleases(t)
-	gh := ghsim.New(ghsim.Options{Token: harness.GHToken, Repos: []string{"acme/stock"}, LostAfter: 2 * time.Second, RunnerHost: "host.docker.internal"})
-	t.Cleanup(gh.Close)
+	gh := harness.NewCloudRunnerSim(t, "acme/stock")
 	env := append(harness.AWSEnv(), "AWS_ENDPOINT_URL_EC2="+sim.URL, "GITHUB_ACTIONS=true", "GITHUB_SERVER_URL="+gh.URL, "GITHUB_REPOSITORY=acme/stock",
 		"RUNFLEET_RELEASE_URL="+rel.URL, "CML_RUNNER_AGENT_URL="+rel.Agent, "CML_RUNNER_AGENT_SHA256="+rel.AgentSHA256)
 	example := []string{"runner", "launch", "--cloud=aws", "--cloud-region=us-west", "--cloud-type=g4dn.xlarge", "--labels=cml-gpu"}

@@ -46,8 +46,7 @@ func TestCMLExamplesAWS(t *testing.T) {
 	sim := harness.NeedEC2(t)
 	harness.AddStockImages(t, sim)
 	rel := harness.NewReleases(t)
-	gh := ghsim.New(ghsim.Options{Token: harness.GHToken, Repos: []string{"acme/cml"}, LostAfter: 2 * time.Second, RunnerHost: "host.docker.internal"})
-	t.Cleanup(gh.Close)
+	gh := harness.NewCloudRunnerSim(t, "acme/cml")
 	// On the bridge: the manager and the instances reach it at one URL,
 	// which the runner's credential carries.
 	gl := glsim.New(glsim.Options{Token: harness.GLToken, Projects: []string{"acme/cml"}, RunnerHost: harness.BridgeAddr(t)})

@@ -228,8 +228,7 @@ func TestAzureCrashDeadlineAndGC(t *testing.T) {
 // disk, the registration gone.
 func TestRunnerCloudAzure(t *testing.T) {
 	sim := harness.NeedARM(t)
-	gh := ghsim.New(ghsim.Options{Token: harness.GHToken, Repos: []string{"acme/azcml"}, LostAfter: 2 * time.Second, RunnerHost: "host.docker.internal"})
-	t.Cleanup(gh.Close)
+	gh := harness.NewCloudRunnerSim(t, "acme/azcml")
 	env := append(sim.Env(), "RUNFLEET_AZURE_ENDPOINT="+sim.URL, "RUNFLEET_AZURE_RESOURCE_GROUP="+armsim.Group, "RUNFLEET_AZURE_SUBNET="+armsim.SubnetID("westeurope"))
 	cmd, out := harness.StartRunner(t, env,
 		"runner", "--driver", "github", "--repo", gh.URL+"/acme/azcml", "--agent", "/bin/github-runner",
@@ -317,8 +316,7 @@ func TestRunnerCloudAzureStockImage(t *testing.T) {
 	sim := harness.NeedARM(t)
 	harness.AddARMStockImages(t, sim)
 	rel := harness.NewReleases(t)
-	gh := ghsim.New(ghsim.Options{Token: harness.GHToken, Repos: []string{"acme/stock"}, LostAfter: 2 * time.Second, RunnerHost: "host.docker.internal"})
-	t.Cleanup(gh.Close)
+	gh := harness.NewCloudRunnerSim(t, "acme/stock")
 	env := append(sim.Env(), "RUNFLEET_AZURE_ENDPOINT="+sim.URL, "RUNFLEET_AZURE_RESOURCE_GROUP="+armsim.Group, "RUNFLEET_AZURE_SUBNET="+armsim.SubnetID("westus2"),
 		"GITHUB_ACTIONS=true", "GITHUB_SERVER_URL="+gh.URL, "GITHUB_REPOSITORY=acme/stock",
 		"RUNFLEET_RELEASE_URL="+rel.URL, "CML_RUNNER_AGENT_URL="+rel.Agent, "CML_RUNNER_AGENT_SHA256="+rel.AgentSHA256)

@@ -229,8 +229,7 @@ func TestGCPCrashDeadlineAndGC(t *testing.T) {
 // its disk too, the registration gone.
 func TestRunnerCloudGCP(t *testing.T) {
 	sim := harness.NeedGCE(t)
-	gh := ghsim.New(ghsim.Options{Token: harness.GHToken, Repos: []string{"acme/gcpcml"}, LostAfter: 2 * time.Second, RunnerHost: "host.docker.internal"})
-	t.Cleanup(gh.Close)
+	gh := harness.NewCloudRunnerSim(t, "acme/gcpcml")
 	cmd, out := harness.StartRunner(t, append(harness.GCPEnv(sim), "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE="+sim.URL+"/compute/v1/"),
 		"runner", "--driver", "github", "--repo", gh.URL+"/acme/gcpcml", "--agent", "/bin/github-runner",
 		"--single", "--labels", "cml", "--cloud", "gcp", "--cloud-region", "eu-west", "--cloud-type", "m+v100", "--cloud-spot",
@@ -348,8 +347,7 @@ func TestRunnerCloudGCPStockImage(t *testing.T) {
 	sim := harness.NeedGCE(t)
 	harness.AddGCEStockImages(t, sim)
 	rel := harness.NewReleases(t)
-	gh := ghsim.New(ghsim.Options{Token: harness.GHToken, Repos: []string{"acme/stock"}, LostAfter: 2 * time.Second, RunnerHost: "host.docker.internal"})
-	t.Cleanup(gh.Close)
+	gh := harness.NewCloudRunnerSim(t, "acme/stock")
 	env := append(harness.GCPEnv(sim), "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE="+sim.URL+"/compute/v1/",
 		"GITHUB_ACTIONS=true", "GITHUB_SERVER_URL="+gh.URL, "GITHUB_REPOSITORY=acme/stock",
 		"RUNFLEET_RELEASE_URL="+rel.URL, "CML_RUNNER_AGENT_URL="+rel.Agent, "CML_RUNNER_AGENT_SHA256="+rel.AgentSHA256)

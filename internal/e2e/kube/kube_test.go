@@ -308,8 +308,7 @@ func TestRunnerCloudKubernetes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim := ghsim.New(ghsim.Options{Token: harness.GHToken, Repos: []string{"acme/kcml"}, LostAfter: 2 * time.Second, RunnerHost: "host.docker.internal"})
-	t.Cleanup(sim.Close)
+	sim := harness.NewCloudRunnerSim(t, "acme/kcml")
 	cmd, out := harness.StartRunner(t, []string{"KUBERNETES_CONFIGURATION=" + string(kc)},
 		"runner", "--driver", "github", "--repo", sim.URL+"/acme/kcml", "--agent", "/bin/github-runner",
 		"--single", "--labels", "cml", "--cloud", "kubernetes", "--cloud-image", img,

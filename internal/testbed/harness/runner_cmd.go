@@ -85,3 +85,15 @@ func NewRunnerSim(t *testing.T, repo string) *ghsim.Server {
 	t.Cleanup(sim.Close)
 	return sim
 }
+
+// NewCloudRunnerSim is a simulated GitHub for runners on the clouds' and
+// the cluster's stand-ins, whose containers reach it at
+// host.docker.internal (the address its just-in-time configs carry). A
+// runner that vanishes is taken for lost after 2 s, so that a test sees it
+// within its run.
+func NewCloudRunnerSim(t *testing.T, repo string) *ghsim.Server {
+	t.Helper()
+	sim := ghsim.New(ghsim.Options{Token: GHToken, Repos: []string{repo}, LostAfter: 2 * time.Second, RunnerHost: "host.docker.internal"})
+	t.Cleanup(sim.Close)
+	return sim
+}
