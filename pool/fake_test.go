@@ -16,7 +16,6 @@ import (
 // fakeForge is an in-memory forge with the semantics the pool relies on:
 // RemoveRunner refuses a busy runner.
 type fakeForge struct {
-	refreshed int // Refresh calls
 	mu        sync.Mutex
 	nextID    int64
 	runners   map[int64]*forge.Runner
@@ -25,6 +24,7 @@ type fakeForge struct {
 	removed   []string
 	calls     int
 	removals  int // RemoveRunner calls
+	refreshed int // Refresh calls
 	// hooks, called without the lock
 	beforeRegister func()
 	afterRunners   func()

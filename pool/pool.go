@@ -162,10 +162,7 @@ type Pool struct {
 	memory   map[string]memory // what earlier passes noted, by slot
 	draining bool
 	machines int // the pool's machines at the last listing
-	// listed is the machines of the last listing, by ID, so that the
-	// next one tells which ended in between.
-	listed  map[string]bool
-	created int // runners started or being started, for Once
+	created  int // runners started or being started, for Once
 	// lost holds, by slot, the machine (or registration) last reported
 	// lost, so that a loss is reported once.
 	lost           map[string]string

@@ -47,23 +47,17 @@ const outputTail = 32 << 10
 
 // read lists the machines and the registrations, and reads the agents'
 // output. Reconcile records how many machines the pool has (act).
-// vanished reports whether a machine of the last listing is not in this
-// one, and keeps this one for the next.
+// vanished reports whether a machine of the last pass's view is not in
+// this listing.
 func (p *Pool) vanished(snap snapshot) bool {
-	now := map[string]bool{}
-	for _, s := range snap.slots {
-		if s.inst != nil {
-			now[s.inst.ID] = true
-		}
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	gone := false
-	for id := range p.listed {
-		gone = gone || !now[id]
+	for _, r := range p.view {
+		if s, ok := snap.slots[r.Name]; r.Machine != "" && (!ok || s.inst == nil || s.inst.ID != r.Machine) {
+			return true
+		}
 	}
-	p.listed = now
-	return gone
+	return false
 }
 
 func (p *Pool) read(ctx context.Context, act bool) (snapshot, error) {
