@@ -48,10 +48,15 @@ const outputTail = 32 << 10
 // read lists the machines and the registrations, and reads the agents'
 // output. Reconcile records how many machines the pool has (act).
 // vanished reports whether a machine of the last pass's view is not in
-// this listing.
+// this listing, while no runner of the pool has yet been seen to serve:
+// only that question needs a fresher listing than the driver keeps, and
+// a pool that has served pays no extra call per ended machine.
 func (p *Pool) vanished(snap snapshot) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.served {
+		return false
+	}
 	for _, r := range p.view {
 		if s, ok := snap.slots[r.Name]; r.Machine != "" && (!ok || s.inst == nil || s.inst.ID != r.Machine) {
 			return true
