@@ -101,6 +101,14 @@ type AgentReleaser interface {
 	AgentRelease() fetch.Release
 }
 
+// AgentImager is implemented by drivers whose forge publishes a runner
+// image holding its agent where the driver's Agent looks for it in a
+// container: the image `runfleet runner --cloud=kubernetes` runs without
+// --cloud-image, pinned to the version AgentRelease pins.
+type AgentImager interface {
+	AgentImage() string
+}
+
 // Starter is implemented by drivers that `runfleet init` writes a starter
 // config for (every driver should: a test holds each to it).
 type Starter interface {

@@ -84,8 +84,12 @@ type CMLOptions struct {
 	Getenv                 func(string) (string, bool)
 	// Stock is what a cloud machine booted from a stock image installs
 	// (no --cloud-image): runfleet and the forge's agent, each a file and
-	// its SHA-256; nil where none can be installed.
+	// its SHA-256 (a pod installs the agent only); nil where none can be
+	// installed.
 	Stock *Stock
+	// AgentImage is the forge's own published runner image, for a
+	// container or pod without --cloud-image; "" where it publishes none.
+	AgentImage string
 }
 
 // Stock is what the boot script of a stock image fetches.

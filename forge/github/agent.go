@@ -35,6 +35,11 @@ var AgentRelease = fetch.Release{
 // AgentRelease makes GitHub's runner fetchable (forge.AgentReleaser).
 func (driver) AgentRelease() fetch.Release { return AgentRelease }
 
+// AgentImage is GitHub's own runner image (actions/runner's images/
+// Dockerfile, published to ghcr.io with each release): run.sh at
+// ImageRunScript, run as the user runner (uid 1001) (forge.AgentImager).
+func (driver) AgentImage() string { return "ghcr.io/actions/actions-runner:" + AgentRelease.Version }
+
 // Agent makes GitHub's runner the agent of a pool: run.sh in PATH on this
 // host, or in the image at ImageRunScript, unless the pool names another.
 func (d *Driver) Agent(cfg agent.Config) (agent.Agent, error) {

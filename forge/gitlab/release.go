@@ -17,5 +17,11 @@ var AgentRelease = fetch.Release{
 	Sums: "release.sha256", Program: "gitlab-runner",
 }
 
+// AgentImage is GitLab's own runner image (gitlab-runner's dockerfiles/
+// runner/ubuntu, published to Docker Hub as gitlab/gitlab-runner:v<version>):
+// gitlab-runner in PATH, with bash and git for the shell executor
+// (forge.AgentImager).
+func (driver) AgentImage() string { return "gitlab/gitlab-runner:v" + AgentRelease.Version }
+
 // AgentRelease makes gitlab-runner fetchable (forge.AgentReleaser).
 func (driver) AgentRelease() fetch.Release { return AgentRelease }

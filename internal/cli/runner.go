@@ -422,7 +422,7 @@ func runnerProvider(s runnerSettings, stock *provider.Stock, getenv func(string)
 		// elsewhere.
 		log.Warn("--docker-volumes: ignored without --docker IMAGE: the runners run on this machine")
 	}
-	opts := provider.CMLOptions{Docker: s.Docker, DockerVolumes: s.DockerVolumes, Cloud: s.Cloud, Metadata: s.Metadata, NodeSelector: s.NodeSelector, Getenv: getenv, Stock: stock}
+	opts := provider.CMLOptions{Docker: s.Docker, DockerVolumes: s.DockerVolumes, Cloud: s.Cloud, Metadata: s.Metadata, NodeSelector: s.NodeSelector, Getenv: getenv, Stock: stock, AgentImage: agentImage(s)}
 	var chosen []string
 	var section json.RawMessage
 	for _, name := range provider.Names() {

@@ -2,6 +2,10 @@ package cli
 
 import (
 	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"slices"
 	"strings"
@@ -221,4 +225,63 @@ func TestCMLArrays(t *testing.T) {
 func cmlOptionNamed(name string) cmlOption {
 	i := slices.IndexFunc(cmlOptions, func(o cmlOption) bool { return o.name == name })
 	return cmlOptions[i]
+}
+
+// --cloud=kubernetes without --cloud-image: GitHub's and GitLab's own
+// runner images; for Gitea, CML's image with gitea-runner fetched by the
+// pod (its checksum read now, from the list beside it, and no runfleet
+// release wanted, which a development build has none of); for a forge
+// with neither, --cloud-image is required.
+func TestRunnerKubernetesDefaultImage(t *testing.T) {
+	sum := strings.Repeat("cd", 32)
+	mirror := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/gitea-runner-1.0.8-linux-amd64.sha256" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintf(w, "%s  gitea-runner-1.0.8-linux-amd64\n", sum)
+	}))
+	defer mirror.Close()
+	for _, tc := range []struct {
+		driver, image string
+		stock         bool
+		err           string
+	}{
+		{"github", "ghcr.io/actions/actions-runner:2.337.0", false, ""},
+		{"gitlab", "gitlab/gitlab-runner:v18.6.0", false, ""},
+		{"gitea", "", true, ""},
+		{"azure-pipelines", "", false, "--cloud-image: is required with --driver azure-pipelines"},
+	} {
+		t.Run(tc.driver, func(t *testing.T) {
+			s := runnerSettings{Driver: tc.driver, AgentURL: mirror.URL, Cloud: map[string]string{"cloud": "kubernetes"}}
+			if got := agentImage(s); got != tc.image {
+				t.Errorf("image %q, want %q", got, tc.image)
+			}
+			stock, path, err := stockInstall(context.Background(), s, func(string) (string, bool) { return "", false })
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Errorf("err %v, want %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (stock != nil) != tc.stock {
+				t.Fatalf("stock %+v", stock)
+			}
+			if tc.stock && (stock.AgentURL != mirror.URL+"/gitea-runner-1.0.8-linux-amd64" || stock.AgentSHA256 != sum || stock.RunfleetURL != "" ||
+				path != "/opt/runfleet/agent/gitea-runner-1.0.8-linux-amd64") {
+				t.Errorf("stock %+v, agent at %s", stock, path)
+			}
+			// --cloud-image wins over both.
+			s.Cloud["cloud-image"] = "mine:1"
+			if agentImage(s) != "" {
+				t.Error("--cloud-image did not win")
+			}
+			if stock, _, _ := stockInstall(context.Background(), s, nil); stock != nil {
+				t.Error("--cloud-image did not win")
+			}
+		})
+	}
 }

@@ -26,8 +26,10 @@ import (
 const ReleaseURLEnv = "RUNFLEET_RELEASE_URL"
 
 // stockClouds are the clouds whose machines boot a stock image without
-// --cloud-image (Kubernetes runs a runner image).
-var stockClouds = []string{"aws", "gcp", "azure"}
+// --cloud-image; on Kubernetes a pod runs the forge's own runner image
+// where it publishes one (agentImage), else a stock image that fetches
+// the agent as it starts.
+var stockClouds = []string{"aws", "gcp", "azure", "kubernetes"}
 
 // releaseVersion is a version runfleet publishes releases of: a tag, not
 // a pseudo-version or a development build.
@@ -40,7 +42,7 @@ var releaseVersion = regexp.MustCompile(`^v\d+\.\d+\.\d+(-[0-9A-Za-z.]+)?$`)
 // release that runfleet pins, and where the boot script puts the agent's
 // program. nil where no cloud machine or an image was asked for.
 func stockInstall(ctx context.Context, s runnerSettings, getenv func(string) (string, bool)) (*provider.Stock, string, error) {
-	if !slices.Contains(stockClouds, s.Cloud["cloud"]) || s.Cloud["cloud-image"] != "" {
+	if !slices.Contains(stockClouds, s.Cloud["cloud"]) || s.Cloud["cloud-image"] != "" || agentImage(s) != "" {
 		return nil, "", nil
 	}
 	d, _ := forge.Lookup(s.Driver)
@@ -57,11 +59,28 @@ func stockInstall(ctx context.Context, s runnerSettings, getenv func(string) (st
 	if err != nil {
 		return nil, "", fmt.Errorf("--cloud-image: no image was given, and the agent to install cannot be checked: %w", err)
 	}
+	if s.Cloud["cloud"] == "kubernetes" {
+		// The pod runs the agent itself: no runfleet in it.
+		return &provider.Stock{AgentURL: agentURL, AgentSHA256: agentSum}, stockAgentPath(r, agentURL), nil
+	}
 	runfleetURL, runfleetSum, err := runfleetRelease(ctx, getenv)
 	if err != nil {
 		return nil, "", fmt.Errorf("--cloud-image: no image was given, and %w", err)
 	}
 	return &provider.Stock{RunfleetURL: runfleetURL, RunfleetSHA256: runfleetSum, AgentURL: agentURL, AgentSHA256: agentSum}, stockAgentPath(r, agentURL), nil
+}
+
+// agentImage is the forge's own runner image for a pod that --cloud-image
+// does not name; "" elsewhere, or where the forge publishes none.
+func agentImage(s runnerSettings) string {
+	if s.Cloud["cloud"] != "kubernetes" || s.Cloud["cloud-image"] != "" {
+		return ""
+	}
+	d, _ := forge.Lookup(s.Driver)
+	if im, ok := d.(forge.AgentImager); ok {
+		return im.AgentImage()
+	}
+	return ""
 }
 
 // stockAgentPath is where a stock image's boot script puts the agent's

@@ -2,10 +2,15 @@ package kubernetes
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +28,7 @@ import (
 	"github.com/runfleet/runfleet/internal/testbed/kubenode"
 	"github.com/runfleet/runfleet/internal/testbed/peers"
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/provider/vm"
 )
 
 // The cluster tests run against a real kube-apiserver, etcd and
@@ -281,31 +287,54 @@ func TestEvictionNotice(t *testing.T) {
 // container copies the runner's files from the Secret into the work
 // directory, the agent sees its environment from the Secret, the dataset
 // is read-only, and its output comes back through pods/log, also after
-// it ended.
+// it ended. The node writes the Secret's files as a kubelet does (root's,
+// mode 0400), so an image that runs as a user of its own, as GitHub's
+// actions-runner does, reads them only through the pod's fsGroup.
 func TestPodRunsOnANode(t *testing.T) {
 	needKube(t)
 	ctx := context.Background()
 	cli, img := needDocker(t)
-	ns := fmt.Sprintf("test-%d", nsSerial.Add(1))
-	if err := kube.Namespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
-	cert, err := kube.ServingCert("node-docker")
+	nonRoot, err := peers.UserImage(ctx, cli, img, "", "1001:1001")
 	if err != nil {
 		t.Fatal(err)
 	}
-	node, err := kubenode.Start(ctx, kubenode.Options{Name: "node-docker", Client: kube.Client, Docker: cli, Dir: t.TempDir(), Cert: cert, Labels: map[string]string{"pool": "docker"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Stop()
+	node := startNode(t, cli, "node-docker", "docker")
 	data := t.TempDir()
 	os.WriteFile(data+"/hello.txt", []byte("dataset-content\n"), 0o644)
 	os.Chmod(data, 0o777)
-	p := openProvider(t, ns, "m1", Section{Image: img, NodeSelector: map[string]string{"pool": "docker"}, Volumes: []string{data + ":/data"}})
+	for _, tc := range []struct{ name, image, uid string }{{"root", img, "0"}, {"user 1001", nonRoot, "1001"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := fmt.Sprintf("test-%d", nsSerial.Add(1))
+			if err := kube.Namespace(ctx, ns); err != nil {
+				t.Fatal(err)
+			}
+			p := openProvider(t, ns, "m1", Section{Image: tc.image, NodeSelector: map[string]string{"pool": "docker"}, Volumes: []string{data + ":/data"}})
+			podRuns(t, p, node, ns, tc.uid)
+		})
+	}
+}
+
+// startNode starts a node agent named name, labelled pool=pool, that runs
+// its pods on the local engine, until the test ends.
+func startNode(t *testing.T, cli *client.Client, name, pool string) *kubenode.Node {
+	t.Helper()
+	cert, err := kube.ServingCert(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := kubenode.Start(context.Background(), kubenode.Options{Name: name, Client: kube.Client, Docker: cli, Dir: t.TempDir(), Cert: cert, Labels: map[string]string{"pool": pool}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(node.Stop)
+	return node
+}
+
+func podRuns(t *testing.T, p *Provider, node *kubenode.Node, ns, uid string) {
+	ctx := context.Background()
 	sp := spec("cpu-1")
 	sp.Command = "/bin/sh"
-	sp.Args = []string{"-c", `cat .runner; echo; echo "token=$RUNNER_TOKEN"; cat /data/hello.txt; if touch /data/x 2>/dev/null; then echo writable; else echo read-only; fi; ls -l .runner`}
+	sp.Args = []string{"-c", `cat .runner; echo; echo "token=$RUNNER_TOKEN"; cat /data/hello.txt; if touch /data/x 2>/dev/null; then echo writable; else echo read-only; fi; ls -ln .runner; echo "uid=$(id -u)"`}
 	inst, err := p.Create(ctx, sp)
 	if err != nil {
 		t.Fatal(err)
@@ -321,10 +350,14 @@ func TestPodRunsOnANode(t *testing.T) {
 	b, _ := io.ReadAll(r)
 	out := string(b)
 	t.Logf("output:\n%s", out)
-	for _, want := range []string{`{"token":"single-use-credential"}`, "token=single-use-credential", "dataset-content", "read-only", "-rw-------"} {
+	for _, want := range []string{`{"token":"single-use-credential"}`, "token=single-use-credential", "dataset-content", "read-only", "uid=" + uid} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q", want)
 		}
+	}
+	// The copy is the agent's user's alone.
+	if !regexp.MustCompile(`-rw------- +1 +` + uid + ` `).MatchString(out) {
+		t.Errorf("the copy of .runner is not %s's, mode 0600", uid)
 	}
 	if err := p.Delete(ctx, "cpu-1"); err != nil {
 		t.Fatal(err)
@@ -464,5 +497,74 @@ func TestCloseSweepsYoungOrphanSecret(t *testing.T) {
 	}
 	if names := secretNames(t, ns); len(names) != 1 || !strings.HasPrefix(names[0], "m1-cpu-1-") {
 		t.Errorf("secrets after Close: %v, want only the pod's", names)
+	}
+}
+
+// A stock image without the agent: the init container fetches it from
+// the release server, checks its SHA-256 and the agent runs; a file that
+// does not match stops the pod before the agent runs, and the pool's
+// reason says so.
+func TestPodInstallsAgent(t *testing.T) {
+	needKube(t)
+	ctx := context.Background()
+	cli, img := needDocker(t)
+	agent := []byte("#!/bin/sh\necho agent-ran-as-$(id -u)\n")
+	sum := sha256.Sum256(agent)
+	// On every address: the node's containers reach it through the
+	// host's gateway (host.docker.internal), as a pod reaches a mirror.
+	ln, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/agent-linux-amd64" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Write(agent)
+	})}
+	go srv.Serve(ln)
+	defer srv.Close()
+	url := fmt.Sprintf("http://host.docker.internal:%d/v1/agent-linux-amd64", ln.Addr().(*net.TCPAddr).Port)
+	startNode(t, cli, "node-install", "install")
+	for _, tc := range []struct {
+		name, sha256, want string
+	}{
+		{"checked", hex.EncodeToString(sum[:]), ""},
+		{"mismatch", strings.Repeat("0", 64), "checksum mismatch"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := fmt.Sprintf("test-%d", nsSerial.Add(1))
+			if err := kube.Namespace(ctx, ns); err != nil {
+				t.Fatal(err)
+			}
+			s := Section{Image: img, NodeSelector: map[string]string{"pool": "install"}, Install: Install{Agent: vm.Download{URL: url, SHA256: tc.sha256}}}
+			if err := (vm.Install{Agent: s.Install.Agent}).Check(); err != nil {
+				t.Fatal(err)
+			}
+			p := openProvider(t, ns, "m1", s)
+			sp := spec("cpu-1")
+			sp.Command, sp.Args = vm.AgentDir+"/agent-linux-amd64", nil
+			inst, err := p.Create(ctx, sp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			list := waitFor(t, p, "pod ended", func(l []provider.Instance) bool { return len(l) == 1 && l[0].State == provider.StateExited })
+			t.Logf("reason: %q", list[0].Reason)
+			if tc.want != "" {
+				if !strings.Contains(list[0].Reason, tc.want) || !strings.Contains(list[0].Reason, url) {
+					t.Errorf("reason %q does not say %q of %s", list[0].Reason, tc.want, url)
+				}
+				return
+			}
+			r, err := p.Output(ctx, inst, 1<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(r)
+			if list[0].Reason != "" || !strings.Contains(string(b), "agent-ran-as-0") {
+				t.Errorf("reason %q, output %q", list[0].Reason, b)
+			}
+		})
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/provider/vm"
 	"github.com/runfleet/runfleet/secret"
 )
 
@@ -66,8 +67,8 @@ type Section struct {
 	// job could use it against the cluster.
 	ServiceAccountName           string `json:"service_account_name"`
 	AutomountServiceAccountToken bool   `json:"automount_service_account_token"`
-	// SecurityContext is the pod's; ContainerSecurityContext the agent
-	// container's.
+	// SecurityContext is the pod's (with fsGroup DefaultFSGroup unless it
+	// sets one); ContainerSecurityContext the agent container's.
 	SecurityContext          *corev1.PodSecurityContext `json:"security_context"`
 	ContainerSecurityContext *corev1.SecurityContext    `json:"container_security_context"`
 	// Workdir is the agent's working directory, an emptyDir of its own
@@ -80,16 +81,30 @@ type Section struct {
 	//   host:<path>:<target>[:rw]         (also /path:<target>)
 	//   nfs:<server>:<export>:<target>[:rw]
 	Volumes []string `json:"volumes"`
+	// Install is what the image lacks: the forge's agent, fetched and
+	// checked against its SHA-256 by the pod's init container into
+	// vm.AgentDir (a stock image with curl or wget, and sha256sum).
+	Install Install `json:"install"`
 	// PodTemplate is merged over the pod runfleet makes (a strategic
 	// merge patch of a Pod: metadata and spec), for what has no key of
 	// its own here.
 	PodTemplate json.RawMessage `json:"pod_template"`
 }
 
+// Install is a pod's install section.
+type Install struct {
+	Agent vm.Download `json:"agent"`
+}
+
 // Defaults of the section.
 const (
 	DefaultWorkdir     = "/runner"
 	DefaultGPUResource = corev1.ResourceName("nvidia.com/gpu")
+	// DefaultFSGroup is the pods' fsGroup unless security_context sets
+	// one: the group of the runner user in GitHub's actions-runner image
+	// and in images/ (any group would do: the kubelet adds it to every
+	// container's groups).
+	DefaultFSGroup = 1001
 )
 
 // Volume is one dataset volume of the pool.
@@ -178,6 +193,9 @@ func (s *Section) validate() []error {
 		if _, err := ParseVolume(v); err != nil {
 			add(fmt.Sprintf("volumes[%d]", i), "%v", err)
 		}
+	}
+	if err := (vm.Install{Agent: s.Install.Agent}).Check(); err != nil {
+		errs = append(errs, err)
 	}
 	if len(s.PodTemplate) > 0 && string(s.PodTemplate) != "null" {
 		if err := checkTemplate(s.PodTemplate); err != nil {

@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/runfleet/runfleet/kubeclient"
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/provider/vm"
 )
 
 func init() { provider.Register("kubernetes", driver{}) }
@@ -81,17 +83,16 @@ func connect(s Section, calls *atomic.Int64) (*rest.Config, string, error) {
 // `--cloud-type` (m, l, xl, with +k80 or +v100, or <cpus>-<memory MB>
 // with +<gpu model>*<count>),
 // `--cloud-gpu`, `--cloud-hdd-size` (the work directory's limit), and
-// `--cloud-image` (the runner image). CML's other cloud options
+// `--cloud-image` (the runner image; without it the forge's own runner
+// image, or CML's stock image with the agent fetched as the pod starts).
+// CML's other cloud options
 // (region, spot, AWS settings) mean nothing for pods and are ignored, as
 // CML does.
 func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 	if o.Cloud["cloud"] != "kubernetes" {
 		return nil, false, nil
 	}
-	s := Section{Image: o.Cloud["cloud-image"]}
-	if s.Image == "" {
-		return nil, true, errors.New("--cloud-image: is required with --cloud=kubernetes: the runner pods' image, holding the forge's agent (images/ has Dockerfiles)")
-	}
+	s := Section{Image: cmp.Or(o.Cloud["cloud-image"], o.AgentImage)}
 	if o.Getenv != nil {
 		if v, ok := o.Getenv("KUBERNETES_CONFIGURATION"); ok && v != "" {
 			// A reference: the section is not the place for
@@ -120,6 +121,19 @@ func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 			s.NodeSelector[k] = v
 		}
 	}
+	if s.Image == "" {
+		if o.Stock == nil || o.Stock.AgentURL == "" {
+			return nil, true, errors.New("--cloud-image: is required with --cloud=kubernetes for this forge: the runner pods' image, holding the forge's agent (images/ has Dockerfiles), since runfleet fetches no release of its agent")
+		}
+		// As CML's own provider does (terraform-provider-iterative
+		// iterative/kubernetes/provider.go), CML's image, with the GPU
+		// variant where the pod asks for GPUs.
+		s.Image = StockImage
+		if _, gpu := s.Resources.Limits[DefaultGPUResource]; gpu {
+			s.Image = StockGPUImage
+		}
+		s.Install.Agent = vm.Download{URL: o.Stock.AgentURL, SHA256: o.Stock.AgentSHA256}
+	}
 	if hdd := o.Cloud["cloud-hdd-size"]; hdd != "" {
 		// The runner's disk is its work directory.
 		if _, err := strconv.Atoi(hdd); err != nil {
@@ -130,6 +144,15 @@ func (driver) CMLSection(o provider.CMLOptions) (json.RawMessage, bool, error) {
 	b, err := json.Marshal(s)
 	return b, true, err
 }
+
+// The stock images of `runfleet runner --cloud=kubernetes` for a forge
+// that publishes no runner image: CML's own (Ubuntu with git, Node.js,
+// Python, curl; CUDA in the GPU variant), which CML's Kubernetes runners
+// run, and the pod fetches the agent into it as it starts.
+const (
+	StockImage    = "iterativeai/cml:0-dvc2-base1"
+	StockGPUImage = "iterativeai/cml:0-dvc2-base1-gpu"
+)
 
 // cmlTypes are CML's machine sizes on Kubernetes, as the iterative
 // provider defines them: CPUs, memory, and GPUs with their model.

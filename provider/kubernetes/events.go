@@ -83,11 +83,23 @@ func reasonOf(pod *corev1.Pod) string {
 				return join(w.Reason, w.Message)
 			}
 			if t := cs.State.Terminated; t != nil && t.ExitCode != 0 && pod.Status.Phase == corev1.PodFailed {
-				return join(cs.Name+" "+t.Reason, fmt.Sprintf("exit code %d", t.ExitCode))
+				msg := fmt.Sprintf("exit code %d", t.ExitCode)
+				if last := lastLine(t.Message); last != "" {
+					msg += ": " + last
+				}
+				return join(cs.Name+" "+t.Reason, msg)
 			}
 		}
 	}
 	return ""
+}
+
+// lastLine is a termination message's last line that says something: the
+// kubelet gives a failed container's last log lines as its message where
+// its terminationMessagePolicy is FallbackToLogsOnError.
+func lastLine(msg string) string {
+	lines := strings.Split(strings.TrimSpace(msg), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
 }
 
 func join(reason, msg string) string {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/runfleet/runfleet/dynamic"
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/provider/vm"
 	"github.com/runfleet/runfleet/record"
 )
 
@@ -36,6 +37,7 @@ const (
 	filesContainer = "files"
 	filesVolume    = "runfleet-files"
 	workVolume     = "work"
+	agentVolume    = "agent" // the agent fetched for a stock image
 	filesMount     = "/run/runfleet/files"
 )
 
@@ -90,6 +92,7 @@ func (p *Provider) podFor(name string, spec provider.Spec) (*corev1.Pod, error) 
 	if err != nil {
 		return nil, err
 	}
+	files = installScript(s.Install.Agent) + files
 	image, res, gpus := p.shaped(spec)
 	agent := corev1.Container{
 		Name:            agentContainer,
@@ -104,6 +107,9 @@ func (p *Provider) podFor(name string, spec provider.Spec) (*corev1.Pod, error) 
 	}
 	for i, v := range p.opt.volumes {
 		agent.VolumeMounts = append(agent.VolumeMounts, corev1.VolumeMount{Name: dataVolume(i), MountPath: v.Target, ReadOnly: v.ReadOnly})
+	}
+	if s.Install.Agent.URL != "" {
+		agent.VolumeMounts = append(agent.VolumeMounts, agentMount)
 	}
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		agent.Env = append(agent.Env, corev1.EnvVar{Name: k, ValueFrom: &corev1.EnvVarSource{
@@ -121,24 +127,7 @@ func (p *Provider) podFor(name string, spec provider.Spec) (*corev1.Pod, error) 
 			agent.Resources.Limits[s.GPUResource] = *resource.NewQuantity(int64(n), resource.DecimalSI)
 		}
 	}
-	init := corev1.Container{
-		Name:            filesContainer,
-		Image:           image,
-		ImagePullPolicy: s.ImagePullPolicy,
-		Command:         []string{"/bin/sh", "-c", files},
-		SecurityContext: s.ContainerSecurityContext,
-		// The pod's requests are the larger of its init containers'
-		// and the sum of the others': the same, less the GPUs, add
-		// nothing and satisfy a namespace that asks for limits.
-		Resources: withoutResource(res, s.GPUResource),
-		VolumeMounts: []corev1.VolumeMount{
-			{Name: filesVolume, MountPath: filesMount, ReadOnly: true},
-			{Name: workVolume, MountPath: s.Workdir},
-		},
-	}
-	if spec.Record != nil {
-		init.Env = append(init.Env, nodeEnv)
-	}
+	init := p.filesContainer(spec, image, files, res)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: podLabels(spec)},
 		Spec: corev1.PodSpec{
@@ -152,7 +141,7 @@ func (p *Provider) podFor(name string, spec provider.Spec) (*corev1.Pod, error) 
 			PriorityClassName:            s.PriorityClassName,
 			ServiceAccountName:           s.ServiceAccountName,
 			AutomountServiceAccountToken: &s.AutomountServiceAccountToken,
-			SecurityContext:              s.SecurityContext,
+			SecurityContext:              podSecurity(s.SecurityContext),
 			EnableServiceLinks:           new(false), // the namespace's services are no business of a job
 		},
 	}
@@ -167,6 +156,63 @@ func (p *Provider) podFor(name string, spec provider.Spec) (*corev1.Pod, error) 
 		pod.Spec.ActiveDeadlineSeconds = &secs
 	}
 	return p.overlay(pod, spec)
+}
+
+// agentMount is where the agent fetched for a stock image is.
+var agentMount = corev1.VolumeMount{Name: agentVolume, MountPath: vm.AgentDir}
+
+// filesContainer is the pod's init container: it runs script (the agent
+// fetched where the image lacks it, the runner's files copied) in the
+// agent's image, with the agent's resources less the GPUs.
+func (p *Provider) filesContainer(spec provider.Spec, image, script string, res corev1.ResourceRequirements) corev1.Container {
+	s := p.opt.Section
+	c := corev1.Container{
+		Name:            filesContainer,
+		Image:           image,
+		ImagePullPolicy: s.ImagePullPolicy,
+		Command:         []string{"/bin/sh", "-c", script},
+		SecurityContext: s.ContainerSecurityContext,
+		// Its last lines (a failed fetch, a checksum mismatch) become
+		// its status's message, for the pool's reason.
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		// The pod's requests are the larger of its init containers'
+		// and the sum of the others': the same, less the GPUs, add
+		// nothing and satisfy a namespace that asks for limits.
+		Resources: withoutResource(res, s.GPUResource),
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: filesVolume, MountPath: filesMount, ReadOnly: true},
+			{Name: workVolume, MountPath: s.Workdir},
+		},
+	}
+	if spec.Record != nil {
+		c.Env = append(c.Env, nodeEnv)
+	}
+	if s.Install.Agent.URL != "" {
+		c.VolumeMounts = append(c.VolumeMounts, agentMount)
+	}
+	return c
+}
+
+// podSecurity is the pool's pod security context with an fsGroup: a real
+// kubelet writes a Secret volume's files as root, readable by nobody else
+// at mode 0400, and only a pod's fsGroup makes them the group's (and adds
+// the group to every container's): without one, a runner image that runs
+// as a user of its own (GitHub's actions-runner, uid 1001) cannot read its
+// credential. OnRootMismatch spares a large writable dataset volume the
+// kubelet's walk of every file at each start; read-only ones are not
+// walked at all.
+func podSecurity(sc *corev1.PodSecurityContext) *corev1.PodSecurityContext {
+	out := &corev1.PodSecurityContext{}
+	if sc != nil {
+		out = sc.DeepCopy()
+	}
+	if out.FSGroup == nil {
+		out.FSGroup = new(int64(DefaultFSGroup))
+	}
+	if out.FSGroupChangePolicy == nil {
+		out.FSGroupChangePolicy = new(corev1.FSGroupChangeOnRootMismatch)
+	}
+	return out
 }
 
 // deadline is the pod's activeDeadlineSeconds for a pool's max_lifetime:
@@ -202,6 +248,9 @@ func (p *Provider) volumes(name string, spec provider.Spec) []corev1.Volume {
 		{Name: filesVolume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 			SecretName: name, Items: items, DefaultMode: &mode,
 		}}},
+	}
+	if s.Install.Agent.URL != "" {
+		vols = append(vols, corev1.Volume{Name: agentVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 	}
 	for i, v := range p.opt.volumes {
 		var src corev1.VolumeSource
@@ -242,6 +291,30 @@ func filesScript(workdir string, files map[string][]byte) (string, error) {
 		fmt.Fprintf(&b, "; chmod 600 %s", quote(dst))
 	}
 	return b.String(), nil
+}
+
+// installScript is the init container's first lines where the image
+// lacks the agent: the file fetched (curl, or wget where there is no curl)
+// into the agent's volume, its SHA-256 checked, then unpacked (a tarball)
+// or made a program. A failure ends the init container with a line that
+// says what failed, which its status carries to the pool.
+func installScript(d vm.Download) string {
+	if d.URL == "" {
+		return ""
+	}
+	var b strings.Builder
+	dl := path.Join(vm.AgentDir, ".download")
+	fail := func(msg string) string { return "{ echo " + quote(msg) + " >&2; exit 1; }" }
+	fmt.Fprintf(&b, "{ curl -fsSL --retry 5 --retry-connrefused -o %[1]s %[2]s 2>/dev/null || wget -q -O %[1]s %[2]s; } || %[3]s; ",
+		dl, quote(d.URL), fail("could not fetch the agent from "+d.URL))
+	fmt.Fprintf(&b, "[ \"$(sha256sum %s | cut -d' ' -f1)\" = %s ] || %s; ", dl, d.SHA256,
+		fail("the agent from "+d.URL+": its SHA-256 is not "+d.SHA256+" (checksum mismatch)"))
+	if strings.HasSuffix(d.URL, ".tar.gz") || strings.HasSuffix(d.URL, ".tgz") {
+		fmt.Fprintf(&b, "tar -xzf %s -C %s && rm %[1]s || %s; ", dl, vm.AgentDir, fail("could not unpack the agent"))
+	} else {
+		fmt.Fprintf(&b, "mv %s %s && chmod 0755 %[2]s || %s; ", dl, quote(path.Join(vm.AgentDir, path.Base(d.URL))), fail("could not install the agent"))
+	}
+	return b.String()
 }
 
 // nodeEnv gives a container the node its pod runs on.

@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/provider/vm"
 )
 
 func decode(t *testing.T, yaml string, gpus int) Section {
@@ -229,6 +231,92 @@ func TestCMLSection(t *testing.T) {
 	}
 	if _, ok, _ := (driver{}).CMLSection(provider.CMLOptions{Cloud: map[string]string{"cloud": "aws"}}); ok {
 		t.Error("--cloud=aws taken for kubernetes")
+	}
+}
+
+// Without --cloud-image, a pod runs the forge's own runner image where
+// it publishes one, else CML's image (its GPU variant for GPU types) with
+// the agent fetched and checked as the pod starts; a forge with neither
+// needs --cloud-image.
+func TestCMLSectionDefaultImage(t *testing.T) {
+	stock := &provider.Stock{AgentURL: "https://dl.example/gitea-runner-1.0.8-linux-amd64", AgentSHA256: strings.Repeat("ab", 32)}
+	for _, tc := range []struct {
+		name       string
+		typ, image string
+		o          provider.CMLOptions
+		want       string
+		install    bool
+	}{
+		{"forge image", "m", "", provider.CMLOptions{AgentImage: "ghcr.io/actions/actions-runner:2.337.0"}, "ghcr.io/actions/actions-runner:2.337.0", false},
+		{"given image wins", "m", "mine:1", provider.CMLOptions{AgentImage: "ghcr.io/actions/actions-runner:2.337.0"}, "mine:1", false},
+		{"stock", "m", "", provider.CMLOptions{Stock: stock}, StockImage, true},
+		{"stock gpu", "m+v100", "", provider.CMLOptions{Stock: stock}, StockGPUImage, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.o.Cloud = map[string]string{"cloud": "kubernetes", "cloud-type": tc.typ}
+			if tc.image != "" {
+				tc.o.Cloud["cloud-image"] = tc.image
+			}
+			raw, _, err := driver{}.CMLSection(tc.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := DecodeSection(raw, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Image != tc.want || (s.Install.Agent.URL != "") != tc.install {
+				t.Errorf("image %q, install %+v; want %q, install %v", s.Image, s.Install, tc.want, tc.install)
+			}
+			if tc.install && (s.Install.Agent.URL != stock.AgentURL || s.Install.Agent.SHA256 != stock.AgentSHA256) {
+				t.Errorf("install %+v", s.Install)
+			}
+		})
+	}
+	_, _, err := driver{}.CMLSection(provider.CMLOptions{Cloud: map[string]string{"cloud": "kubernetes"}})
+	if err == nil || !strings.Contains(err.Error(), "--cloud-image: is required") {
+		t.Errorf("no image, no agent to fetch: %v", err)
+	}
+}
+
+// The init container of a stock image fetches the agent into its own
+// volume, checks it before anything else, and fails saying what failed;
+// the agent container sees the volume where the pool's agent path points.
+func TestPodInstallsAgentSpec(t *testing.T) {
+	s := Section{Image: StockImage, Workdir: DefaultWorkdir, GPUResource: DefaultGPUResource,
+		Install: Install{Agent: vm.Download{URL: "https://dl.example/v1/gitea-runner-1.0.8-linux-amd64", SHA256: strings.Repeat("ab", 32)}}}
+	p := &Provider{opt: Options{Section: s}}
+	pod, err := p.podFor("cpu-1", provider.Spec{Name: "cpu-1", Command: vm.AgentDir + "/gitea-runner-1.0.8-linux-amd64", Files: map[string][]byte{".runner": []byte("{}")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	init := pod.Spec.InitContainers[0]
+	script := init.Command[2]
+	for _, want := range []string{"sha256sum", strings.Repeat("ab", 32), "checksum mismatch", "chmod 0755 '" + vm.AgentDir + "/gitea-runner-1.0.8-linux-amd64'"} {
+		if !strings.Contains(script, want) {
+			t.Errorf("init script lacks %q:\n%s", want, script)
+		}
+	}
+	if strings.Index(script, "sha256sum") > strings.Index(script, "cp ") {
+		t.Errorf("the files are copied before the agent is checked:\n%s", script)
+	}
+	if init.TerminationMessagePolicy != corev1.TerminationMessageFallbackToLogsOnError {
+		t.Errorf("init container's termination message policy %q", init.TerminationMessagePolicy)
+	}
+	mounted := func(c corev1.Container) bool {
+		return slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == agentVolume && m.MountPath == vm.AgentDir })
+	}
+	if !mounted(init) || !mounted(pod.Spec.Containers[0]) {
+		t.Errorf("the agent's volume is not mounted at %s in both containers", vm.AgentDir)
+	}
+	if g := pod.Spec.SecurityContext.FSGroup; g == nil || *g != DefaultFSGroup {
+		t.Errorf("fsGroup %v", g)
+	}
+	// A pool's own fsGroup stays.
+	p.opt.Section.SecurityContext = &corev1.PodSecurityContext{FSGroup: new(int64(123))}
+	pod, _ = p.podFor("cpu-2", provider.Spec{Name: "cpu-2", Command: "x"})
+	if g := pod.Spec.SecurityContext.FSGroup; *g != 123 || *p.opt.Section.SecurityContext.FSGroup != 123 {
+		t.Errorf("fsGroup %v", *g)
 	}
 }
 

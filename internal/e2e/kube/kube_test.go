@@ -16,9 +16,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8s "k8s.io/client-go/kubernetes"
 
+	"github.com/moby/moby/client"
+
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/internal/testbed/ghsim"
 	"github.com/runfleet/runfleet/internal/testbed/harness"
+	"github.com/runfleet/runfleet/internal/testbed/peers"
 	"github.com/runfleet/runfleet/provider"
 	kube "github.com/runfleet/runfleet/provider/kubernetes"
 	"github.com/runfleet/runfleet/record"
@@ -296,11 +299,12 @@ func TestKubeEvictedPodIsLost(t *testing.T) {
 	f.StopLeavesNothing()
 }
 
-// `runfleet runner --cloud=kubernetes --single`, as CML's users call it:
-// the cluster from KUBERNETES_CONFIGURATION (a kubeconfig's contents),
-// the node from --cloud-kubernetes-node-selector. One job runs in a pod,
-// and nothing is left: no pod, no Secret, no registration; the token in
-// no pod.
+// `runfleet runner --cloud=kubernetes --single`, as CML's users call it,
+// with no --cloud-image: the cluster from KUBERNETES_CONFIGURATION (a
+// kubeconfig's contents), the node from --cloud-kubernetes-node-selector,
+// and GitHub's own runner image, which runs as its user runner (uid 1001)
+// and has run.sh in its home. One job runs in a pod, and nothing is left:
+// no pod, no Secret, no registration; the token in no pod.
 func TestRunnerCloudKubernetes(t *testing.T) {
 	img := harness.NeedGitHubImage(t)
 	harness.NeedKube(t)
@@ -308,10 +312,21 @@ func TestRunnerCloudKubernetes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// No registry can be reached here: GitHub's image is the stand-in
+	// runner as that image has it, under the name runfleet pulls.
+	gh, _ := forge.Lookup("github")
+	published := gh.(forge.AgentImager).AgentImage()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	runSh := []byte("#!/bin/sh\n# actions/runner's run.sh, here the stand-in runner.\nexec /bin/github-runner \"$@\"\n")
+	if _, err := peers.UserImage(ctx, harness.DockerCli, img, published, "1001:1001", peers.ImageFile{Path: "home/runner/run.sh", Data: runSh, Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { harness.DockerCli.ImageRemove(context.Background(), published, client.ImageRemoveOptions{}) })
 	sim := harness.NewCloudRunnerSim(t, "acme/kcml")
 	cmd, out := harness.StartRunner(t, []string{"KUBERNETES_CONFIGURATION=" + string(kc)},
-		"runner", "--driver", "github", "--repo", sim.URL+"/acme/kcml", "--agent", "/bin/github-runner",
-		"--single", "--labels", "cml", "--cloud", "kubernetes", "--cloud-image", img,
+		"runner", "--driver", "github", "--repo", sim.URL+"/acme/kcml",
+		"--single", "--labels", "cml", "--cloud", "kubernetes",
 		"--cloud-kubernetes-node-selector", harness.KubeNodeLabel+"=docker")
 	managed := metav1.ListOptions{LabelSelector: "app.kubernetes.io/managed-by=runfleet"}
 	harness.Eventually(t, time.Minute, "the runner's pod", func() bool {
@@ -321,13 +336,16 @@ func TestRunnerCloudKubernetes(t *testing.T) {
 			if strings.Contains(string(b), harness.GHToken) || strings.Contains(string(b), string(kc)) {
 				t.Errorf("pod %s shows the token or the kubeconfig", p.Name)
 			}
+			if im := p.Spec.Containers[0].Image; im != published {
+				t.Errorf("pod %s runs %s, not GitHub's image %s", p.Name, im, published)
+			}
 		}
 		return len(l.Items) == 1
 	})
-	sim.Queue("acme/kcml", ghsim.JobSpec{Name: "train", Labels: []string{"self-hosted", "cml"}, Script: "echo trained-in-a-pod; hostname"})
+	sim.Queue("acme/kcml", ghsim.JobSpec{Name: "train", Labels: []string{"self-hosted", "cml"}, Script: "echo trained-in-a-pod as $(id -u); hostname"})
 	took := harness.WaitExit(t, cmd, 2*time.Minute)
 	jobs := sim.Jobs()
-	if len(jobs) != 1 || jobs[0].Conclusion != "success" || !strings.Contains(jobs[0].Output, "trained-in-a-pod") {
+	if len(jobs) != 1 || jobs[0].Conclusion != "success" || !strings.Contains(jobs[0].Output, "trained-in-a-pod as 1001") {
 		t.Fatalf("jobs = %+v", jobs)
 	}
 	if strings.Contains(out.String(), harness.GHToken) || strings.Contains(out.String(), "client-certificate-data") {

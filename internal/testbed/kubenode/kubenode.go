@@ -3,7 +3,9 @@
 // the machines the tests run on. It registers a Node,
 // runs the pods bound to it as containers on the local Docker engine
 // (their image, command, environment with Secret references resolved,
-// Secret, emptyDir and hostPath volumes, read-only where asked), writes
+// Secret, emptyDir and hostPath volumes, read-only where asked, their
+// files root's with the pod's fsGroup applied; the user of the image or
+// of the security context, with fsGroup among its groups), writes
 // their status back to the apiserver, serves their logs on the kubelet's
 // endpoint (the apiserver's pods/log asks it), and finishes the deletion
 // of a pod once its containers are gone, as a kubelet does.

@@ -1,12 +1,14 @@
 package kubenode
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -98,7 +100,11 @@ func (r *run) run(ctx context.Context) {
 			return
 		}
 		if err != nil || code != 0 {
-			r.end(ctx, corev1.PodFailed, "Init:Error", fmt.Sprintf("init container %s: exit %d %v", c.Name, code, err), nil)
+			if err != nil {
+				r.end(ctx, corev1.PodFailed, "", fmt.Sprintf("init container %s: %v", c.Name, err), nil)
+				return
+			}
+			r.endInit(ctx, c, code)
 			return
 		}
 	}
@@ -212,19 +218,35 @@ func (r *run) secrets(ctx context.Context) (map[string]*corev1.Secret, error) {
 }
 
 // volumes makes the pod's volumes on the host: emptyDir and Secret
-// directories of its own, hostPath as it is.
+// directories of its own, hostPath as it is. As the kubelet does, the
+// files it writes are root's, and a pod's fsGroup becomes their group
+// (ownership is set on emptyDir and Secret volumes, never on hostPath).
 func (r *run) volumes(secrets map[string]*corev1.Secret) (map[string]string, error) {
+	var fsGroup *int64
+	if sc := r.pod.Spec.SecurityContext; sc != nil {
+		fsGroup = sc.FSGroup
+	}
 	out := map[string]string{}
 	for _, v := range r.pod.Spec.Volumes {
 		dir := filepath.Join(r.dir, "volumes", v.Name)
 		switch {
 		case v.EmptyDir != nil:
+			// kubernetes/kubernetes pkg/volume/emptydir/empty_dir.go:
+			// the directory is made 0777 (perm), then owned by fsGroup.
 			if err := os.MkdirAll(dir, 0o777); err != nil {
 				return nil, err
 			}
 			_ = os.Chmod(dir, 0o777)
+			if err := setOwnership(dir, fsGroup, false); err != nil {
+				return nil, err
+			}
 		case v.Secret != nil:
 			if err := writeSecret(dir, v.Secret, secrets[v.Secret.SecretName]); err != nil {
+				return nil, err
+			}
+			// pkg/volume/secret/secret.go: a Secret volume's
+			// attributes are ReadOnly, so fsGroup adds read only.
+			if err := setOwnership(dir, fsGroup, true); err != nil {
 				return nil, err
 			}
 		case v.HostPath != nil:
@@ -237,11 +259,42 @@ func (r *run) volumes(secrets map[string]*corev1.Secret) (map[string]string, err
 	return out, nil
 }
 
+// setOwnership is the kubelet's SetVolumeOwnership
+// (kubernetes/kubernetes pkg/volume/volume_linux.go): with an fsGroup,
+// every file and directory of the volume gets fsGroup as its group and
+// group read (0440, a read-only volume) or read-write (0660) added to its
+// mode; directories also get setgid and group search (0110).
+func setOwnership(dir string, fsGroup *int64, readOnly bool) error {
+	if fsGroup == nil {
+		return nil
+	}
+	return filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := os.Lchown(p, -1, int(*fsGroup)); err != nil {
+			return fmt.Errorf("fsGroup: %w", err)
+		}
+		mask := os.FileMode(0o660)
+		if readOnly {
+			mask = 0o440
+		}
+		if info.IsDir() {
+			mask |= os.ModeSetgid | 0o110
+		}
+		return os.Chmod(p, info.Mode()|mask)
+	})
+}
+
+// writeSecret writes a Secret volume's files as the kubelet's atomic
+// writer does (pkg/volume/util/atomic_writer.go, pkg/volume/secret/
+// secret.go): owned by root, mode the item's, else the volume's
+// defaultMode, else 0644 (SecretVolumeSourceDefaultMode).
 func writeSecret(dir string, v *corev1.SecretVolumeSource, s *corev1.Secret) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	mode := os.FileMode(0o644)
+	mode := os.FileMode(corev1.SecretVolumeSourceDefaultMode)
 	if v.DefaultMode != nil {
 		mode = os.FileMode(*v.DefaultMode)
 	}
@@ -265,6 +318,13 @@ func writeSecret(dir string, v *corev1.SecretVolumeSource, s *corev1.Secret) err
 			return err
 		}
 		if err := os.WriteFile(p, data, m); err != nil {
+			return err
+		}
+		// WriteFile's mode is masked by the umask; the kubelet's is not.
+		if err := os.Chmod(p, m); err != nil {
+			return err
+		}
+		if err := os.Lchown(p, 0, 0); err != nil && os.Geteuid() == 0 {
 			return err
 		}
 	}
@@ -292,12 +352,8 @@ func (r *run) container(ctx context.Context, c corev1.Container, vols map[string
 		Hostname: r.name,
 		Labels:   map[string]string{LabelNode: r.n.opt.Name, LabelPod: string(r.uid)},
 	}
-	if sc := c.SecurityContext; sc != nil && sc.RunAsUser != nil {
-		cfg.User = strconv.FormatInt(*sc.RunAsUser, 10)
-	} else if psc := r.pod.Spec.SecurityContext; psc != nil && psc.RunAsUser != nil {
-		cfg.User = strconv.FormatInt(*psc.RunAsUser, 10)
-	}
-	host := &container.HostConfig{Binds: binds, Init: &init, ExtraHosts: []string{"host.docker.internal:host-gateway"}}
+	cfg.User = r.user(c)
+	host := &container.HostConfig{Binds: binds, Init: &init, ExtraHosts: []string{"host.docker.internal:host-gateway"}, GroupAdd: r.groups()}
 	name := fmt.Sprintf("kubenode-%s-%s-%s", r.name, c.Name, string(r.uid)[:8])
 	res, err := r.n.docker.ContainerCreate(ctx, client.ContainerCreateOptions{Name: name, Config: cfg, HostConfig: host})
 	if err != nil {
@@ -343,6 +399,45 @@ func (r *run) copyLogs(ctx context.Context, id, ctr string) {
 	}
 	defer rc.Close()
 	_, _ = stdcopy.StdCopy(f, f, rc)
+}
+
+// user is the container's user as its security context, else the pod's,
+// sets it; "" leaves the image's USER, as the kubelet does
+// (pkg/kubelet/kuberuntime/security_context.go,
+// determineEffectiveSecurityContext: the container's fields win).
+func (r *run) user(c corev1.Container) string {
+	var uid, gid *int64
+	if psc := r.pod.Spec.SecurityContext; psc != nil {
+		uid, gid = psc.RunAsUser, psc.RunAsGroup
+	}
+	if sc := c.SecurityContext; sc != nil {
+		uid, gid = cmp.Or(sc.RunAsUser, uid), cmp.Or(sc.RunAsGroup, gid)
+	}
+	switch {
+	case uid == nil:
+		return ""
+	case gid == nil:
+		return strconv.FormatInt(*uid, 10)
+	default:
+		return strconv.FormatInt(*uid, 10) + ":" + strconv.FormatInt(*gid, 10)
+	}
+}
+
+// groups are every container's supplementary groups: the pod's fsGroup
+// and supplementalGroups (security_context.go, as above).
+func (r *run) groups() []string {
+	psc := r.pod.Spec.SecurityContext
+	if psc == nil {
+		return nil
+	}
+	var out []string
+	if psc.FSGroup != nil {
+		out = append(out, strconv.FormatInt(*psc.FSGroup, 10))
+	}
+	for _, g := range psc.SupplementalGroups {
+		out = append(out, strconv.FormatInt(g, 10))
+	}
+	return out
 }
 
 // envOf is a container's environment with Secret references and the
@@ -420,6 +515,52 @@ func (r *run) setRunning(ctx context.Context) {
 }
 
 // end reports the pod ended.
+// endInit ends a pod whose init container failed, as the kubelet reports
+// it with restartPolicy Never: phase Failed with no reason of the pod's;
+// the init container terminated with reason Error and, where its
+// terminationMessagePolicy is FallbackToLogsOnError, its log's last lines
+// as its message (at most 80 lines and 2 KiB: kubernetes/kubernetes
+// pkg/kubelet/kuberuntime/kuberuntime_container.go, getTerminationMessage,
+// and pkg/kubelet/container's MaxContainerTerminationMessageLog*); the
+// containers still waiting in PodInitializing.
+func (r *run) endInit(ctx context.Context, failed corev1.Container, code int) {
+	msg := ""
+	if failed.TerminationMessagePolicy == corev1.TerminationMessageFallbackToLogsOnError {
+		b, _ := os.ReadFile(r.logFile(failed.Name))
+		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+		msg = strings.Join(lines[max(0, len(lines)-80):], "\n")
+		if len(msg) > 2048 {
+			msg = msg[len(msg)-2048:]
+		}
+	}
+	now := metav1.Now()
+	err := r.n.setStatus(ctx, r.ns, r.name, r.uid, func(s *corev1.PodStatus) {
+		s.Phase = corev1.PodFailed
+		s.InitContainerStatuses, s.ContainerStatuses = nil, nil
+		ran := true // the init containers before the failed one completed
+		for _, c := range r.pod.Spec.InitContainers {
+			st := corev1.ContainerStatus{Name: c.Name, Image: c.Image}
+			switch {
+			case c.Name == failed.Name:
+				st.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: int32(code), Reason: "Error", Message: msg, FinishedAt: now}
+				ran = false
+			case ran:
+				st.State.Terminated = &corev1.ContainerStateTerminated{Reason: "Completed", FinishedAt: now}
+			default:
+				st.State.Waiting = &corev1.ContainerStateWaiting{Reason: "PodInitializing"}
+			}
+			s.InitContainerStatuses = append(s.InitContainerStatuses, st)
+		}
+		for _, c := range r.pod.Spec.Containers {
+			s.ContainerStatuses = append(s.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image,
+				State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "PodInitializing"}}})
+		}
+	})
+	if err != nil && !apierrors.IsNotFound(err) && !errors.Is(err, context.Canceled) {
+		r.n.log.Warn("pod status", "pod", r.name, "err", err)
+	}
+}
+
 func (r *run) end(ctx context.Context, phase corev1.PodPhase, reason, msg string, codes map[string]int) {
 	now := metav1.Now()
 	err := r.n.setStatus(ctx, r.ns, r.name, r.uid, func(s *corev1.PodStatus) {

@@ -158,6 +158,54 @@ func BuildImage(ctx context.Context, cli *client.Client, repo string, extra ...I
 	return tag, nil
 }
 
+// UserImage builds, from a local image, one that runs as user (uid or
+// uid:gid) with its home in /home/runner and files added, as runner
+// images that run as a user of their own do (GitHub's actions-runner runs
+// as 1001, run.sh in its home), tagged tag or, with tag "", by a hash.
+func UserImage(ctx context.Context, cli *client.Client, base, tag, user string, files ...ImageFile) (string, error) {
+	var df strings.Builder
+	fmt.Fprintf(&df, "FROM %s\n", base)
+	h := sha256.New()
+	for _, f := range files {
+		fmt.Fprintf(&df, "COPY %s /%[1]s\n", f.Path)
+		h.Write([]byte(f.Path))
+		h.Write(f.Data)
+	}
+	fmt.Fprintf(&df, "USER %s\nENV HOME=/home/runner\n", user)
+	h.Write([]byte(df.String()))
+	if tag == "" {
+		tag = base[:strings.LastIndex(base, ":")] + "-user:" + hex.EncodeToString(h.Sum(nil))[:12]
+	} else if _, err := cli.ImageInspect(ctx, tag); err == nil {
+		// A fixed tag is rebuilt: its inputs may have changed.
+		if _, err := cli.ImageRemove(ctx, tag, client.ImageRemoveOptions{}); err != nil {
+			return "", fmt.Errorf("user image: %w", err)
+		}
+	}
+	if _, err := cli.ImageInspect(ctx, tag); err == nil {
+		return tag, nil
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	add := func(name string, mode int64, data []byte) error {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Size: int64(len(data)), ModTime: time.Now()}); err != nil {
+			return err
+		}
+		_, err := tw.Write(data)
+		return err
+	}
+	errs := []error{add("Dockerfile", 0o644, []byte(df.String()))}
+	for _, f := range files {
+		errs = append(errs, add(f.Path, f.Mode, f.Data))
+	}
+	if err := errors.Join(append(errs, tw.Close())...); err != nil {
+		return "", fmt.Errorf("user image: context: %w", err)
+	}
+	if _, err := buildTar(ctx, cli, &buf, tag); err != nil {
+		return "", fmt.Errorf("user image: %w", err)
+	}
+	return tag, nil
+}
+
 // BuildDir builds the image whose context (Dockerfile included) is the
 // directory dir, as `docker build -t tag dir` would, through the Engine
 // API, and returns the engine's output.
