@@ -301,10 +301,12 @@ func TestKubeEvictedPodIsLost(t *testing.T) {
 
 // `runfleet runner --cloud=kubernetes --single`, as CML's users call it,
 // with no --cloud-image: the cluster from KUBERNETES_CONFIGURATION (a
-// kubeconfig's contents), the node from --cloud-kubernetes-node-selector,
-// and GitHub's own runner image, which runs as its user runner (uid 1001)
-// and has run.sh in its home. One job runs in a pod, and nothing is left:
-// no pod, no Secret, no registration; the token in no pod.
+// kubeconfig's contents), the node from --cloud-kubernetes-node-selector
+// (also as cml.dev's ref/runner.md writes it: "disktype=ssd", then with
+// "ram=huge"; kwok's node has neither label), and GitHub's own runner
+// image, which runs as its user runner (uid 1001) and has run.sh in its
+// home. One job runs in a pod, and nothing is left: no pod, no Secret, no
+// registration; the token in no pod.
 func TestRunnerCloudKubernetes(t *testing.T) {
 	img := harness.NeedGitHubImage(t)
 	harness.NeedKube(t)
@@ -323,26 +325,55 @@ func TestRunnerCloudKubernetes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { harness.DockerCli.ImageRemove(context.Background(), published, client.ImageRemoveOptions{}) })
-	sim := harness.NewCloudRunnerSim(t, "acme/kcml")
-	cmd, out := harness.StartRunner(t, []string{"KUBERNETES_CONFIGURATION=" + string(kc)},
-		"runner", "--driver", "github", "--repo", sim.URL+"/acme/kcml",
-		"--single", "--labels", "cml", "--cloud", "kubernetes",
-		"--cloud-kubernetes-node-selector", harness.KubeNodeLabel+"=docker")
+	for i, tc := range []struct {
+		name string
+		sel  []string
+	}{
+		{"test-node", []string{"--cloud-kubernetes-node-selector", harness.KubeNodeLabel + "=docker"}},
+		{"ref disktype", []string{`--cloud-kubernetes-node-selector="disktype=ssd"`}},
+		{"ref disktype and ram", []string{`--cloud-kubernetes-node-selector="disktype=ssd"`, `--cloud-kubernetes-node-selector="ram=huge"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runnerInPod(t, fmt.Sprintf("acme/kcml%d", i), published, string(kc), tc.sel)
+		})
+	}
+}
+
+// runnerInPod runs `runfleet runner --cloud=kubernetes --single` for repo
+// with the node selector options sel, as a shell would pass them (the
+// quotes of ref/runner.md's lines removed), and checks its one job.
+func runnerInPod(t *testing.T, repo, image, kc string, sel []string) {
+	sim := harness.NewCloudRunnerSim(t, repo)
+	args := []string{"runner", "--driver", "github", "--repo", sim.URL + "/" + repo, "--single", "--labels", "cml", "--cloud", "kubernetes"}
+	want := map[string]string{}
+	for _, a := range sel {
+		a = strings.ReplaceAll(a, `"`, "")
+		args = append(args, a)
+		if k, v, ok := strings.Cut(strings.TrimPrefix(a, "--cloud-kubernetes-node-selector="), "="); ok {
+			want[k] = v
+		}
+	}
+	cmd, out := harness.StartRunner(t, []string{"KUBERNETES_CONFIGURATION=" + kc}, args...)
 	managed := metav1.ListOptions{LabelSelector: "app.kubernetes.io/managed-by=runfleet"}
 	harness.Eventually(t, time.Minute, "the runner's pod", func() bool {
 		l, _ := harness.KubeCP.Client.CoreV1().Pods(harness.KubeNamespace).List(context.Background(), managed)
 		for _, p := range l.Items {
 			b, _ := json.Marshal(p)
-			if strings.Contains(string(b), harness.GHToken) || strings.Contains(string(b), string(kc)) {
+			if strings.Contains(string(b), harness.GHToken) || strings.Contains(string(b), kc) {
 				t.Errorf("pod %s shows the token or the kubeconfig", p.Name)
 			}
-			if im := p.Spec.Containers[0].Image; im != published {
-				t.Errorf("pod %s runs %s, not GitHub's image %s", p.Name, im, published)
+			if im := p.Spec.Containers[0].Image; im != image {
+				t.Errorf("pod %s runs %s, not GitHub's image %s", p.Name, im, image)
+			}
+			for k, v := range want {
+				if p.Spec.NodeSelector[k] != v {
+					t.Errorf("pod %s selects nodes %v, without %s=%s", p.Name, p.Spec.NodeSelector, k, v)
+				}
 			}
 		}
 		return len(l.Items) == 1
 	})
-	sim.Queue("acme/kcml", ghsim.JobSpec{Name: "train", Labels: []string{"self-hosted", "cml"}, Script: "echo trained-in-a-pod as $(id -u); hostname"})
+	sim.Queue(repo, ghsim.JobSpec{Name: "train", Labels: []string{"self-hosted", "cml"}, Script: "echo trained-in-a-pod as $(id -u); hostname"})
 	took := harness.WaitExit(t, cmd, 2*time.Minute)
 	jobs := sim.Jobs()
 	if len(jobs) != 1 || jobs[0].Conclusion != "success" || !strings.Contains(jobs[0].Output, "trained-in-a-pod as 1001") {

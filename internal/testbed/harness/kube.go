@@ -82,7 +82,9 @@ func NeedKube(t testing.TB) string {
 		}
 		kubeNode, kubeErr = kubenode.Start(ctx, kubenode.Options{
 			Name: nodeName, Client: KubeCP.Client, Docker: DockerCli, Dir: filepath.Join(KubeCP.Dir, "node"),
-			Cert: cert, Labels: map[string]string{KubeNodeLabel: "docker"},
+			// disktype and ram: the labels of cml.dev's
+			// --cloud-kubernetes-node-selector examples (ref/runner.md).
+			Cert: cert, Labels: map[string]string{KubeNodeLabel: "docker", "disktype": "ssd", "ram": "huge"},
 		})
 		if kubeErr != nil {
 			return
