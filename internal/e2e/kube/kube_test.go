@@ -303,7 +303,8 @@ func TestKubeEvictedPodIsLost(t *testing.T) {
 // with no --cloud-image: the cluster from KUBERNETES_CONFIGURATION (a
 // kubeconfig's contents), the node from --cloud-kubernetes-node-selector
 // (also as cml.dev's ref/runner.md writes it: "disktype=ssd", then with
-// "ram=huge"; kwok's node has neither label), and GitHub's own runner
+// "ram=huge", and "gpu=infer" with a k80; kwok's node has none of these
+// labels), and GitHub's own runner
 // image, which runs as its user runner (uid 1001) and has run.sh in its
 // home. One job runs in a pod, and nothing is left: no pod, no Secret, no
 // registration; the token in no pod.
@@ -332,6 +333,8 @@ func TestRunnerCloudKubernetes(t *testing.T) {
 		{"test-node", []string{"--cloud-kubernetes-node-selector", harness.KubeNodeLabel + "=docker"}},
 		{"ref disktype", []string{`--cloud-kubernetes-node-selector="disktype=ssd"`}},
 		{"ref disktype and ram", []string{`--cloud-kubernetes-node-selector="disktype=ssd"`, `--cloud-kubernetes-node-selector="ram=huge"`}},
+		// "..." in ref/runner.md: the GPU configuration infer reads.
+		{"ref gpu infer", []string{`--cloud-kubernetes-node-selector="gpu=infer"`, "--cloud-gpu=k80"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runnerInPod(t, fmt.Sprintf("acme/kcml%d", i), published, string(kc), tc.sel)
@@ -349,7 +352,10 @@ func runnerInPod(t *testing.T, repo, image, kc string, sel []string) {
 	for _, a := range sel {
 		a = strings.ReplaceAll(a, `"`, "")
 		args = append(args, a)
-		if k, v, ok := strings.Cut(strings.TrimPrefix(a, "--cloud-kubernetes-node-selector="), "="); ok {
+		if k, v, ok := strings.Cut(strings.TrimPrefix(a, "--cloud-kubernetes-node-selector="), "="); ok && !strings.HasPrefix(k, "--") {
+			if v == "infer" {
+				v = "nvidia-tesla-k80" // the model of --cloud-gpu=k80
+			}
 			want[k] = v
 		}
 	}

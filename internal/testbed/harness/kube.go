@@ -19,6 +19,7 @@ import (
 	"github.com/runfleet/runfleet/internal/testbed/peers"
 	kube "github.com/runfleet/runfleet/provider/kubernetes"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -82,9 +83,13 @@ func NeedKube(t testing.TB) string {
 		}
 		kubeNode, kubeErr = kubenode.Start(ctx, kubenode.Options{
 			Name: nodeName, Client: KubeCP.Client, Docker: DockerCli, Dir: filepath.Join(KubeCP.Dir, "node"),
-			// disktype and ram: the labels of cml.dev's
-			// --cloud-kubernetes-node-selector examples (ref/runner.md).
-			Cert: cert, Labels: map[string]string{KubeNodeLabel: "docker", "disktype": "ssd", "ram": "huge"},
+			// disktype, ram and gpu: the labels of cml.dev's
+			// --cloud-kubernetes-node-selector examples (ref/runner.md),
+			// gpu's value the model CML infers for k80, whose pods ask
+			// for a GPU the node has (the containers get none: no GPU
+			// here).
+			Cert: cert, Labels: map[string]string{KubeNodeLabel: "docker", "disktype": "ssd", "ram": "huge", "gpu": "nvidia-tesla-k80"},
+			Capacity: corev1.ResourceList{kube.DefaultGPUResource: resource.MustParse("2")},
 		})
 		if kubeErr != nil {
 			return
