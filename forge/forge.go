@@ -67,6 +67,11 @@ type Runner struct {
 	// Cordoned is set when the forge gives the runner no further job
 	// (Cordoner): it ran one, and once that ends it is done.
 	Cordoned bool
+	// Connected is set where the forge tells that the runner's agent
+	// has reached it, though it is offline now (Bitbucket lists such a
+	// runner OFFLINE, one that never connected UNREGISTERED): a runner
+	// whose machine ended before a pass saw it online has served.
+	Connected bool
 }
 
 // JobStatus is where a job is in its life. A job only moves forward

@@ -109,6 +109,15 @@ type AgentImager interface {
 	AgentImage() string
 }
 
+// DockerAgent is implemented by drivers whose forge publishes its runner
+// agent only as a container image that runs each job in containers of
+// the machine's engine (Bitbucket's Linux Docker runner): a cloud machine
+// booted from a stock image gets Docker installed and a pool with this
+// agent path, which runs that image through the engine, as CML runs it.
+type DockerAgent interface {
+	DockerAgentPath() string
+}
+
 // Starter is implemented by drivers that `runfleet init` writes a starter
 // config for (every driver should: a test holds each to it).
 type Starter interface {

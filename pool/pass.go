@@ -44,10 +44,11 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 		if !s.classified {
 			continue
 		}
-		// The forge lists a registration online or busy only once its
-		// agent has reached it, whether or not its machine is still
-		// there (a fast job's machine may be gone by the next pass).
-		if s.verdict.state == StateIdle || p.deletedByForge(s) || (s.reg != nil && (s.reg.Status == forge.StatusIdle || s.reg.Status == forge.StatusBusy)) {
+		// The forge lists a registration online or busy, or says it
+		// connected, only once its agent has reached it, whether or not
+		// its machine is still there (a fast job's machine may be gone
+		// by the next pass).
+		if s.verdict.state == StateIdle || p.deletedByForge(s) || (s.reg != nil && (s.reg.Status == forge.StatusIdle || s.reg.Status == forge.StatusBusy || s.reg.Connected)) {
 			p.served = true
 		}
 		p.apply(ctx, s, debug)

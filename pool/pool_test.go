@@ -496,6 +496,35 @@ func TestServedBySeenOnlineWithoutMachine(t *testing.T) {
 	}
 }
 
+// A runner whose agent connected, ran its job and went offline, and
+// whose machine ended, all between two passes (a fast step on a cloud
+// machine, a Bitbucket runner, which stays registered, OFFLINE): the
+// forge says it connected, so it has served; one that never connected
+// (UNREGISTERED) has not.
+func TestServedByConnectedOffline(t *testing.T) {
+	for _, connected := range []bool{false, true} {
+		h := newHarness(t, Config{Size: 1, Max: 1})
+		h.settle()
+		h.prov.mu.Lock()
+		for name := range h.prov.insts {
+			delete(h.prov.insts, name)
+		}
+		h.prov.mu.Unlock()
+		h.forge.mu.Lock()
+		for _, r := range h.forge.runners {
+			r.Connected = connected // still offline
+		}
+		h.forge.mu.Unlock()
+		if err := h.pool.Reconcile(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		h.pool.Wait()
+		if h.pool.Served() != connected {
+			t.Errorf("connected %v: served %v", connected, h.pool.Served())
+		}
+	}
+}
+
 // A runner whose machine ended and whose registration the forge deleted,
 // both between two passes (a one-second job on a machine that powers
 // itself off, an ephemeral runner), has served, and its end is logged;

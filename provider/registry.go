@@ -96,6 +96,9 @@ type CMLOptions struct {
 type Stock struct {
 	RunfleetURL, RunfleetSHA256 string
 	AgentURL, AgentSHA256       string
+	// Docker is set where the agent runs as a container image through
+	// the machine's engine (forge.DockerAgent): Docker is installed.
+	Docker bool
 }
 
 // Starter is implemented by drivers that `runfleet init` writes a starter

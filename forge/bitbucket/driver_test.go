@@ -2,9 +2,14 @@ package bitbucket
 
 import (
 	"encoding/base64"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/runfleet/runfleet/agent"
 	"github.com/runfleet/runfleet/forge"
@@ -122,6 +127,99 @@ func TestMeets(t *testing.T) {
 	} {
 		if got := d.Meets(pool, strings.Fields(runsOn)); got != want {
 			t.Errorf("%s: %v, want %v", runsOn, got, want)
+		}
+	}
+}
+
+// fakeDocker stands in for Docker's CLI: `run` notes its arguments and
+// environment, writes the container's ID where --cidfile says (as docker
+// run does), prints the runner's lines for one step and then waits for
+// the next, as the runner does, until `stop` names that ID.
+const fakeDocker = `#!/bin/sh
+case $1 in
+run)
+  shift
+  echo "$*" > "$LOG/args"
+  env > "$LOG/env"
+  while [ $# -gt 0 ]; do [ "$1" = --cidfile ] && echo cid-1 > "$2"; shift; done
+  echo 'Updating runner status to "ONLINE" and checking for new steps'
+  echo 'Getting step StepId{accountUuid={a}}.'
+  echo 'Completing step with result Result{status=PASSED}'
+  echo 'Waiting for next step'
+  i=0; while [ ! -f "$LOG/stopped" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+  exit 143 ;;
+stop) echo "$*" > "$LOG/stop"; touch "$LOG/stopped" ;;
+esac
+`
+
+// An agent.path of docker://IMAGE runs the runner as that image through
+// the machine's engine, as Atlassian's instructions run it: the engine's
+// socket and a working directory of its own at the same path inside and
+// out, removed after it, the credential by name only, and the container
+// stopped once the runner waits for its second step.
+func TestAgentImage(t *testing.T) {
+	bin, log := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "docker"), []byte(fakeDocker), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	a, err := (&Driver{}).Agent(agent.Config{Path: ImagePrefix + RunnerImage, Local: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("p-%d", time.Now().UnixNano())
+	t.Cleanup(func() { os.RemoveAll("/tmp/runfleet-" + name) })
+	cred := forge.Credential{Env: map[string]string{EnvAccount: "{a}", EnvRunner: "{r}", EnvClientID: "id", EnvClientSecret: "s3cret"}}
+	spec, err := a.(Agent).Spec(agent.Runner{Name: name, Pool: "p", Env: map[string]string{"X": "1"}}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(spec.Command, spec.Args...)
+	cmd.Dir = t.TempDir()
+	for k, v := range spec.Env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.Env = append(cmd.Env, "LOG="+log)
+	done := make(chan error, 1)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("the runner was not stopped after its step:\n%s", out.String())
+	}
+	read := func(f string) string { b, _ := os.ReadFile(filepath.Join(log, f)); return string(b) }
+	args := read("args")
+	wd := "/tmp/runfleet-" + name
+	for _, want := range []string{"--rm", "-v /var/run/docker.sock:/var/run/docker.sock", "-v " + wd + ":" + wd, "-e WORKING_DIRECTORY",
+		"-e " + EnvClientSecret, "-e " + EnvRunner, "-e X", "--label runfleet.runner=" + name, RunnerImage} {
+		if !strings.Contains(args, want) {
+			t.Errorf("docker run %s: no %q", args, want)
+		}
+	}
+	if strings.Contains(args, "s3cret") || strings.Contains(strings.Join(spec.Args, " "), "s3cret") || strings.Contains(args, "-e PATH") {
+		t.Errorf("docker run %s: the secret, or the machine's PATH, in its arguments", args)
+	}
+	if env := read("env"); !strings.Contains(env, EnvClientSecret+"=s3cret") || !strings.Contains(env, "WORKING_DIRECTORY="+wd) {
+		t.Errorf("docker run's environment lacks the credential or the working directory:\n%s", env)
+	}
+	if stop := read("stop"); !strings.Contains(stop, "cid-1") {
+		t.Errorf("docker stop %q: not the runner's container\n%s", stop, out.String())
+	}
+	if _, err := os.Stat(wd); !os.IsNotExist(err) {
+		t.Errorf("the runner's working directory %s outlived it: %v", wd, err)
+	}
+	if a.(Agent).Phase([]byte(out.String())) != agent.PhaseDone {
+		t.Errorf("phase of %q", out.String())
+	}
+	for _, bad := range []string{ImagePrefix, ImagePrefix + "a b", ImagePrefix + "x$(id)"} {
+		if _, err := (&Driver{}).Agent(agent.Config{Path: bad}); err == nil || !strings.Contains(err.Error(), "agent.path") {
+			t.Errorf("%q: %v", bad, err)
 		}
 	}
 }

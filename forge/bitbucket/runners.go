@@ -180,6 +180,7 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 			fr.Status = forge.StatusIdle
 		}
 		fr.Cordoned = r.State.Status == stateDisabled
+		fr.Connected = r.State.Status == stateOnline || r.State.Status == stateOffline || r.State.Step != nil
 		if fr.Cordoned && r.State.Step == nil {
 			d.ended[fr.ID] = true // disabled, no step: none can come
 		}

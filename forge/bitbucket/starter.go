@@ -28,6 +28,6 @@ func (driver) Starter(o forge.StarterOptions) forge.StarterEntry {
 		TokenEnv: "BITBUCKET_TOKEN",
 		Agent:    DefaultAgentPath,
 		// Atlassian's own runner image; it needs the engine's socket.
-		Image: "docker-public.packages.atlassian.com/sox/atlassian/bitbucket-pipelines-runner:1",
+		Image: RunnerImage,
 	}
 }

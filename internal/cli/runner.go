@@ -76,6 +76,10 @@ func inferRepo(getenv func(string) (string, bool)) string {
 	if u, ok := getenv("CI_PROJECT_URL"); ok && u != "" {
 		return u
 	}
+	// Bitbucket Pipelines' "URL for the origin" (its default variables).
+	if u, ok := getenv("BITBUCKET_GIT_HTTP_ORIGIN"); ok && u != "" {
+		return u
+	}
 	out, err := exec.Command("git", "remote", "get-url", "origin").Output()
 	if err != nil {
 		return ""

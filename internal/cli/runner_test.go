@@ -11,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/version"
 )
 
 // TestRunnerHelpListsEveryCMLOption: every option of `cml runner launch`
@@ -251,6 +254,7 @@ func TestRunnerKubernetesDefaultImage(t *testing.T) {
 		{"gitlab", "gitlab/gitlab-runner:v18.6.0", false, ""},
 		{"gitea", "", true, ""},
 		{"azure-pipelines", "", false, "--cloud-image: is required with --driver azure-pipelines"},
+		{"bitbucket", "", false, "--cloud-image: is required with --driver bitbucket on Kubernetes"},
 	} {
 		t.Run(tc.driver, func(t *testing.T) {
 			s := runnerSettings{Driver: tc.driver, AgentURL: mirror.URL, Cloud: map[string]string{"cloud": "kubernetes"}}
@@ -283,5 +287,35 @@ func TestRunnerKubernetesDefaultImage(t *testing.T) {
 				t.Error("--cloud-image did not win")
 			}
 		})
+	}
+}
+
+// cml.dev's Bitbucket example on a cloud without --cloud-image: the
+// machine installs runfleet (its checksum read from the release's
+// SHA256SUMS) and Docker, and the pool runs Atlassian's runner image, as
+// CML does; the runner is found from Bitbucket Pipelines' variables.
+func TestRunnerBitbucketStock(t *testing.T) {
+	sum := strings.Repeat("ef", 32)
+	rel := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/SHA256SUMS" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintf(w, "%s  runfleet-%s-linux-amd64\n", sum, version.Get().Version)
+	}))
+	defer rel.Close()
+	env := map[string]string{"RUNFLEET_RELEASE_URL": rel.URL, "BITBUCKET_GIT_HTTP_ORIGIN": "http://bitbucket.org/acme/models"}
+	getenv := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	if got := inferRepo(getenv); got != "http://bitbucket.org/acme/models" {
+		t.Errorf("repository %q, want Bitbucket's origin", got)
+	}
+	s := runnerSettings{Driver: "bitbucket", Cloud: map[string]string{"cloud": "aws"}}
+	stock, path, err := stockInstall(context.Background(), s, getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := provider.Stock{RunfleetURL: rel.URL + "/runfleet-" + version.Get().Version + "-linux-amd64", RunfleetSHA256: sum, Docker: true}
+	if stock == nil || *stock != want || path != "docker://docker-public.packages.atlassian.com/sox/atlassian/bitbucket-pipelines-runner:1" {
+		t.Errorf("stock %+v, agent %q; want %+v and Atlassian's image", stock, path, want)
 	}
 }

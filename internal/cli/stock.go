@@ -46,6 +46,9 @@ func stockInstall(ctx context.Context, s runnerSettings, getenv func(string) (st
 		return nil, "", nil
 	}
 	d, _ := forge.Lookup(s.Driver)
+	if da, ok := d.(forge.DockerAgent); ok {
+		return dockerStock(ctx, s, da, getenv)
+	}
 	rel, ok := d.(forge.AgentReleaser)
 	if !ok {
 		return nil, "", fmt.Errorf("--cloud-image: is required with --driver %s: runfleet fetches no release of its agent to install on a stock image (an image holding runfleet and the agent: images/)", s.Driver)
@@ -68,6 +71,21 @@ func stockInstall(ctx context.Context, s runnerSettings, getenv func(string) (st
 		return nil, "", fmt.Errorf("--cloud-image: no image was given, and %w", err)
 	}
 	return &provider.Stock{RunfleetURL: runfleetURL, RunfleetSHA256: runfleetSum, AgentURL: agentURL, AgentSHA256: agentSum}, stockAgentPath(r, agentURL), nil
+}
+
+// dockerStock is stockInstall for a forge whose agent is an image that
+// runs its jobs through the machine's engine (Bitbucket's): the machine
+// installs runfleet and Docker, and the pool runs the image. A pod has
+// no engine of its own to give it.
+func dockerStock(ctx context.Context, s runnerSettings, da forge.DockerAgent, getenv func(string) (string, bool)) (*provider.Stock, string, error) {
+	if s.Cloud["cloud"] == "kubernetes" {
+		return nil, "", fmt.Errorf("--cloud-image: is required with --driver %s on Kubernetes: its runner starts each job as a container of a Docker engine, which a pod does not have (an image with an engine of its own)", s.Driver)
+	}
+	runfleetURL, runfleetSum, err := runfleetRelease(ctx, getenv)
+	if err != nil {
+		return nil, "", fmt.Errorf("--cloud-image: no image was given, and %w", err)
+	}
+	return &provider.Stock{RunfleetURL: runfleetURL, RunfleetSHA256: runfleetSum, Docker: true}, da.DockerAgentPath(), nil
 }
 
 // agentImage is the forge's own runner image for a pod that --cloud-image

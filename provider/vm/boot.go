@@ -46,6 +46,10 @@ const (
 type Install struct {
 	Runfleet Download `json:"runfleet"`
 	Agent    Download `json:"agent"`
+	// Docker installs Docker's engine where the image has none, from
+	// the distribution's archive (docker.io; apt checks its signatures),
+	// and waits for it: for an agent that runs as an image (Bitbucket's).
+	Docker bool `json:"docker"`
 }
 
 // Download is one file: where it is and its SHA-256.
@@ -55,7 +59,7 @@ type Download struct {
 }
 
 // Given says whether anything is to be installed.
-func (i Install) Given() bool { return i.Runfleet.URL != "" || i.Agent.URL != "" }
+func (i Install) Given() bool { return i.Runfleet.URL != "" || i.Agent.URL != "" || i.Docker }
 
 // Check says what is wrong with an install section, each problem named
 // by its field.
@@ -212,7 +216,25 @@ func (i Install) script(s *strings.Builder) {
 		}
 	}
 	s.WriteString("rm -rf /var/lib/runfleet/fetch\n")
+	if i.Docker {
+		s.WriteString(dockerScript)
+	}
 }
+
+// dockerScript installs Docker where the image has none: Ubuntu's and
+// Debian's docker.io, whose package starts the engine (the clouds' GPU
+// images have Docker already), and waits up to two minutes for the engine
+// to answer.
+const dockerScript = `if ! command -v docker >/dev/null 2>&1; then
+  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io; } >/var/lib/runfleet/docker.log 2>&1 ||
+    off "could not install Docker (apt-get install docker.io; its output is in /var/lib/runfleet/docker.log)"
+fi
+n=0
+until docker info >/dev/null 2>&1; do
+  n=$((n+1)); [ $n -le 60 ] || off "Docker's engine did not answer within two minutes"
+  sleep 2
+done
+`
 
 // heredoc writes data to path through base64, so that no line of it can
 // end the here-document.

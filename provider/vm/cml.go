@@ -134,7 +134,7 @@ func (c *CML) Stock(o provider.CMLOptions, cloud, stock, want string) (Install, 
 	}
 	c.Image = stock
 	s := o.Stock
-	return Install{Runfleet: Download{URL: s.RunfleetURL, SHA256: s.RunfleetSHA256}, Agent: Download{URL: s.AgentURL, SHA256: s.AgentSHA256}}, nil
+	return Install{Runfleet: Download{URL: s.RunfleetURL, SHA256: s.RunfleetSHA256}, Agent: Download{URL: s.AgentURL, SHA256: s.AgentSHA256}, Docker: s.Docker}, nil
 }
 
 func or(s, alt string) string {

@@ -1,6 +1,9 @@
 package vm
 
 import (
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -92,5 +95,55 @@ func TestScriptInstalls(t *testing.T) {
 	if err := (Install{Runfleet: Download{URL: "ftp://x", SHA256: "12"}}).Check(); err == nil ||
 		!strings.Contains(err.Error(), "install.runfleet.url") || !strings.Contains(err.Error(), "install.runfleet.sha256") {
 		t.Errorf("a bad install section: %v", err)
+	}
+}
+
+// install.docker installs Docker's engine from the distribution's archive
+// where the image has none, waits until the engine answers, and powers
+// the machine off, saying why, when apt-get fails.
+func TestScriptInstallsDocker(t *testing.T) {
+	b := Boot{Cloud: "Test", Notices: "test", Runfleet: "runfleet", Workdir: "/w", Lifetime: time.Hour, Install: Install{Docker: true}}
+	out, err := b.Script(provider.Spec{Name: "p-1", Manager: "m", Pool: "p", Command: "/bin/sh"}, time.Now())
+	if err != nil || !strings.Contains(string(out), dockerScript) {
+		t.Fatalf("script (%v) lacks the Docker install:\n%s", err, out)
+	}
+	run := func(aptOK bool) (string, string) {
+		bin, log := t.TempDir(), t.TempDir()
+		// Ubuntu's apt-get, installing docker.io, puts the CLI in place
+		// and starts the engine, which answers a moment later.
+		apt := "#!/bin/sh\necho \"$*\" >> " + log + "/apt\n"
+		if aptOK {
+			apt += "case \"$*\" in *'install -y -q docker.io'*) printf '#!/bin/sh\\n[ -f " + log + "/up ] && exit 0; touch " + log + "/up; exit 1\\n' > " + bin + "/docker; chmod +x " + bin + "/docker;; esac\n"
+		} else {
+			apt += "exit 100\n"
+		}
+		if err := os.WriteFile(filepath.Join(bin, "apt-get"), []byte(apt), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// Only these tools on PATH: this host's own docker is not the
+		// image's.
+		for _, tool := range []string{"sh", "chmod", "touch", "sleep", "mkdir"} {
+			p, err := exec.LookPath(tool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(p, filepath.Join(bin, tool)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// off as the boot script has it, without the power-off.
+		script := "off() { echo \"off: $1\"; exit 1; }\n" +
+			strings.ReplaceAll(dockerScript, "/var/lib/runfleet/docker.log", log+"/docker.log") + "echo ready\n"
+		cmd := exec.Command(filepath.Join(bin, "sh"), "-c", script)
+		cmd.Env = []string{"PATH=" + bin}
+		o, _ := cmd.CombinedOutput()
+		a, _ := os.ReadFile(filepath.Join(log, "apt"))
+		return string(o), string(a)
+	}
+	if o, apt := run(true); !strings.Contains(o, "ready") || !strings.Contains(apt, "update") || !strings.Contains(apt, "install -y -q docker.io") {
+		t.Errorf("with docker.io in the archive: %q (apt-get %q)", o, apt)
+	}
+	if o, _ := run(false); !strings.Contains(o, "off: could not install Docker (apt-get install docker.io") {
+		t.Errorf("with apt-get failing: %q", o)
 	}
 }

@@ -49,7 +49,12 @@ func (s *Server) start(in *Instance, image string) (*vmboot.Machine, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	md := &metadata{tokens: map[string]time.Time{}}
+	var binds []string
+	if s.opt.Engine != "" {
+		binds = []string{s.opt.Engine + ":/var/run/docker.sock", "/tmp:/tmp"}
+	}
 	m, err := vmboot.Create(ctx, vmboot.Options{
+		Binds:  binds,
 		Docker: s.opt.Docker, HostAddr: s.opt.HostAddr, Name: "ec2sim-" + in.ID, Image: image, Hostname: in.hostname,
 		Labels: map[string]string{LabelServer: s.id, LabelInstance: in.ID}, Script: in.UserData,
 		Metadata: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.metadataAnswer(in, md, w, r) }),

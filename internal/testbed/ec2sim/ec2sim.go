@@ -51,6 +51,13 @@ type Options struct {
 	// Unthrottled turns the request rate buckets off.
 	Unthrottled bool
 	Logger      *slog.Logger
+	// Engine, where set, is the host engine's socket, given to each
+	// instance at /var/run/docker.sock as the engine of its own that a
+	// real instance would run once Docker is installed, with /tmp
+	// shared: a container the instance starts is the host's, so a path
+	// it is given must be the same on both, and /tmp is where
+	// Atlassian's runner keeps its work (WORKING_DIRECTORY=/tmp).
+	Engine string
 }
 
 // Server is the stand-in.

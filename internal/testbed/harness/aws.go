@@ -252,3 +252,47 @@ func Diff(after, before map[string]int) map[string]int {
 	}
 	return out
 }
+
+// NeedEC2Engine is NeedEC2 whose instances are given this host's engine
+// as their own (ec2sim's Engine), for runners that run their jobs as
+// containers of the machine's engine. A container an instance left
+// running when its machine ended (a real machine's engine ends with it)
+// is removed when the test ends: each runner's container is labelled
+// runfleet.runner.
+func NeedEC2Engine(t testing.TB) *ec2sim.Server {
+	t.Helper()
+	image := needInstanceImage(t)
+	socket, ok := strings.CutPrefix(DockerCli.DaemonHost(), "unix://")
+	if !ok {
+		t.Fatalf("the engine at %s is not a local socket, which an instance could be given", DockerCli.DaemonHost())
+	}
+	sim, err := ec2sim.New(ec2sim.Options{Docker: DockerCli, Engine: socket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	t.Cleanup(func() {
+		for _, id := range RunnerContainers(t, time.Time{}) {
+			_, _ = DockerCli.ContainerRemove(context.Background(), id, client.ContainerRemoveOptions{Force: true})
+		}
+	})
+	sim.AddImage(EC2AMI, image)
+	return sim
+}
+
+// RunnerContainers lists the containers labelled runfleet.runner, running
+// or not, made at or before made (any, when it is zero).
+func RunnerContainers(t testing.TB, made time.Time) []string {
+	t.Helper()
+	res, err := DockerCli.ContainerList(context.Background(), client.ContainerListOptions{All: true, Filters: make(client.Filters).Add("label", "runfleet.runner")})
+	if err != nil {
+		t.Fatalf("list the runners' containers: %v", err)
+	}
+	var ids []string
+	for _, c := range res.Items {
+		if made.IsZero() || c.Created <= made.Unix() {
+			ids = append(ids, c.ID)
+		}
+	}
+	return ids
+}

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/moby/client"
+	"github.com/runfleet/runfleet/forge/bitbucket"
 	"github.com/runfleet/runfleet/internal/testbed/bbsim"
+	"github.com/runfleet/runfleet/internal/testbed/peers"
 )
 
 // BBToken is the simulated Bitbucket's access token: the secret that must
@@ -257,4 +261,28 @@ func (f *Fleet) bitbucketChaos() ChaosForge {
 			return names, nil
 		},
 	}
+}
+
+// NeedAtlassianRunnerImage builds the stand-in runner as an image tagged
+// with Atlassian's runner image's name (bitbucket.RunnerImage), whose
+// entrypoint (bitbucket.DefaultAgentPath, as in Atlassian's image) starts
+// the runner with no arguments, as CML's `docker container run` and
+// Atlassian's instructions start theirs; so a machine that runs that
+// image by name runs the stand-in, with no registry. The tag is removed
+// when the test ends.
+func NeedAtlassianRunnerImage(t testing.TB) {
+	t.Helper()
+	base := bbStandIn.image(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	entry := "#!/bin/sh\n# As Atlassian's entrypoint: the runner, from its environment.\nexec /bin/" + bbStandIn.name + "\n"
+	_, err := peers.DeriveImage(ctx, DockerCli, base, bitbucket.RunnerImage,
+		"ENTRYPOINT [\""+bitbucket.DefaultAgentPath+"\"]\nCMD []\n",
+		peers.ImageFile{Path: strings.TrimPrefix(bitbucket.DefaultAgentPath, "/"), Data: []byte(entry), Mode: 0o755})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = DockerCli.ImageRemove(context.Background(), bitbucket.RunnerImage, client.ImageRemoveOptions{})
+	})
 }

@@ -3,6 +3,7 @@ package harness
 import (
 	"context"
 	"crypto/sha256"
+	"debug/elf"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -228,4 +229,53 @@ func (r *Releases) RunJob(t *testing.T, gh *ghsim.Server, repo, label string, cm
 	if strings.Contains(out.String(), GHToken) {
 		t.Error("the token reached the runner's log")
 	}
+}
+
+var (
+	stockDockerOnce  sync.Once
+	stockDockerImage string
+	stockDockerErr   error
+)
+
+// AddStockDockerImages is AddStockImages with a stock image whose archive
+// holds Docker (peers.StockDockerImage), built once, from this host's
+// Docker CLI, which must be a static build: the image has no C library.
+func AddStockDockerImages(t testing.TB, sim *ec2sim.Server) {
+	t.Helper()
+	NeedDocker(t)
+	stockDockerOnce.Do(func() {
+		cliPath, err := staticDockerCLI()
+		if err != nil {
+			stockDockerErr = err
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		stockDockerImage, stockDockerErr = peers.StockDockerImage(ctx, DockerCli, cliPath)
+	})
+	peers.Need(t, "a stock image whose archive holds Docker", stockDockerErr)
+	sim.AddImage(StockAMI, stockDockerImage)
+	for _, p := range []string{aws.StockUbuntu, aws.StockGPU} {
+		sim.AddParameter(strings.TrimPrefix(p, "resolve:ssm:"), StockAMI)
+	}
+}
+
+// staticDockerCLI is this host's docker, where it is a static build (no
+// program interpreter): Docker's own static release is, Debian's is not.
+func staticDockerCLI() (string, error) {
+	p, err := exec.LookPath("docker")
+	if err != nil {
+		return "", fmt.Errorf("Docker's CLI: %w", err)
+	}
+	f, err := elf.Open(p)
+	if err != nil {
+		return "", fmt.Errorf("Docker's CLI %s: %w", p, err)
+	}
+	defer f.Close()
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			return "", fmt.Errorf("Docker's CLI %s is not a static build (Docker's static release is: download.docker.com/linux/static)", p)
+		}
+	}
+	return p, nil
 }

@@ -163,6 +163,12 @@ func BuildImage(ctx context.Context, cli *client.Client, repo string, extra ...I
 // images that run as a user of their own do (GitHub's actions-runner runs
 // as 1001, run.sh in its home), tagged tag or, with tag "", by a hash.
 func UserImage(ctx context.Context, cli *client.Client, base, tag, user string, files ...ImageFile) (string, error) {
+	return DeriveImage(ctx, cli, base, tag, fmt.Sprintf("USER %s\nENV HOME=/home/runner\n", user), files...)
+}
+
+// DeriveImage builds, from a local image, one with files added and then
+// the Dockerfile's instructions, tagged tag or, with tag "", by a hash.
+func DeriveImage(ctx context.Context, cli *client.Client, base, tag, instructions string, files ...ImageFile) (string, error) {
 	var df strings.Builder
 	fmt.Fprintf(&df, "FROM %s\n", base)
 	h := sha256.New()
@@ -171,14 +177,14 @@ func UserImage(ctx context.Context, cli *client.Client, base, tag, user string, 
 		h.Write([]byte(f.Path))
 		h.Write(f.Data)
 	}
-	fmt.Fprintf(&df, "USER %s\nENV HOME=/home/runner\n", user)
+	df.WriteString(instructions)
 	h.Write([]byte(df.String()))
 	if tag == "" {
 		tag = base[:strings.LastIndex(base, ":")] + "-user:" + hex.EncodeToString(h.Sum(nil))[:12]
 	} else if _, err := cli.ImageInspect(ctx, tag); err == nil {
 		// A fixed tag is rebuilt: its inputs may have changed.
 		if _, err := cli.ImageRemove(ctx, tag, client.ImageRemoveOptions{}); err != nil {
-			return "", fmt.Errorf("user image: %w", err)
+			return "", fmt.Errorf("derived image: %w", err)
 		}
 	}
 	if _, err := cli.ImageInspect(ctx, tag); err == nil {
@@ -198,10 +204,10 @@ func UserImage(ctx context.Context, cli *client.Client, base, tag, user string, 
 		errs = append(errs, add(f.Path, f.Mode, f.Data))
 	}
 	if err := errors.Join(append(errs, tw.Close())...); err != nil {
-		return "", fmt.Errorf("user image: context: %w", err)
+		return "", fmt.Errorf("derived image: context: %w", err)
 	}
 	if _, err := buildTar(ctx, cli, &buf, tag); err != nil {
-		return "", fmt.Errorf("user image: %w", err)
+		return "", fmt.Errorf("derived image: %w", err)
 	}
 	return tag, nil
 }
@@ -290,11 +296,47 @@ const StockImageRepo = "runfleet-test/stock-instance"
 // sha256sum, tar), the stand-in for cloud-init and a poweroff, and no
 // runfleet and no agent, which its boot script must fetch.
 func StockImage(ctx context.Context, cli *client.Client) (string, error) {
-	return BuildImage(ctx, cli, StockImageRepo,
-		ImageFile{Path: "bin/sh", From: BashStatic, Mode: 0o755}, // as InstanceImage's
-		ImageFile{Path: "bin/ec2-init", Data: []byte(ec2Init), Mode: 0o755},
-		ImageFile{Path: "bin/poweroff", Data: []byte("#!/bin/sh\n# Ends the machine: its init is PID 1.\nkill -TERM 1\n"), Mode: 0o755})
+	return BuildImage(ctx, cli, StockImageRepo, stockFiles()...)
 }
+
+// stockFiles are a stock image's own: a shell (as InstanceImage's), the
+// stand-in for cloud-init, and a poweroff.
+func stockFiles() []ImageFile {
+	return []ImageFile{
+		{Path: "bin/sh", From: BashStatic, Mode: 0o755},
+		{Path: "bin/ec2-init", Data: []byte(ec2Init), Mode: 0o755},
+		{Path: "bin/poweroff", Data: []byte("#!/bin/sh\n# Ends the machine: its init is PID 1.\nkill -TERM 1\n"), Mode: 0o755},
+	}
+}
+
+// StockDockerImageRepo is the repository of the stock image whose
+// archive holds Docker.
+const StockDockerImageRepo = "runfleet-test/stock-instance-docker"
+
+// StockDockerImage is StockImage with an archive that holds Docker, for a
+// boot script that installs it: apt-get stands in for Ubuntu's, whose
+// docker.io package puts the CLI at /usr/bin/docker and starts the engine
+// (https://packages.ubuntu.com/noble/amd64/docker.io/filelist). The CLI is
+// dockerCLI, a static build; the engine is the host's, which the cloud's
+// stand-in gives the machine (ec2sim's Engine).
+func StockDockerImage(ctx context.Context, cli *client.Client, dockerCLI string) (string, error) {
+	return BuildImage(ctx, cli, StockDockerImageRepo, append(stockFiles(),
+		ImageFile{Path: "bin/apt-get", Data: []byte(aptGet), Mode: 0o755},
+		ImageFile{Path: "usr/share/archive/docker", From: dockerCLI, Mode: 0o755})...)
+}
+
+// aptGet stands in for apt-get with an archive of one package, docker.io:
+// `update` reads it, `install docker.io` installs it, anything else is
+// not found, with apt-get's exit status (100).
+const aptGet = `#!/bin/sh
+echo "apt-get $*" >> /var/log/apt-get.log
+case " $* " in
+*" update "*) echo "Reading package lists... Done" ;;
+*" install "*" docker.io "*)
+  cp /usr/share/archive/docker /bin/docker && chmod 0755 /bin/docker && echo "Setting up docker.io ..." ;;
+*) echo "E: Unable to locate package $*" >&2; exit 100 ;;
+esac
+`
 
 // ec2Init plays cloud-init: it runs the user data once, its output on
 // the console, and keeps the machine up until it is powered off.

@@ -45,6 +45,9 @@ type Options struct {
 	// environment that points the machine at it, from its host:port.
 	Metadata http.Handler
 	Env      func(hostPort string) []string
+	// Binds are host paths given to the machine (host:container), as
+	// docker run -v takes them.
+	Binds []string
 }
 
 // Machine is one booted instance.
@@ -73,7 +76,7 @@ func Create(ctx context.Context, o Options) (*Machine, error) {
 		Config: &container.Config{
 			Image: o.Image, Cmd: []string{InitPath}, Hostname: o.Hostname, Env: env, Labels: o.Labels,
 		},
-		HostConfig: &container.HostConfig{ExtraHosts: []string{"host.docker.internal:host-gateway"}},
+		HostConfig: &container.HostConfig{ExtraHosts: []string{"host.docker.internal:host-gateway"}, Binds: o.Binds},
 	})
 	if err != nil {
 		_ = m.md.Close()
