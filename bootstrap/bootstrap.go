@@ -124,6 +124,23 @@ type Notices interface {
 	Rebalance(ctx context.Context) (bool, error)
 }
 
+// Watcher is a Notices whose metadata service holds a request until an
+// answer changes (Compute Engine's wait_for_change): WatchInterruption
+// returns as the machine is being taken back, with when, rather than at
+// the next poll, so that the job is stopped within the notice.
+type Watcher interface {
+	Notices
+	WatchInterruption(ctx context.Context) (at time.Time, err error)
+}
+
+// Paced is a Notices whose cloud says how often to ask it and how long an
+// answer may take (Azure's Scheduled Events: every second, and up to two
+// minutes for the first call, which enables the service for the VM).
+type Paced interface {
+	Notices
+	Pace() (interval, timeout time.Duration)
+}
+
 // Releaser is a Notices that can let the cloud take the machine back
 // before the notice's time (Azure's Scheduled Events are approved so):
 // asked once the agent has stopped after an interruption notice.
@@ -136,7 +153,8 @@ type Releaser interface {
 type Options struct {
 	Notices Notices // nil: no notices are watched
 	// NoticeInterval is how often the metadata service is asked (5s, as
-	// AWS advises for spot notices).
+	// AWS advises for spot notices, or the cloud's own Pace), and how
+	// long an answer may take (or the cloud's Pace).
 	NoticeInterval time.Duration
 	// Tick is how often the agent, the idle timeout and the deadline
 	// are checked (1s).
@@ -229,8 +247,12 @@ func run(ctx context.Context, p Plan, o Options) (string, error) {
 	o.Logger.Info("agent started", "runner", p.Runner, "pid", cmd.Process.Pid, "deadline", p.Deadline.Format(time.RFC3339))
 
 	why, hold := watch(ctx, p, o, exited, &busy)
-	if why != EndAgent {
-		stop(cmd.Process.Pid, exited)
+	switch why {
+	case EndAgent:
+	case EndInterruption:
+		stop(cmd.Process.Pid, exited, interruptGrace)
+	default:
+		stop(cmd.Process.Pid, exited, stopGrace)
 	}
 	if !hold.IsZero() {
 		// The cloud takes the machine at the notice's time. Until then
@@ -239,7 +261,10 @@ func run(ctx context.Context, p Plan, o Options) (string, error) {
 		// it powers off if the cloud has not.
 		o.Logger.Info("agent stopped; waiting for the cloud to take the machine back", "runner", p.Runner, "until", hold.Format(time.RFC3339))
 		if r, ok := o.Notices.(Releaser); ok {
-			if err := r.Release(ctx); err != nil {
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err := r.Release(rctx)
+			cancel()
+			if err != nil {
 				o.Logger.Warn("metadata service: could not let the cloud go ahead", "err", err)
 			}
 		}
@@ -271,7 +296,15 @@ func watch(ctx context.Context, p Plan, o Options, exited <-chan error, busy *at
 	start := o.now()
 	tick := time.NewTicker(o.Tick)
 	defer tick.Stop()
-	var lastNotice time.Time
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	noticed := make(chan ended, 2)
+	if o.Notices != nil {
+		go pollNotices(ctx, p, o, busy, noticed)
+		if w, ok := o.Notices.(Watcher); ok {
+			go watchInterruption(ctx, p, o, w, busy, noticed)
+		}
+	}
 	for {
 		select {
 		case err := <-exited:
@@ -279,6 +312,8 @@ func watch(ctx context.Context, p Plan, o Options, exited <-chan error, busy *at
 			return EndAgent, time.Time{}
 		case <-ctx.Done():
 			return "stopped: " + context.Cause(ctx).Error(), time.Time{}
+		case e := <-noticed:
+			return e.why, e.hold
 		case <-tick.C:
 		}
 		now := o.now()
@@ -288,34 +323,69 @@ func watch(ctx context.Context, p Plan, o Options, exited <-chan error, busy *at
 		case p.IdleTimeout > 0 && p.BusyMarker != "" && !busy.Load() && now.Sub(start) >= p.IdleTimeout:
 			return EndIdle, time.Time{}
 		}
-		if o.Notices == nil || now.Sub(lastNotice) < o.NoticeInterval {
-			continue
-		}
-		lastNotice = now
-		if why, hold := notice(ctx, p, o, busy.Load()); why != "" {
-			return why, hold
-		}
 	}
 }
 
+// ended is why a notice ends the runner, and until when the machine
+// stays up after.
+type ended struct {
+	why  string
+	hold time.Time
+}
+
+// pollNotices asks the metadata service at the cloud's pace, apart from
+// the loop that watches the agent, so that a slow answer (Azure's first
+// call takes up to two minutes) delays nothing else, until one ends the
+// runner or ctx ends.
+func pollNotices(ctx context.Context, p Plan, o Options, busy *atomic.Bool, noticed chan<- ended) {
+	interval, timeout := o.NoticeInterval, o.NoticeInterval
+	if pc, ok := o.Notices.(Paced); ok {
+		interval, timeout = pc.Pace()
+	}
+	// First at the first tick, as the agent's output has been read.
+	wait := o.Tick
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		if why, hold := notice(ctx, p, o, busy.Load(), timeout); why != "" {
+			noticed <- ended{why, hold}
+			return
+		}
+		wait = interval
+	}
+}
+
+// watchInterruption holds a request on the metadata service until the
+// machine is being taken back; should the service fail, polling goes on.
+func watchInterruption(ctx context.Context, p Plan, o Options, w Watcher, busy *atomic.Bool, noticed chan<- ended) {
+	at, err := w.WatchInterruption(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			o.Logger.Warn("metadata service: watching for an interruption; polling instead", "err", err)
+		}
+		return
+	}
+	noticed <- interrupted(p, o, at, busy.Load())
+}
+
 // notice asks the metadata service. A machine being taken back stops its
-// agent at once, job or not: the job cannot finish in the two minutes a
-// spot instance gets, and an agent stopped cleanly tells the forge at
-// once that its job failed, so that it is re-run on the replacement the
-// manager starts, instead of when the forge gives up on a silent runner.
-// A rebalance recommendation ends an idle machine only.
-func notice(ctx context.Context, p Plan, o Options, busy bool) (string, time.Time) {
-	ctx, cancel := context.WithTimeout(ctx, o.NoticeInterval)
+// agent at once, job or not: the job cannot finish in the time a Spot
+// machine gets, and an agent stopped cleanly tells the forge at once that
+// its job failed, so that it is re-run on the replacement the manager
+// starts, instead of when the forge gives up on a silent runner. A
+// rebalance recommendation ends an idle machine only.
+func notice(ctx context.Context, p Plan, o Options, busy bool, timeout time.Duration) (string, time.Time) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	at, ok, err := o.Notices.Interruption(ctx)
 	if err != nil {
 		o.Logger.Warn("metadata service: interruption notice", "err", err)
 	} else if ok {
-		o.Logger.Warn("interruption notice: the machine is being taken back", "runner", p.Runner, "at", at.Format(time.RFC3339), "busy", busy)
-		if at.IsZero() {
-			at = o.now().Add(2 * time.Minute)
-		}
-		return EndInterruption, at.Add(o.HoldGrace)
+		e := interrupted(p, o, at, busy)
+		return e.why, e.hold
 	}
 	re, err := o.Notices.Rebalance(ctx)
 	if err != nil {
@@ -324,6 +394,16 @@ func notice(ctx context.Context, p Plan, o Options, busy bool) (string, time.Tim
 		return EndRebalance, time.Time{}
 	}
 	return "", time.Time{}
+}
+
+// interrupted is the end an interruption notice brings: the machine stays
+// up until the notice's time and the grace.
+func interrupted(p Plan, o Options, at time.Time, busy bool) ended {
+	o.Logger.Warn("interruption notice: the machine is being taken back", "runner", p.Runner, "at", at.Format(time.RFC3339), "busy", busy)
+	if at.IsZero() {
+		at = o.now().Add(2 * time.Minute)
+	}
+	return ended{EndInterruption, at.Add(o.HoldGrace)}
 }
 
 // watchOutput copies the agent's output and notes when it says that it
@@ -342,8 +422,14 @@ func watchOutput(r io.Reader, w io.Writer, marker []byte, busy *atomic.Bool) {
 }
 
 // stopGrace is how long a stopped agent gets to tell the forge about its
-// job before it is killed.
+// job before it is killed, at each of the two steps of stop.
 const stopGrace = 30 * time.Second
+
+// interruptGrace is stopGrace for a machine being taken back: the shortest
+// notice, Compute Engine's and Azure's Preempt, is 30 s, so that the job's
+// steps, then the agent, get 10 s each and everything is stopped within
+// 25 s of the notice, while the agent can still report the job failed.
+const interruptGrace = 10 * time.Second
 
 // stop ends the agent. A job it runs is failed first: its steps, which
 // agents start in process groups or sessions of their own, are sent
@@ -351,7 +437,7 @@ const stopGrace = 30 * time.Second
 // a job it cancels on its own shutdown as a success) and exits after it,
 // as a single-job agent does. An agent still up after the grace gets
 // SIGTERM, and SIGKILL with everything under it after another.
-func stop(pid int, exited <-chan error) {
+func stop(pid int, exited <-chan error, grace time.Duration) {
 	procs := descendants(pid)
 	var steps []int
 	for _, p := range procs {
@@ -366,13 +452,13 @@ func stop(pid int, exited <-chan error) {
 		select {
 		case <-exited:
 			return
-		case <-time.After(stopGrace):
+		case <-time.After(grace):
 		}
 	}
 	_ = syscall.Kill(-pid, syscall.SIGTERM)
 	select {
 	case <-exited:
-	case <-time.After(stopGrace):
+	case <-time.After(grace):
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 		for _, p := range procs {
 			_ = syscall.Kill(p, syscall.SIGKILL)

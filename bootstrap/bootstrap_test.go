@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -187,5 +189,104 @@ func TestStopReachesJobSteps(t *testing.T) {
 		if b, _ := os.ReadFile("/proc/" + pid + "/stat"); !strings.Contains(string(b), ") Z") {
 			t.Errorf("the job step %s outlived its agent", pid)
 		}
+	}
+}
+
+// watchingNotices holds its watch until told, as Compute Engine's metadata
+// server holds a wait_for_change request; its polls say nothing.
+type watchingNotices struct {
+	fakeNotices
+	now chan struct{}
+}
+
+func (w *watchingNotices) WatchInterruption(ctx context.Context) (time.Time, error) {
+	select {
+	case <-w.now:
+		return time.Now().Add(300 * time.Millisecond), nil
+	case <-ctx.Done():
+		return time.Time{}, ctx.Err()
+	}
+}
+
+// A notice the metadata service holds a request for ends the runner as it
+// comes, not at the next poll (here an hour away).
+func TestWatchedInterruption(t *testing.T) {
+	p, _ := plan(t, "echo took a job; exec sleep 60")
+	w := &watchingNotices{now: make(chan struct{})}
+	time.AfterFunc(200*time.Millisecond, func() { close(w.now) })
+	var out syncBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	why, err := Run(ctx, p, Options{Notices: w, NoticeInterval: time.Hour, Tick: 20 * time.Millisecond, HoldGrace: 100 * time.Millisecond, Output: &out})
+	if err != nil || why != EndInterruption {
+		t.Fatalf("why = %q, %v; want %q", why, err, EndInterruption)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the watched notice ended the runner after %s", took)
+	}
+}
+
+// slowNotices answers its first call after a while, as Azure's Scheduled
+// Events may take up to two minutes to, and says how it wants to be asked.
+type slowNotices struct {
+	fakeNotices
+	first    time.Duration
+	calls    atomic.Int32
+	interval time.Duration
+}
+
+func (s *slowNotices) Pace() (time.Duration, time.Duration) { return s.interval, 2 * s.first }
+
+func (s *slowNotices) Interruption(ctx context.Context) (time.Time, bool, error) {
+	if s.calls.Add(1) == 1 {
+		select {
+		case <-time.After(s.first):
+		case <-ctx.Done():
+			return time.Time{}, false, ctx.Err()
+		}
+	}
+	return s.fakeNotices.Interruption(ctx)
+}
+
+// The cloud's pace is kept: a first answer slower than the default
+// interval is waited for (its notice is not lost), and meanwhile the
+// agent is watched as ever (its exit ends the runner at once).
+func TestPacedNotices(t *testing.T) {
+	p, _ := plan(t, "echo took a job; exec sleep 60")
+	s := &slowNotices{first: 500 * time.Millisecond, interval: 20 * time.Millisecond}
+	s.interrupt.Store(true)
+	if why, _ := runPlan(t, p, s); why != EndInterruption {
+		t.Errorf("why = %q: the slow first answer was not waited for", why)
+	}
+	p, _ = plan(t, "echo took a job; exit 0")
+	s = &slowNotices{first: 10 * time.Second, interval: time.Second}
+	start := time.Now()
+	if why, _ := runPlan(t, p, s); why != EndAgent || time.Since(start) > 5*time.Second {
+		t.Errorf("why = %q after %s: a slow metadata service held up the agent's end", why, time.Since(start))
+	}
+}
+
+// A machine being taken back stops its job and agent within the shortest
+// notice (30 s, Compute Engine's and Azure's): an agent that ignores
+// SIGTERM is killed after the grace.
+func TestInterruptionStopsInTime(t *testing.T) {
+	if 2*interruptGrace+time.Second > 25*time.Second {
+		t.Errorf("stopping after a notice takes up to %s, over 25 s", 2*interruptGrace)
+	}
+	cmd := exec.Command("/bin/sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	outp, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 6)
+	_, _ = outp.Read(buf) // the trap is set
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	start := time.Now()
+	stop(cmd.Process.Pid, exited, 200*time.Millisecond)
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("stopped after %s with a grace of 200ms", took)
 	}
 }

@@ -53,7 +53,7 @@ type ScheduledEvents struct {
 }
 
 var (
-	_ bootstrap.Notices  = (*ScheduledEvents)(nil)
+	_ bootstrap.Paced    = (*ScheduledEvents)(nil)
 	_ bootstrap.Releaser = (*ScheduledEvents)(nil)
 )
 
@@ -68,9 +68,19 @@ func NewScheduledEvents() *ScheduledEvents {
 	if host == "" {
 		host = "169.254.169.254"
 	}
-	// The metadata service is never reached through a proxy.
+	// The metadata service is never reached through a proxy. Each call's
+	// context bounds it (Pace): the first may take minutes.
 	tr := &http.Transport{Proxy: nil}
-	return &ScheduledEvents{base: "http://" + host, c: &http.Client{Timeout: 10 * time.Second, Transport: tr}}
+	return &ScheduledEvents{base: "http://" + host, c: &http.Client{Transport: tr}}
+}
+
+// Pace asks every second, as Azure advises for the 30 s of a Preempt
+// event, and waits up to two and a half minutes for an answer: the first
+// call enables Scheduled Events for the VM and can take up to two minutes
+// (learn.microsoft.com/azure/virtual-machines/linux/scheduled-events,
+// "Enabling and disabling Scheduled Events" and "Polling frequency").
+func (s *ScheduledEvents) Pace() (interval, timeout time.Duration) {
+	return time.Second, 150 * time.Second
 }
 
 // event is one of Scheduled Events' documented fields.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -277,5 +278,52 @@ func eventually(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("not %s within 15s", what)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The machine's side holds one request on instance/preempted until it
+// turns TRUE (wait_for_change), instead of asking every few seconds: the
+// notice reaches the agent as it comes.
+func TestWatchInterruption(t *testing.T) {
+	p, sim := newProvider(t, "zones: [us-central1-a]\nmachine_types: [n1-standard-8]\nspot: true\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	inst, err := p.Create(ctx, spec("gpu-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "running", func() bool { return sim.Instances()[0].Status == "RUNNING" })
+	var requests atomic.Int32
+	h := sim.MetadataHandler(inst.ID)
+	md := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		h.ServeHTTP(w, r)
+	}))
+	defer md.Close()
+	t.Setenv("GCE_METADATA_HOST", strings.TrimPrefix(md.URL, "http://"))
+	got := make(chan error, 1)
+	go func() {
+		_, err := gcp.NewMetadata().WatchInterruption(ctx)
+		got <- err
+	}()
+	time.Sleep(3 * time.Second)
+	select {
+	case err := <-got:
+		t.Fatalf("the watch ended before any preemption: %v", err)
+	default:
+	}
+	if n := requests.Load(); n > 2 {
+		t.Errorf("%d requests in 3 s before any preemption: polled, not held", n)
+	}
+	if err := sim.Preempt(inst.ID, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the preemption did not end the watch")
 	}
 }

@@ -2,6 +2,8 @@ package gcesim
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
@@ -369,8 +371,54 @@ func (s *Server) metadata(in *Instance, w http.ResponseWriter, r *http.Request) 
 		http.NotFound(w, r)
 		return
 	}
+	if q := r.URL.Query(); q.Get("wait_for_change") == "true" {
+		v, found = s.waitForChange(r.Context(), in, p, v, q.Get("last_etag"), q.Get("timeout_sec"))
+		if !found {
+			http.NotFound(w, r)
+			return
+		}
+	}
+	w.Header().Set("ETag", etag(v))
 	w.Header().Set("Content-Type", "application/text")
 	_, _ = io.WriteString(w, v)
+}
+
+// waitForChange holds a request until the value's ETag is not lastETag,
+// or for timeout_sec, or until the client goes, and returns the value
+// then, as the metadata server answers wait_for_change=true: at once when
+// last_etag is already stale; a request without it waits for the next
+// change (https://cloud.google.com/compute/docs/metadata/querying-metadata#waitforchange;
+// instance/preempted is watched so, .../instances/spot#detect-preemption).
+func (s *Server) waitForChange(ctx context.Context, in *Instance, p, v, lastETag, timeoutSec string) (string, bool) {
+	if lastETag == "" {
+		lastETag = etag(v)
+	}
+	if n, err := strconv.Atoi(timeoutSec); err == nil && n > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(n)*time.Second)
+		defer cancel()
+	}
+	for etag(v) == lastETag {
+		select {
+		case <-ctx.Done():
+			return v, true
+		case <-time.After(100 * time.Millisecond):
+		}
+		s.mu.Lock()
+		nv, found := in.metadataPath(p)
+		s.mu.Unlock()
+		if !found {
+			return "", false
+		}
+		v = nv
+	}
+	return v, true
+}
+
+// etag is a value's ETag: opaque, and changed with the value.
+func etag(v string) string {
+	h := sha256.Sum256([]byte(v))
+	return hex.EncodeToString(h[:8])
 }
 
 // metadataPath answers one path. Called with s.mu held.
@@ -401,4 +449,18 @@ func (in *Instance) metadataPath(p string) (string, bool) {
 		return v, found
 	}
 	return "", false
+}
+
+// MetadataHandler is the metadata server that instance name's machine
+// reaches, for a test that plays the machine on this host; nil when there
+// is no such instance.
+func (s *Server) MetadataHandler(name string) http.Handler {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, in := range s.instances {
+		if in.Name == name {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.metadata(in, w, r) })
+		}
+	}
+	return nil
 }
