@@ -135,7 +135,10 @@ type Watcher interface {
 
 // Paced is a Notices whose cloud says how often to ask it and how long an
 // answer may take (Azure's Scheduled Events: every second, and up to two
-// minutes for the first call, which enables the service for the VM).
+// minutes for the first call, which enables the service for the VM). Its
+// first answer is waited for before the agent starts: a notice that came
+// while the service was being enabled would be missed, with the job the
+// agent took meanwhile.
 type Paced interface {
 	Notices
 	Pace() (interval, timeout time.Duration)
@@ -224,6 +227,9 @@ func run(ctx context.Context, p Plan, o Options) (string, error) {
 	if !o.now().Before(p.Deadline) {
 		return EndDeadline, nil
 	}
+	if pc, ok := o.Notices.(Paced); ok {
+		enable(ctx, p, o, pc)
+	}
 	cmd := exec.Command(p.Command, p.Args...)
 	cmd.Dir = p.Workdir
 	cmd.Env = environ(p.Env)
@@ -274,6 +280,21 @@ func run(ctx context.Context, p Plan, o Options) (string, error) {
 		waitUntil(ctx, o, hold)
 	}
 	return why, nil
+}
+
+// enable asks a Paced metadata service once and waits for its answer, at
+// most its pace's timeout; a failure is logged, and the agent starts all
+// the same.
+func enable(ctx context.Context, p Plan, o Options, pc Paced) {
+	_, timeout := pc.Pace()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	start := o.now()
+	if _, _, err := pc.Interruption(ctx); err != nil {
+		o.Logger.Warn("metadata service: no answer before the agent starts; notices may come late", "runner", p.Runner, "err", err)
+		return
+	}
+	o.Logger.Info("metadata service answered", "runner", p.Runner, "after", o.now().Sub(start).Round(time.Millisecond))
 }
 
 // waitUntil sleeps until t, or until ctx ends.

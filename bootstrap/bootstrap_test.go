@@ -227,40 +227,55 @@ func TestWatchedInterruption(t *testing.T) {
 	}
 }
 
-// slowNotices answers its first call after a while, as Azure's Scheduled
-// Events may take up to two minutes to, and says how it wants to be asked.
+// slowNotices answers its first call after first, as Azure's Scheduled
+// Events may take up to two minutes to, and every later one after later;
+// it notes whether the agent had started (its file exists) by the first
+// answer. It says how it wants to be asked.
 type slowNotices struct {
 	fakeNotices
-	first    time.Duration
-	calls    atomic.Int32
-	interval time.Duration
+	first, later, interval time.Duration
+	calls                  atomic.Int32
+	agentFile              string
+	startedEarly           atomic.Bool
 }
 
-func (s *slowNotices) Pace() (time.Duration, time.Duration) { return s.interval, 2 * s.first }
+func (s *slowNotices) Pace() (time.Duration, time.Duration) {
+	return s.interval, 2 * max(s.first, s.later)
+}
 
 func (s *slowNotices) Interruption(ctx context.Context) (time.Time, bool, error) {
-	if s.calls.Add(1) == 1 {
-		select {
-		case <-time.After(s.first):
-		case <-ctx.Done():
-			return time.Time{}, false, ctx.Err()
-		}
+	wait := s.later
+	n := s.calls.Add(1)
+	if n == 1 {
+		wait = s.first
+	}
+	select {
+	case <-time.After(wait):
+	case <-ctx.Done():
+		return time.Time{}, false, ctx.Err()
+	}
+	if _, err := os.Stat(s.agentFile); n == 1 && err == nil {
+		s.startedEarly.Store(true)
 	}
 	return s.fakeNotices.Interruption(ctx)
 }
 
-// The cloud's pace is kept: a first answer slower than the default
-// interval is waited for (its notice is not lost), and meanwhile the
-// agent is watched as ever (its exit ends the runner at once).
+// The cloud's pace is kept: the first answer, slower than the default
+// interval, is waited for before the agent starts (a notice that came
+// meanwhile is not lost with a job), and a slow answer after it holds up
+// nothing (the agent's exit ends the runner at once).
 func TestPacedNotices(t *testing.T) {
-	p, _ := plan(t, "echo took a job; exec sleep 60")
-	s := &slowNotices{first: 500 * time.Millisecond, interval: 20 * time.Millisecond}
+	p, _ := plan(t, "touch started; echo took a job; exec sleep 60")
+	s := &slowNotices{first: 500 * time.Millisecond, interval: 20 * time.Millisecond, agentFile: filepath.Join(p.Workdir, "started")}
 	s.interrupt.Store(true)
 	if why, _ := runPlan(t, p, s); why != EndInterruption {
 		t.Errorf("why = %q: the slow first answer was not waited for", why)
 	}
-	p, _ = plan(t, "echo took a job; exit 0")
-	s = &slowNotices{first: 10 * time.Second, interval: time.Second}
+	if s.startedEarly.Load() {
+		t.Error("the agent started before the metadata service's first answer")
+	}
+	p, _ = plan(t, "echo took a job; sleep 0.5; exit 0")
+	s = &slowNotices{later: 10 * time.Second, interval: 20 * time.Millisecond, agentFile: filepath.Join(p.Workdir, "started")}
 	start := time.Now()
 	if why, _ := runPlan(t, p, s); why != EndAgent || time.Since(start) > 5*time.Second {
 		t.Errorf("why = %q after %s: a slow metadata service held up the agent's end", why, time.Since(start))

@@ -199,6 +199,10 @@ type Traits struct {
 	// reports the ones a machine got in Instance.GPUs. This host's GPUs
 	// play no part.
 	SchedulesGPUs bool
+	// BootGrace is added to the pool's bootstrap_timeout for a machine
+	// that waits for its cloud before its agent starts (an Azure VM for
+	// Scheduled Events' first answer, which can take two minutes).
+	BootGrace time.Duration
 }
 
 // TraitsOf returns a provider's traits, the zero Traits when it does not

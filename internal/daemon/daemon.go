@@ -199,7 +199,7 @@ func (f *Fleet) poolConfig(pc config.Pool) pool.Config {
 		Max:              pc.Max,
 		IdleTimeout:      pc.IdleTimeout.Duration,
 		MaxLifetime:      pc.MaxLifetime.Duration,
-		BootstrapTimeout: pc.BootstrapTimeout.Duration,
+		BootstrapTimeout: pc.BootstrapTimeout.Duration + provider.TraitsOf(f.Providers[pc.Name]).BootGrace,
 		Resync:           f.Config.Resync.Duration,
 		RetryLost:        pc.RetryLost == nil || *pc.RetryLost,
 		Once:             pc.Single,

@@ -133,8 +133,13 @@ var (
 )
 
 func (p *Provider) Traits() provider.Traits {
-	return provider.Traits{Preemptible: p.opt.Section.Spot}
+	return provider.Traits{Preemptible: p.opt.Section.Spot, BootGrace: EventsGrace}
 }
+
+// EventsGrace is how much longer than the pool's bootstrap_timeout a VM
+// has to come online: its agent starts once Scheduled Events have
+// answered (bootstrap.Paced), and the first answer can take two minutes.
+const EventsGrace = 2 * time.Minute
 
 // Honours says what a job of a dynamic pool may ask: spot=, in a Spot pool.
 func (p *Provider) Honours() []string { return vm.Honours(p.opt.Section.Spot) }

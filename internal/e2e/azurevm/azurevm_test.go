@@ -52,10 +52,21 @@ func TestAzureSpotRunsJobs(t *testing.T) {
 // delete, reports the job lost and starts a replacement; the run's
 // failed job is re-run once and succeeds on a new VM.
 func TestAzureEvictionRerunsJob(t *testing.T) {
-	sim := harness.NeedARM(t)
+	// Scheduled Events as slow to enable as Azure's: the runner's agent
+	// waits for them before it takes a job, so the Preempt is not lost.
+	sim := harness.NeedARMAsAzure(t)
 	f := harness.NewFleet(t, "azevict", harness.FleetOptions{Size: 1, Max: 3, ARM: sim, Azure: "      spot: true\n"})
+	var victim string
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("status at the failure:\n%s", f.StatusTable())
+			for _, v := range sim.VMs() {
+				t.Logf("VM %s (evicted %v) console:\n%s", v.Name, v.Name == victim, v.Console)
+			}
+		}
+	})
 	f.Start()
-	harness.Eventually(t, 2*time.Minute, "1 idle runner", func() bool { return f.IdleOnline() == 1 })
+	harness.Eventually(t, 4*time.Minute, "1 idle runner", func() bool { return f.IdleOnline() == 1 })
 	f.Push(harness.Matrix("azevict", 1, "echo \"host=$(hostname) attempt=${GITHUB_RUN_ATTEMPT:-?}\"\nsleep 20\necho finished"))
 	var first *sdk.ActionWorkflowJob
 	harness.Eventually(t, time.Minute, "the job in progress", func() bool {
@@ -67,7 +78,6 @@ func TestAzureEvictionRerunsJob(t *testing.T) {
 		}
 		return false
 	})
-	var victim string
 	for _, v := range sim.VMs() {
 		if v.Power == "running" && v.Deleted.IsZero() && v.Tags["runfleet-runner"] == first.RunnerName {
 			victim = v.Name
@@ -82,16 +92,6 @@ func TestAzureEvictionRerunsJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("Preempt event for %s (runner %s, job %d) at %s", victim, first.RunnerName, first.ID, notice.Format("15:04:05.000"))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("status at the failure:\n%s", f.StatusTable())
-			for _, v := range sim.VMs() {
-				if v.Name == victim {
-					t.Logf("the evicted VM's console:\n%s", v.Console)
-				}
-			}
-		}
-	})
 	var rerun *sdk.ActionWorkflowJob
 	harness.Eventually(t, 3*time.Minute, "the job re-run on another runner", func() bool {
 		for _, j := range f.Jobs() {

@@ -66,6 +66,12 @@ type Options struct {
 	CreatePolls int
 	PollAfter   time.Duration
 	Logger      *slog.Logger
+	// EventsDelay is how long a VM's Scheduled Events take to answer
+	// after its first call, which enables them: every call until then
+	// waits (90 s when 0; Azure says the first call can take up to two
+	// minutes, learn.microsoft.com/azure/virtual-machines/linux/
+	// scheduled-events, "Enabling and disabling Scheduled Events").
+	EventsDelay time.Duration
 }
 
 // Server is the stand-in.

@@ -45,7 +45,10 @@ type VM struct {
 	machine *vmboot.Machine
 	off     chan struct{} // closed once its machine is gone
 	events  []scheduledEvent
-	evict   chan struct{} // closed when its Preempt event is approved
+	// eventsOn is when its Scheduled Events answer: EventsDelay after
+	// its first call.
+	eventsOn time.Time
+	evict    chan struct{} // closed when its Preempt event is approved
 }
 
 type scheduledEvent struct {
@@ -430,6 +433,9 @@ func (s *Server) imds(v *VM, w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"error":"Bad request. Required metadata header not specified"}`, http.StatusBadRequest)
 		return
 	}
+	if r.URL.Path == "/metadata/scheduledevents" && !s.eventsEnabled(r.Context(), v) {
+		return // the caller went away
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -461,6 +467,31 @@ func (s *Server) imds(v *VM, w http.ResponseWriter, r *http.Request) {
 		}
 	default:
 		http.NotFound(w, r)
+	}
+}
+
+// eventsEnabled waits until a VM's Scheduled Events answer: the first
+// call enables them, and it and every call after wait out EventsDelay
+// from it. It reports false when ctx ends first.
+func (s *Server) eventsEnabled(ctx context.Context, v *VM) bool {
+	s.mu.Lock()
+	if v.eventsOn.IsZero() {
+		d := s.opt.EventsDelay
+		if d == 0 {
+			d = 90 * time.Second
+		}
+		v.eventsOn = time.Now().Add(d)
+	}
+	wait := time.Until(v.eventsOn)
+	s.mu.Unlock()
+	if wait <= 0 {
+		return true
+	}
+	select {
+	case <-time.After(wait):
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
