@@ -39,6 +39,9 @@ func (s *Server) boot(in *Instance, image string) {
 		s.finish(in, "Server.InternalError", "Server.InternalError: Internal error on launch")
 		return
 	}
+	if m == nil {
+		return
+	}
 	m.Wait()
 	// An instance whose own shutdown ended it: terminated, as its
 	// shutdown behaviour says (the stand-in does not keep stopped ones).
@@ -69,8 +72,11 @@ func (s *Server) start(in *Instance, image string) (*vmboot.Machine, error) {
 	in.machine = m
 	stopping := in.State != "pending"
 	s.mu.Unlock()
-	if stopping { // terminated while it was being made
-		return m, nil
+	if stopping {
+		// Terminated while it was being made: its end is recorded
+		// already, and nothing else removes its container.
+		m.Finish()
+		return nil, nil
 	}
 	if err := m.Start(ctx); err != nil {
 		return nil, err

@@ -15,6 +15,7 @@
 package ec2sim
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/xml"
@@ -128,6 +129,27 @@ func (s *Server) Close() {
 		s.stopInstance(in, "", "")
 	}
 	s.wg.Wait()
+	s.removeLeftovers()
+}
+
+// removeLeftovers removes any container of this server's instances still
+// there once every instance has ended, as nothing of a terminated
+// instance stays on EC2.
+func (s *Server) removeLeftovers() {
+	if s.opt.Docker == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := s.opt.Docker.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: make(client.Filters).Add("label", LabelServer+"="+s.id)})
+	if err != nil {
+		s.opt.Logger.Warn("ec2sim: list the instances' containers", "err", err)
+		return
+	}
+	for _, c := range res.Items {
+		s.opt.Logger.Warn("ec2sim: an instance's container outlived it", "container", c.Names)
+		_, _ = s.opt.Docker.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true})
+	}
 }
 
 // AddImage maps an AMI to the Docker image its instances boot ("" for
