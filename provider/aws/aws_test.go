@@ -131,6 +131,28 @@ func TestCapacityFallsThroughTypesThenOnDemand(t *testing.T) {
 	t.Logf("calls: %v", sim.Calls())
 }
 
+// A Spot price over the pool's spot_max_price is no capacity at that
+// price (EC2's SpotMaxPriceTooLow): the next type, priced within it, is
+// tried, then on-demand.
+func TestSpotPriceOverMaximumFallsThrough(t *testing.T) {
+	p, sim := newProvider(t, "instance_types: [g5.xlarge, g4dn.xlarge]\nspot: true\nspot_max_price: \"0.30\"\nspot_fallback: on_demand\n")
+	sim.SetSpotPrice("g5.xlarge", 0.45)
+	sim.SetSpotPrice("g4dn.xlarge", 0.25)
+	if _, err := p.Create(context.Background(), spec("gpu-1")); err != nil {
+		t.Fatal(err)
+	}
+	if in := sim.Instances()[0]; in.Type != "g4dn.xlarge" || !in.Spot || in.MaxPrice != "0.30" {
+		t.Errorf("got %s spot=%v at most %s, want g4dn.xlarge, spot, at most 0.30", in.Type, in.Spot, in.MaxPrice)
+	}
+	sim.SetSpotPrice("g4dn.xlarge", 0.35)
+	if _, err := p.Create(context.Background(), spec("gpu-2")); err != nil {
+		t.Fatal(err)
+	}
+	if in := sim.Instances()[1]; in.Spot {
+		t.Errorf("got %s spot=%v, want on demand: no type's Spot price is within 0.30", in.Type, in.Spot)
+	}
+}
+
 func TestNoCapacityWithoutFallback(t *testing.T) {
 	p, sim := newProvider(t, "instance_types: [g4dn.xlarge, g5.xlarge]\nsubnets: [subnet-0a000000000000001, subnet-0b000000000000002]\nspot: true\n")
 	sim.NoCapacity("spot", "", "")

@@ -73,11 +73,12 @@ type Server struct {
 	mu        sync.Mutex
 	instances map[string]*Instance
 	order     []string
-	tokens    map[string]string // client token -> instance id
-	images    map[string]string // AMI -> Docker image ("" boots nothing)
-	params    map[string]string // Systems Manager parameter -> the AMI it names
-	subnets   map[string]string // subnet -> zone
-	noCap     map[string]bool   // "<market> <type> <zone>", "<market> <type>", "<market>"
+	tokens    map[string]string  // client token -> instance id
+	images    map[string]string  // AMI -> Docker image ("" boots nothing)
+	params    map[string]string  // Systems Manager parameter -> the AMI it names
+	subnets   map[string]string  // subnet -> zone
+	noCap     map[string]bool    // "<market> <type> <zone>", "<market> <type>", "<market>"
+	spotPrice map[string]float64 // by instance type; DefaultSpotPrice otherwise
 	faults    map[string][]string
 	calls     map[string]int
 	buckets   map[string]*rate.Limiter
@@ -102,7 +103,7 @@ func New(o Options) (*Server, error) {
 		opt: o, ln: ln, id: randHex(4),
 		URL:       "http://" + ln.Addr().String(),
 		instances: map[string]*Instance{}, tokens: map[string]string{},
-		images: map[string]string{}, params: map[string]string{}, noCap: map[string]bool{}, faults: map[string][]string{},
+		images: map[string]string{}, params: map[string]string{}, noCap: map[string]bool{}, spotPrice: map[string]float64{}, faults: map[string][]string{},
 		calls: map[string]int{}, buckets: map[string]*rate.Limiter{},
 		subnets: map[string]string{
 			"subnet-0a000000000000001": "us-east-1a", "subnet-0b000000000000002": "us-east-1b",
@@ -178,6 +179,17 @@ func (s *Server) NoCapacity(market, typ, zone string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.noCap[strings.TrimSpace(market+" "+typ+" "+zone)] = true
+}
+
+// DefaultSpotPrice is the Spot price (USD an hour) of an instance type
+// that SetSpotPrice has not priced.
+const DefaultSpotPrice = 0.10
+
+// SetSpotPrice sets an instance type's Spot price (USD an hour).
+func (s *Server) SetSpotPrice(typ string, price float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.spotPrice[typ] = price
 }
 
 // SetDown makes the API answer every call 503 Unavailable (an outage of

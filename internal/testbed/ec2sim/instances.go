@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/runfleet/runfleet/internal/testbed/vmboot"
 	"maps"
+	"math"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -157,6 +158,11 @@ func (s *Server) runInstances(form url.Values) (any, *apiError) {
 			return nil, &apiError{http.StatusInternalServerError, "InsufficientInstanceCapacity", fmt.Sprintf("There is no Spot capacity available that matches your request. (%s in %s)", typ, zone)}
 		}
 		return nil, &apiError{http.StatusInternalServerError, "InsufficientInstanceCapacity", fmt.Sprintf("We currently do not have sufficient %s capacity in the Availability Zone you requested (%s).", typ, zone)}
+	}
+	if spot {
+		if err := s.checkMaxPrice(form.Get("InstanceMarketOptions.SpotOptions.MaxPrice"), typ); err != nil {
+			return nil, err
+		}
 	}
 	if s.closing {
 		return nil, &apiError{http.StatusServiceUnavailable, "Unavailable", "The service is unavailable."}
@@ -418,4 +424,29 @@ var spotMessages = map[string]string{
 	"marked-for-termination":          "Your Spot Instance is marked for termination because of a capacity constraint.",
 	"instance-terminated-no-capacity": "Your Spot Instance was terminated because there is no spare capacity to serve it.",
 	"instance-terminated-by-user":     "Your Spot Instance was terminated by the user.",
+}
+
+// checkMaxPrice refuses a Spot request whose maximum price is not a
+// positive price (InvalidParameterValue) or is under the type's Spot
+// price (SpotMaxPriceTooLow), as RunInstances does; without one the
+// on-demand price is the maximum, which the stand-in always meets
+// (docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html;
+// .../UserGuide/using-spot-instances-request.html, "maximum price").
+// Called with s.mu held.
+func (s *Server) checkMaxPrice(maxPrice, typ string) *apiError {
+	if maxPrice == "" {
+		return nil
+	}
+	p, err := strconv.ParseFloat(maxPrice, 64)
+	if err != nil || p <= 0 || math.IsNaN(p) || math.IsInf(p, 0) {
+		return &apiError{http.StatusBadRequest, "InvalidParameterValue", fmt.Sprintf("Invalid value '%s' for SpotOptions.MaxPrice. The value must be a positive number.", maxPrice)}
+	}
+	price, ok := s.spotPrice[typ]
+	if !ok {
+		price = DefaultSpotPrice
+	}
+	if p < price {
+		return &apiError{http.StatusBadRequest, "SpotMaxPriceTooLow", fmt.Sprintf("Your Spot request price of %s is lower than the minimum required Spot request fulfillment price of %.4f.", maxPrice, price)}
+	}
+	return nil
 }
