@@ -64,8 +64,11 @@ type Options struct {
 	// asked for whatever it runs.
 	IdleTimeout, Lifetime time.Duration
 	Calls                 *atomic.Int64 // requests sent, when counted
-	Logger                *slog.Logger
-	now                   func() time.Time
+	// Listing is the subscription's listing, shared with its other
+	// pools (one of the pool's own when nil).
+	Listing *Listing
+	Logger  *slog.Logger
+	now     func() time.Time
 }
 
 // Provider is one pool's VMs.
@@ -100,6 +103,9 @@ func New(o Options) (*Provider, error) {
 	}
 	if o.Calls == nil {
 		o.Calls = new(atomic.Int64)
+	}
+	if o.Listing == nil {
+		o.Listing = &Listing{}
 	}
 	img, err := ParseImage(o.Section.Image)
 	if err != nil {
@@ -347,7 +353,7 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 	if len(found) == 0 {
 		// Not seen here: made by an earlier manager, not listed yet.
 		var err error
-		if found, err = p.list(ctx, p.opt.Manager, p.opt.Pool, name); err != nil {
+		if found, _, err = p.list(ctx, p.opt.Manager, p.opt.Pool, name, 0); err != nil {
 			return err
 		}
 	}

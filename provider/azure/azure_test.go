@@ -5,7 +5,9 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -219,5 +221,62 @@ func TestErrorKinds(t *testing.T) {
 	}
 	if k, _ := kindOf(errors.New("dial tcp: refused")); k != errOther {
 		t.Errorf("a refused connection: kind %d, want errOther", k)
+	}
+}
+
+// The pools of one subscription share its listing (Compute's "High Cost
+// Get VM" policy meters it): four pools that each list every poll
+// interval list the subscription about once an interval, not four times,
+// and each still sees its own VMs.
+func TestPoolsShareTheListing(t *testing.T) {
+	sim, err := armsim.New(armsim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	sim.AddImage(image, "")
+	listing := &Listing{}
+	var pools []*Provider
+	for i := range 4 {
+		vms, err := armcompute.NewVirtualMachinesClient(armsim.Subscription, &azfake.TokenCredential{},
+			&arm.ClientOptions{ClientOptions: policy.ClientOptions{Transport: sim.Transport()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := DecodeSection(mustJSON(t, "resource_group: "+armsim.Group+"\nimage: "+image+"\npoll_interval: 1s\n"+subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := New(Options{API: sdkAPI{vms}, Manager: "m1", Pool: fmt.Sprintf("pool%d", i), Section: s, Listing: listing,
+			IdleTimeout: time.Minute, Lifetime: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		if _, err := p.Create(context.Background(), provider.Spec{Name: fmt.Sprintf("pool%d-1", i), Manager: "m1", Pool: fmt.Sprintf("pool%d", i), Command: "x"}); err != nil {
+			t.Fatal(err)
+		}
+		pools = append(pools, p)
+	}
+	before := sim.Calls()["VirtualMachinesClient.NewListAllPager"]
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, p := range pools {
+		wg.Go(func() {
+			for time.Since(start) < 3500*time.Millisecond {
+				l, err := p.List(context.Background(), "m1")
+				if err != nil || len(l) != 1 || l[0].Name != p.opt.Pool+"-1" {
+					t.Errorf("pool %s listed %+v, %v", p.opt.Pool, l, err)
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	// An interval of 1s over 3.5s: 4 listings at most, where four pools
+	// of their own would send 16.
+	if n := sim.Calls()["VirtualMachinesClient.NewListAllPager"] - before; n > 5 {
+		t.Errorf("%d listings of the subscription by 4 pools in 3.5 s at a 1 s interval", n)
 	}
 }

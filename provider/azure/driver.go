@@ -74,7 +74,7 @@ func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 		life = DefaultLifetime
 	}
 	return New(Options{
-		API: api, Manager: c.Manager, Pool: c.Pool, Section: s,
+		API: api, Manager: c.Manager, Pool: c.Pool, Section: s, Listing: sharedListings.Get(sub + " " + or(s.Endpoint, os.Getenv(EndpointEnv))),
 		IdleTimeout: vm.InstanceIdle(s.IdleTimeout.Duration, c.IdleTimeout, DefaultIdleTimeout), Lifetime: life, Calls: calls,
 		Logger: log.With("provider", "azure", "pool", c.Pool, "subscription", sub),
 	})

@@ -22,7 +22,7 @@ const EvictionNotice = 30 * time.Second
 // deleted here. Another manager's are listed.
 func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instance, error) {
 	if manager != p.opt.Manager {
-		found, err := p.list(ctx, manager, p.opt.Pool, "")
+		found, _, err := p.list(ctx, manager, p.opt.Pool, "", 0)
 		out := make([]provider.Instance, 0, len(found))
 		for _, sv := range found {
 			out = append(out, sv.Inst)
@@ -44,8 +44,7 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 func (p *Provider) refresh(ctx context.Context) error {
 	p.fresh.Lock()
 	defer p.fresh.Unlock()
-	start := p.opt.now()
-	found, err := p.list(ctx, p.opt.Manager, p.opt.Pool, "")
+	found, start, err := p.list(ctx, p.opt.Manager, p.opt.Pool, "", p.opt.Section.PollInterval.Duration)
 	if err != nil {
 		return err
 	}
@@ -72,14 +71,16 @@ func (p *Provider) refresh(ctx context.Context) error {
 }
 
 // list lists a manager's VMs (of one pool, one runner when given) in the
-// section's resource group, from one listing of the subscription's VMs
-// with their power state (all pages).
-func (p *Provider) list(ctx context.Context, manager, pool, runner string) ([]seenVM, error) {
+// section's resource group, from a listing of the subscription's VMs with
+// their power state (all pages) asked for at most maxAge ago, shared with
+// the subscription's other pools (Listing), and says when it was asked
+// for.
+func (p *Provider) list(ctx context.Context, manager, pool, runner string, maxAge time.Duration) ([]seenVM, time.Time, error) {
 	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	defer cancel()
-	all, err := p.opt.API.List(cctx)
+	all, began, err := p.opt.Listing.Get(cctx, p.opt.API, maxAge, p.opt.now)
 	if err != nil {
-		return nil, fmt.Errorf("list VMs: %s", brief(err))
+		return nil, time.Time{}, fmt.Errorf("list VMs: %s", brief(err))
 	}
 	var out []seenVM
 	for _, v := range all {
@@ -90,7 +91,7 @@ func (p *Provider) list(ctx context.Context, manager, pool, runner string) ([]se
 		}
 		out = append(out, sv)
 	}
-	return out, nil
+	return out, began, nil
 }
 
 // vm maps Azure's VM: being made or starting is coming up (so the
