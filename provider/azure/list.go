@@ -78,7 +78,7 @@ func (p *Provider) refresh(ctx context.Context) error {
 func (p *Provider) list(ctx context.Context, manager, pool, runner string, maxAge time.Duration) ([]seenVM, time.Time, error) {
 	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	defer cancel()
-	all, began, err := p.opt.Listing.Get(cctx, p.opt.API, maxAge, p.opt.now)
+	all, began, err := p.opt.Listing.Get(cctx, maxAge, p.opt.now, p.opt.API.List)
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("list VMs: %s", brief(err))
 	}

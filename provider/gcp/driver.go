@@ -16,6 +16,7 @@ import (
 	"cloud.google.com/go/auth/credentials"
 	"cloud.google.com/go/auth/httptransport"
 	compute "cloud.google.com/go/compute/apiv1"
+	"cloud.google.com/go/compute/apiv1/computepb"
 	"golang.org/x/time/rate"
 	"google.golang.org/api/option"
 
@@ -75,7 +76,7 @@ func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 		life = DefaultLifetime
 	}
 	return New(Options{
-		API: api, Project: project, Manager: c.Manager, Pool: c.Pool, Section: s,
+		API: api, Project: project, Manager: c.Manager, Pool: c.Pool, Section: s, Listing: sharedListings.Get(project + " " + s.Endpoint + " " + c.Manager),
 		IdleTimeout: vm.InstanceIdle(s.IdleTimeout.Duration, c.IdleTimeout, DefaultIdleTimeout), Lifetime: life, Calls: calls,
 		Logger: log.With("provider", "gcp", "pool", c.Pool, "project", project),
 	}), nil
@@ -186,6 +187,15 @@ func NewLimits() *Limits {
 	per := rate.Limit(float64(QuotaPerMinute-75) / 60)
 	return &Limits{read: rate.NewLimiter(per, 75), mutate: rate.NewLimiter(per, 75)}
 }
+
+// Listing is a manager's instances in a project as last listed (one
+// aggregated call, a heavy-weight read), shared by the manager's pools
+// there.
+type Listing = vm.Listing[[]*computepb.Instance]
+
+// sharedListings are the listings a manager's pools of one project and
+// endpoint share.
+var sharedListings = vm.Shared[*Listing]{New: func() *Listing { return &Listing{} }}
 
 // sharedLimits are the limits the pools of one project and endpoint share.
 var sharedLimits = vm.Shared[*Limits]{New: NewLimits}

@@ -65,8 +65,11 @@ type Options struct {
 	// after it was asked for whatever it runs.
 	IdleTimeout, Lifetime time.Duration
 	Calls                 *atomic.Int64 // requests sent, when counted
-	Logger                *slog.Logger
-	now                   func() time.Time
+	// Listing is the manager's instances in the project, shared with its
+	// other pools there (one of the pool's own when nil).
+	Listing *Listing
+	Logger  *slog.Logger
+	now     func() time.Time
 }
 
 // Provider is one pool's instances.
@@ -99,6 +102,9 @@ func New(o Options) *Provider {
 	}
 	if o.Calls == nil {
 		o.Calls = new(atomic.Int64)
+	}
+	if o.Listing == nil {
+		o.Listing = &Listing{}
 	}
 	p := &Provider{opt: o, suspect: map[string]string{}}
 	p.watch = vm.Poller{Interval: o.Section.PollInterval.Duration, What: "listing instances", Logger: o.Logger, Poll: p.poll}
@@ -324,7 +330,7 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 	if len(found) == 0 {
 		// Not seen here: made by an earlier manager, not listed yet.
 		var err error
-		if found, err = p.list(ctx, p.opt.Manager, p.opt.Pool, name); err != nil {
+		if found, _, err = p.list(ctx, p.opt.Manager, p.opt.Pool, name, 0); err != nil {
 			return err
 		}
 	}

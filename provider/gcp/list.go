@@ -24,7 +24,7 @@ const preemptionNotice = 30 * time.Second
 // less the ones deleted here. Another manager's are listed.
 func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instance, error) {
 	if manager != p.opt.Manager {
-		found, err := p.list(ctx, manager, p.opt.Pool, "")
+		found, _, err := p.list(ctx, manager, p.opt.Pool, "", 0)
 		out := make([]provider.Instance, 0, len(found))
 		for _, si := range found {
 			out = append(out, si.Inst)
@@ -44,8 +44,7 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 func (p *Provider) refresh(ctx context.Context) error {
 	p.fresh.Lock()
 	defer p.fresh.Unlock()
-	start := p.opt.now()
-	found, err := p.list(ctx, p.opt.Manager, p.opt.Pool, "")
+	found, start, err := p.list(ctx, p.opt.Manager, p.opt.Pool, "", p.opt.Section.PollInterval.Duration)
 	if err != nil {
 		return err
 	}
@@ -70,20 +69,28 @@ func (p *Provider) refresh(ctx context.Context) error {
 }
 
 // list lists a manager's instances (of one pool, one runner when given)
-// in every zone, in one aggregated call (all pages).
-func (p *Provider) list(ctx context.Context, manager, pool, runner string) ([]seenInstance, error) {
+// in every zone, in one aggregated call (all pages), from a listing asked
+// for at most maxAge ago, which this manager's pools in the project share
+// (Listing), and says when it was asked for. Another manager's are listed
+// afresh.
+func (p *Provider) list(ctx context.Context, manager, pool, runner string, maxAge time.Duration) ([]seenInstance, time.Time, error) {
 	filter := fmt.Sprintf("labels.%s = %q", LabelManager, labelValue(manager))
-	if pool != "" {
-		filter += fmt.Sprintf(" AND labels.%s = %q", LabelPool, labelValue(pool))
-	}
-	if runner != "" {
-		filter += fmt.Sprintf(" AND labels.%s = %q", LabelRunner, labelValue(runner))
-	}
 	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	defer cancel()
-	list, err := p.opt.API.List(cctx, p.opt.Project, filter)
+	var list []*computepb.Instance
+	began, err := p.opt.now(), error(nil)
+	if manager == p.opt.Manager {
+		list, began, err = p.opt.Listing.Get(cctx, maxAge, p.opt.now, func(ctx context.Context) ([]*computepb.Instance, error) {
+			return p.opt.API.List(ctx, p.opt.Project, filter)
+		})
+	} else {
+		if pool != "" {
+			filter += fmt.Sprintf(" AND labels.%s = %q", LabelPool, labelValue(pool))
+		}
+		list, err = p.opt.API.List(cctx, p.opt.Project, filter)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("list instances: %w", err)
+		return nil, time.Time{}, fmt.Errorf("list instances: %w", err)
 	}
 	var out []seenInstance
 	for _, i := range list {
@@ -95,7 +102,7 @@ func (p *Provider) list(ctx context.Context, manager, pool, runner string) ([]se
 		}
 		out = append(out, si)
 	}
-	return out, nil
+	return out, began, nil
 }
 
 // instance maps Compute Engine's instance: provisioning and staging are
