@@ -191,7 +191,7 @@ func NewLimits() *Limits {
 // Listing is a manager's instances in a project as last listed (one
 // aggregated call, a heavy-weight read), shared by the manager's pools
 // there.
-type Listing = vm.Listing[[]*computepb.Instance]
+type Listing = provider.Listing[[]*computepb.Instance]
 
 // sharedListings are the listings a manager's pools of one project and
 // endpoint share.

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -193,48 +192,10 @@ func alreadyEnded(msg string) bool {
 // interval, and reads in flight are joined.
 type queue struct {
 	cluster Cluster
-
-	mu      sync.Mutex
-	at      time.Time // when the last good read started
-	jobs    []Job
-	reading chan struct{} // closed when the read in flight ends
-	err     error         // the last read's error
+	last    provider.Listing[[]Job]
 }
 
 // read returns the queue as read at most maxAge ago (0: a new read).
 func (q *queue) read(ctx context.Context, maxAge time.Duration) ([]Job, time.Time, error) {
-	{
-		q.mu.Lock()
-		if !q.at.IsZero() && time.Since(q.at) <= maxAge {
-			jobs, at := q.jobs, q.at
-			q.mu.Unlock()
-			return jobs, at, nil
-		}
-		if wait := q.reading; wait != nil {
-			q.mu.Unlock()
-			select {
-			case <-wait:
-			case <-ctx.Done():
-				return nil, time.Time{}, ctx.Err()
-			}
-			// The read joined is as new as any this call would make.
-			q.mu.Lock()
-			err, jobs, at := q.err, q.jobs, q.at
-			q.mu.Unlock()
-			return jobs, at, err
-		}
-		done := make(chan struct{})
-		q.reading = done
-		q.mu.Unlock()
-		start := time.Now()
-		jobs, err := q.cluster.Queue(ctx)
-		q.mu.Lock()
-		q.reading, q.err = nil, err
-		if err == nil {
-			q.jobs, q.at = jobs, start
-		}
-		q.mu.Unlock()
-		close(done)
-		return jobs, start, err
-	}
+	return q.last.Get(ctx, maxAge, time.Now, q.cluster.Queue)
 }
