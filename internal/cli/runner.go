@@ -63,8 +63,9 @@ type runnerSettings struct {
 }
 
 // inferRepo finds the repository as CML does: GITHUB_REPOSITORY (on
-// GITHUB_SERVER_URL), CI_PROJECT_URL, or the git remote of the current
-// directory.
+// GITHUB_SERVER_URL), CI_PROJECT_URL, BITBUCKET_GIT_HTTP_ORIGIN (where
+// CML reads the git remote, which a Bitbucket step's clone has too), or
+// the git remote of the current directory.
 func inferRepo(getenv func(string) (string, bool)) string {
 	if r, ok := getenv("GITHUB_REPOSITORY"); ok && r != "" {
 		server, _ := getenv("GITHUB_SERVER_URL")
@@ -351,7 +352,7 @@ func runnerConfig(ctx context.Context, s *runnerSettings, getenv func(string) (s
 		s.Repo = inferRepo(getenv)
 	}
 	if s.Repo == "" {
-		return nil, errors.New("--repo: no repository given, and none found in GITHUB_REPOSITORY, CI_PROJECT_URL or the git remote")
+		return nil, errors.New("--repo: no repository given, and none found in GITHUB_REPOSITORY, CI_PROJECT_URL, BITBUCKET_GIT_HTTP_ORIGIN or the git remote")
 	}
 	if s.Driver == "" {
 		s.Driver = inferDriver(s.Repo, getenv)
