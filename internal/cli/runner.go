@@ -250,7 +250,13 @@ func fetchAgent(ctx context.Context, pc *config.Pool, s runnerSettings, log *slo
 		st, ok := d.(forge.Starter)
 		if agent := st.Starter(forge.StarterOptions{}).Agent; ok && agent != "" {
 			if _, err := exec.LookPath(agent); err != nil {
-				return &ExitError{ExitUsage, fmt.Errorf("--agent: %s is not on this host, and runfleet fetches no release of %s's agent: install it (docs/forges/%s.md), or name it with --agent", agent, s.Driver, s.Driver)}
+				also := ""
+				if da, ok := d.(forge.DockerAgent); ok {
+					// Not chosen by itself: it gives each job this
+					// host's engine, as mount_docker_socket does.
+					also = fmt.Sprintf(", or run it as its image through this host's Docker with --agent %s (each job then reaches this host's engine)", da.DockerAgentPath())
+				}
+				return &ExitError{ExitUsage, fmt.Errorf("--agent: %s is not on this host, and runfleet fetches no release of %s's agent: install it (docs/forges/%s.md), or name it with --agent%s", agent, s.Driver, s.Driver, also)}
 			}
 		}
 		return nil

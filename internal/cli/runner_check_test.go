@@ -269,7 +269,8 @@ func TestRunnerSaysWhichAgentToInstall(t *testing.T) {
 	t.Setenv("XDG_STATE_HOME", t.TempDir())
 	var out bytes.Buffer
 	code := Main([]string{"runner", "--driver", "bitbucket", "--repo", bb.URL + "/acme/models", "--single"}, &out, &out)
-	if code != ExitUsage || !strings.Contains(out.String(), "is not on this host") || !strings.Contains(out.String(), "docs/forges/bitbucket.md") {
+	if code != ExitUsage || !strings.Contains(out.String(), "is not on this host") || !strings.Contains(out.String(), "docs/forges/bitbucket.md") ||
+		!strings.Contains(out.String(), "--agent docker://docker-public.packages.atlassian.com/sox/atlassian/bitbucket-pipelines-runner:1") {
 		t.Errorf("exit %d:\n%s", code, out.String())
 	}
 	if len(bb.Runners()) != 0 {
