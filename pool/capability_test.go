@@ -534,3 +534,30 @@ func TestNoticeAfterTheRegistrationWentFirst(t *testing.T) {
 		t.Fatalf("lost %v, want registration %d once", h.forge.lost, reg)
 	}
 }
+
+// A cloud machine that stopped its job on a notice, and was taken back,
+// before any pass read the notice (Azure evicts a VM whose agent approved
+// its Preempt event at once): its runner is retired as exited, and the
+// notice that comes after still reports the job lost, so the forge
+// re-runs it.
+func TestNoticeAfterTheMachineExited(t *testing.T) {
+	h := newCapHarness(t, Config{Size: 1, RetryLost: true})
+	h.settle()
+	h.forge.set("gpu-1", forge.StatusBusy) // no output read: as a cloud machine's
+	h.settle()
+	reg, machine := h.forge.byName("gpu-1").ID, h.out.id("gpu-1")
+	// The agent stopped the job (the forge has it failed) and exited,
+	// and the machine went: all before a pass.
+	h.forge.set("gpu-1", forge.StatusIdle)
+	h.prov.exit("gpu-1")
+	h.settle()
+	if len(h.forge.lost) != 0 {
+		t.Fatalf("lost %v before any notice", h.forge.lost)
+	}
+	h.out.notice(provider.Notice{Name: "gpu-1", ID: machine, Reason: "spot eviction", At: h.clk.Now()})
+	h.settle()
+	h.settle()
+	if len(h.forge.lost) != 1 || h.forge.lost[0].ID != reg {
+		t.Fatalf("lost %v, want gpu-1's registration %d once", h.forge.lost, reg)
+	}
+}

@@ -134,7 +134,12 @@ func (p *Pool) Observe(ctx context.Context) ([]Runner, error) {
 // tells the forge, and retires the runner. Called with p.mu held.
 func (p *Pool) apply(ctx context.Context, s *slot, debug bool) {
 	v := s.verdict
-	if s.phase == agent.PhaseDone && !v.lost && (v.retire != "" || v.ended) {
+	// A machine whose agent said its job ended, or that ended while the
+	// pool could not read its agent (a cloud machine that stopped its
+	// job on a notice and was taken back before the pool read that
+	// notice), may yet turn out to have been taken back.
+	ended := s.phase == agent.PhaseDone || s.phase == agent.PhaseUnknown && s.inst != nil && s.inst.State == provider.StateExited
+	if ended && !v.lost && (v.retire != "" || v.ended) {
 		p.noteEnded(s.name, p.machineOf(s), cmp.Or(regID(s.reg), v.memory.regID, p.memory[s.name].regID))
 	}
 	if v.memory == (memory{}) {
