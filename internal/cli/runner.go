@@ -228,9 +228,11 @@ func runRunner(ctx context.Context, s runnerSettings, getenv func(string) (strin
 	defer cancel()
 	done := make(chan struct{})
 	go func() { fleet.Run(runCtx); close(done) }()
-	served := watchRunner(runCtx, cancel, fleet.Pools[0], s, log)
+	watchRunner(runCtx, cancel, fleet.Pools[0], s, log)
 	<-done
-	if !served {
+	// Read after the drain: a job that ended just before the stop is
+	// known only to the passes made while draining.
+	if !fleet.Pools[0].Served() {
 		return &ExitError{ExitFailure, noRunner(fleet.Pools[0], ctx.Err() != nil)}
 	}
 	return nil
@@ -495,9 +497,8 @@ func reuse(rs []forge.Runner, s runnerSettings) string {
 // watchRunner ends the run: after one job with --single, or after the
 // idle timeout. The idle clock restarts whenever a runner is busy, and a
 // fresh read of the forge and the agents confirms that none is before it
-// fires, so it never fires during a job. It returns whether a runner came
-// online.
-func watchRunner(ctx context.Context, stop context.CancelFunc, p *pool.Pool, s runnerSettings, log *slog.Logger) bool {
+// fires, so it never fires during a job.
+func watchRunner(ctx context.Context, stop context.CancelFunc, p *pool.Pool, s runnerSettings, log *slog.Logger) {
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
 	idleSince := time.Now()
@@ -516,7 +517,7 @@ func watchRunner(ctx context.Context, stop context.CancelFunc, p *pool.Pool, s r
 	for {
 		select {
 		case <-ctx.Done():
-			return p.Served()
+			return
 		case <-t.C:
 		}
 		rs := p.Runners()
@@ -549,7 +550,7 @@ func watchRunner(ctx context.Context, stop context.CancelFunc, p *pool.Pool, s r
 				log.Info("the job is done; exiting (--single)")
 			}
 			stop()
-			return p.Served()
+			return
 		}
 		if s.IdleTimeout > 0 && time.Since(idleSince) > s.IdleTimeout {
 			fresh, err := p.Observe(ctx)
@@ -563,7 +564,7 @@ func watchRunner(ctx context.Context, stop context.CancelFunc, p *pool.Pool, s r
 				log.Error("no runner came online within the idle timeout; shutting down", "idle_timeout", s.IdleTimeout)
 			}
 			stop()
-			return p.Served()
+			return
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -276,4 +277,47 @@ func TestRunnerSaysWhichAgentToInstall(t *testing.T) {
 	if len(bb.Runners()) != 0 {
 		t.Errorf("a runner was registered: %+v", bb.Runners())
 	}
+}
+
+// A runner whose job ends, and which is stopped (SIGTERM, as a CI job
+// that deploys it does) before the pool's next pass reads that it ran,
+// served: the run exits 0. The pass made while draining reads the agent's
+// last line, and that answer, not the one from before the signal, is the
+// exit. Before, it exited 1, "no runner came online", whenever the signal
+// came within a resync of the job's end.
+func TestRunnerStoppedRightAfterItsJob(t *testing.T) {
+	gh := ghsim.New(ghsim.Options{Token: rightToken, Repos: []string{"acme/models"}})
+	t.Cleanup(gh.Close)
+	t.Setenv("REPO_TOKEN", rightToken)
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	dir := t.TempDir()
+	ran := filepath.Join(dir, "ran")
+	// Runner.Listener's lines for a job taken and finished
+	// (forge/github/agent.go phaseMarkers), then the mark the test
+	// waits for, and a second to exit in, as the real one takes to
+	// report its job and end.
+	script := filepath.Join(dir, "run.sh")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\necho 'Listening for Jobs'\necho 'Running job: train'\necho 'Job train completed with result: Succeeded'\ntouch "+ran+"\nsleep 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			if _, err := os.Stat(ran); err == nil {
+				// runRunner's signal.NotifyContext has this process's
+				// SIGTERM by now: it was set before the agent started.
+				syscall.Kill(os.Getpid(), syscall.SIGTERM)
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	var out bytes.Buffer
+	code := Main([]string{"runner", "--driver", "github", "--repo", gh.URL + "/acme/models", "--agent", script, "--idle-timeout", "never"}, &out, &out)
+	if code != 0 {
+		t.Errorf("stopped right after its job: exit %d, want 0:\n%s", code, out.String())
+	}
+	// Its registration is GitHub's to delete, as it deletes a just-in-time
+	// runner's once its job ended: the pool asks nothing more of it
+	// (pool.classifyExited). This agent never reached the stand-in, which
+	// therefore keeps it.
 }
