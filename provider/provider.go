@@ -275,3 +275,23 @@ type Notice struct {
 	At     time.Time
 	Reason string // "spot interruption", "rebalance recommendation", ...
 }
+
+// Sweeper is implemented by providers whose machines come with resources
+// of their own that outlive a machine deleted by anything but the
+// provider (a cloud that evicted it, a person, a crash mid-deletion): an
+// Azure VM's auto-shutdown schedule. `runfleet gc` lists and removes
+// them.
+type Sweeper interface {
+	// Leftovers lists the manager's such resources whose machine is
+	// gone.
+	Leftovers(ctx context.Context, manager string) ([]Resource, error)
+	// Sweep removes one; one already gone is no error.
+	Sweep(ctx context.Context, r Resource) error
+}
+
+// Resource is one resource a machine left.
+type Resource struct {
+	Kind string // what it is, in a user's words ("auto-shutdown schedule")
+	Name string // the machine's runner, where the resource says
+	ID   string // the resource's own name or ID, as Sweep takes it
+}

@@ -18,12 +18,14 @@ import (
 
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/internal/daemon"
+	"github.com/runfleet/runfleet/provider"
 )
 
-// Leftover is one thing a manager left: a machine or a registration.
+// Leftover is one thing a manager left: a machine, a registration, or
+// what a machine left (provider.Sweeper).
 type Leftover struct {
 	Pool  string `json:"pool"`
-	Kind  string `json:"kind"` // machine or registration
+	Kind  string `json:"kind"` // machine, registration, or the resource's kind
 	Name  string `json:"name"`
 	ID    string `json:"id"`
 	State string `json:"state"`
@@ -47,9 +49,10 @@ func gcCmd() *cobra.Command {
 		Use:   "gc -c fleet.yaml [--manager ID] [--yes]",
 		Short: "List, and with --yes remove, what a manager left: machines and registrations",
 		Long: `gc finds everything a manager id left on every configured provider and forge:
-instances, pods, containers and processes carrying its id, and registrations
-named like its pools' runners. It lists them; with --yes it removes them,
-registrations first, then machines. A runner that is running a job is left,
+instances, pods, containers and processes carrying its id, registrations
+named like its pools' runners, and what machines that are gone left (an
+Azure VM's auto-shutdown schedule). It lists them; with --yes it removes
+them, registrations first, then machines, then what machines left. A runner that is running a job is left,
 with its machine. Run it when that manager is stopped (after a crash, or
 when a manager id is retired): a running manager's runners would be removed
 under it.`,
@@ -143,8 +146,30 @@ func leftovers(ctx context.Context, fleet *daemon.Fleet) ([]Leftover, error) {
 			}
 			out = append(out, Leftover{Pool: name, Kind: "machine", Name: in.Name, ID: in.ID, State: string(in.State), Busy: busy[in.Name]})
 		}
+		if sw, ok := fleet.Providers[name].(provider.Sweeper); ok {
+			res, err := sw.Leftovers(ctx, fleet.Config.ID)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("pool %s: what machines left: %w", name, err))
+			}
+			for _, r := range res {
+				out = append(out, Leftover{Pool: name, Kind: r.Kind, Name: r.Name, ID: r.ID, State: "its machine is gone"})
+			}
+		}
 	}
 	return out, errors.Join(errs...)
+}
+
+// removalOrder is the order gc removes leftovers in: registrations before
+// their machines (a forge refuses to let go of a busy one), and what a
+// machine left after the machines.
+func removalOrder(kind string) int {
+	switch kind {
+	case "registration":
+		return 0
+	case "machine":
+		return 1
+	}
+	return 2
 }
 
 // printLeftovers prints what was found; it says that nothing is left
@@ -176,15 +201,7 @@ func printLeftovers(w io.Writer, manager string, left []Leftover, complete bool)
 func removeLeftovers(ctx context.Context, w io.Writer, fleet *daemon.Fleet, left []Leftover) error {
 	var errs []error
 	order := slices.Clone(left)
-	slices.SortStableFunc(order, func(a, b Leftover) int {
-		if a.Kind == b.Kind {
-			return 0
-		}
-		if a.Kind == "registration" {
-			return -1
-		}
-		return 1
-	})
+	slices.SortStableFunc(order, func(a, b Leftover) int { return removalOrder(a.Kind) - removalOrder(b.Kind) })
 	removed := 0
 	for _, l := range order {
 		if l.Busy {
@@ -198,8 +215,11 @@ func removeLeftovers(ctx context.Context, w io.Writer, fleet *daemon.Fleet, left
 			if errors.Is(err, forge.ErrNotFound) {
 				err = nil
 			}
-		default:
+		case "machine":
 			err = fleet.Providers[l.Pool].Delete(ctx, l.Name)
+		default:
+			sw, _ := fleet.Providers[l.Pool].(provider.Sweeper)
+			err = sw.Sweep(ctx, provider.Resource{Kind: l.Kind, Name: l.Name, ID: l.ID})
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s %s (%s): %w", l.Kind, l.Name, l.ID, err))

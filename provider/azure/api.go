@@ -12,6 +12,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/to"
 	"github.com/Azure/azure-sdk-for-go/sdk/azidentity"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/devtestlabs/armdevtestlabs"
 )
 
 // API is what the provider calls of Azure Resource Manager.
@@ -26,6 +27,13 @@ type API interface {
 	// List lists every VM of the subscription with its power state, in
 	// one call a page.
 	List(ctx context.Context) ([]*armcompute.VirtualMachine, error)
+	// Schedule makes or replaces a VM's auto-shutdown schedule
+	// (shutdown-computevm-<vm>), which deallocates it each day at a
+	// time; Unschedule deletes it (none there is no error); Schedules
+	// lists the subscription's.
+	Schedule(ctx context.Context, group, vm string, s armdevtestlabs.Schedule) error
+	Unschedule(ctx context.Context, group, vm string) error
+	Schedules(ctx context.Context) ([]*armdevtestlabs.Schedule, error)
 }
 
 // PollInterval is how often a VM's creation is polled when Azure does
@@ -34,9 +42,11 @@ type API interface {
 // second.
 var PollInterval = 5 * time.Second
 
-// sdkAPI is API on armcompute's VirtualMachinesClient.
+// sdkAPI is API on armcompute's VirtualMachinesClient and DevTest Labs'
+// GlobalSchedulesClient (auto-shutdown of VMs outside a lab).
 type sdkAPI struct {
-	vms *armcompute.VirtualMachinesClient
+	vms   *armcompute.VirtualMachinesClient
+	sched *armdevtestlabs.GlobalSchedulesClient
 }
 
 func (a sdkAPI) Create(ctx context.Context, group, name string, vm armcompute.VirtualMachine) error {
@@ -63,15 +73,43 @@ func (a sdkAPI) Delete(ctx context.Context, group, name string) error {
 
 func (a sdkAPI) List(ctx context.Context) ([]*armcompute.VirtualMachine, error) {
 	pager := a.vms.NewListAllPager(&armcompute.VirtualMachinesClientListAllOptions{StatusOnly: to.Ptr("true")})
-	var out []*armcompute.VirtualMachine
+	return all(ctx, pager, func(p armcompute.VirtualMachinesClientListAllResponse) []*armcompute.VirtualMachine { return p.Value })
+}
+
+// all reads every page of a pager.
+func all[T, P any](ctx context.Context, pager *runtime.Pager[P], values func(P) []T) ([]T, error) {
+	var out []T
 	for pager.More() {
 		page, err := pager.NextPage(ctx)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, page.Value...)
+		out = append(out, values(page)...)
 	}
 	return out, nil
+}
+
+// ScheduleName is the name Azure requires of a VM's auto-shutdown
+// schedule.
+func ScheduleName(vm string) string { return "shutdown-computevm-" + vm }
+
+func (a sdkAPI) Schedule(ctx context.Context, group, vm string, s armdevtestlabs.Schedule) error {
+	_, err := a.sched.CreateOrUpdate(ctx, group, ScheduleName(vm), s, nil)
+	return err
+}
+
+func (a sdkAPI) Unschedule(ctx context.Context, group, vm string) error {
+	_, err := a.sched.Delete(ctx, group, ScheduleName(vm), nil)
+	if k, _ := kindOf(err); k == errNotFound {
+		return nil
+	}
+	return err
+}
+
+func (a sdkAPI) Schedules(ctx context.Context) ([]*armdevtestlabs.Schedule, error) {
+	return all(ctx, a.sched.NewListBySubscriptionPager(nil), func(p armdevtestlabs.GlobalSchedulesClientListBySubscriptionResponse) []*armdevtestlabs.Schedule {
+		return p.Value
+	})
 }
 
 // What an error means for a runner's start.
@@ -125,9 +163,18 @@ func kindOf(err error) (errKind, string) {
 		}
 		return errOther, "AuthenticationFailed"
 	}
+	var held *heldError
+	if errors.As(err, &held) {
+		return errThrottle, held.policy
+	}
 	var re *azcore.ResponseError
 	if !errors.As(err, &re) {
 		return errOther, ""
+	}
+	if re.StatusCode == http.StatusTooManyRequests {
+		// Compute's own throttling says OperationNotAllowed, the code of
+		// refusals no retry fixes; its status tells.
+		return errThrottle, or(re.ErrorCode, "429")
 	}
 	if k, ok := codes[re.ErrorCode]; ok {
 		// A vCPU quota spent is OperationNotAllowed, its message naming

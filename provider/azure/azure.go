@@ -33,6 +33,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/to"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/devtestlabs/armdevtestlabs"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/runfleet/runfleet/provider"
@@ -55,10 +56,12 @@ var (
 
 // Options configure a Provider.
 type Options struct {
-	API     API
-	Manager string
-	Pool    string
-	Section Section
+	API API
+	// Subscription is the subscription's id, of the VMs' resource IDs.
+	Subscription string
+	Manager      string
+	Pool         string
+	Section      Section
 	// IdleTimeout and Lifetime are the VM side's: a VM powers off when
 	// no job came within IdleTimeout, and at Lifetime after it was
 	// asked for whatever it runs.
@@ -124,6 +127,9 @@ func New(o Options) (*Provider, error) {
 			return nil, err
 		}
 		key = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sk)))
+	}
+	if o.Lifetime > MaxScheduled {
+		o.Logger.Warn("max_lifetime is over a day: the VMs get no auto-shutdown schedule (it is daily), so a VM whose manager is gone is billed while stopped until it is deleted (runfleet gc)", "max_lifetime", o.Lifetime)
 	}
 	p := &Provider{opt: o, image: img, key: key, evicted: map[string]string{}}
 	p.watch = vm.Poller{Interval: o.Section.PollInterval.Duration, What: "listing VMs", Logger: o.Logger, Poll: p.poll}
@@ -203,6 +209,13 @@ func judge(err error) (vm.Outcome, string, string) {
 	return vm.Transient, code, ""
 }
 
+// briefError is an Azure error said in one line (brief), its chain kept
+// for kindOf.
+type briefError struct{ err error }
+
+func (e briefError) Error() string { return brief(e.err) }
+func (e briefError) Unwrap() error { return e.err }
+
 // brief is an error in one line: an Azure answer's code, status and
 // message, rather than the request and the whole body.
 func brief(err error) string {
@@ -264,7 +277,59 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, script []byte
 		return provider.Instance{}, err
 	}
 	p.opt.Logger.Info("VM created", "runner", spec.Name, "vm", name, "size", size, "location", loc, "market", market(spot))
+	p.schedule(ctx, name, loc, res.Tags, now.Add(p.opt.Lifetime))
 	return inst, nil
+}
+
+// MaxScheduled is the longest lifetime an auto-shutdown schedule ends a
+// VM at: the schedule is daily, so a later deadline would come first on
+// an earlier day.
+const MaxScheduled = 24 * time.Hour
+
+// schedule gives a VM an auto-shutdown schedule at its deadline: a VM
+// that powers itself off from inside is Stopped, still allocated and
+// billed, and only deallocation (or deletion) ends that; with the
+// manager gone, nothing else would. The schedule is Azure's own and
+// needs no credential on the VM: the alternative, an identity on the VM
+// allowed to deallocate it, would be a token a job step could read and
+// use on other VMs. A schedule that cannot be made leaves the VM, said
+// in the log: the manager still deletes it.
+func (p *Provider) schedule(ctx context.Context, name, loc string, tags map[string]*string, deadline time.Time) {
+	if p.opt.Lifetime > MaxScheduled {
+		return // said once, in New
+	}
+	at := shutdownTime(p.opt.now(), deadline)
+	sc := armdevtestlabs.Schedule{Location: to.Ptr(loc), Tags: tags, Properties: &armdevtestlabs.ScheduleProperties{
+		Status: to.Ptr(armdevtestlabs.EnableStatusEnabled), TaskType: to.Ptr("ComputeVmShutdownTask"),
+		DailyRecurrence: &armdevtestlabs.DayDetails{Time: to.Ptr(at.Format("1504"))}, TimeZoneID: to.Ptr("UTC"),
+		TargetResourceID:     to.Ptr(vmID(p.opt.Subscription, p.opt.Section.ResourceGroup, name)),
+		NotificationSettings: &armdevtestlabs.NotificationSettings{Status: to.Ptr(armdevtestlabs.EnableStatusDisabled)},
+	}}
+	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	err := p.opt.API.Schedule(cctx, p.opt.Section.ResourceGroup, name, sc)
+	cancel()
+	if err != nil {
+		p.opt.Logger.Warn("VM has no auto-shutdown schedule: should this manager be gone, nothing deallocates it after its deadline, and it is billed while stopped until it is deleted (runfleet gc)",
+			"vm", name, "err", brief(err))
+		return
+	}
+	p.opt.Logger.Debug("VM's auto-shutdown scheduled", "vm", name, "at", at.Format("15:04 UTC"))
+}
+
+// shutdownTime is the time of day (UTC, whole minutes, as Azure takes it)
+// at which a VM made at now is deallocated: the first such time after
+// now must be its deadline or the minute before it. The minute after the
+// deadline is taken where it still comes first, within a day of now.
+func shutdownTime(now, deadline time.Time) time.Time {
+	at := deadline.UTC().Truncate(time.Minute)
+	if next := at.Add(time.Minute); at.Before(deadline) && next.Sub(now) < 24*time.Hour {
+		at = next
+	}
+	return at
+}
+
+func vmID(sub, group, name string) string {
+	return "/subscriptions/" + sub + "/resourceGroups/" + group + "/providers/Microsoft.Compute/virtualMachines/" + name
 }
 
 // vmResource is the VM asked for: tagged, its NIC, public address and
@@ -366,8 +431,17 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 	return errors.Join(errs...)
 }
 
-// deleteVM starts a VM's deletion and hides it from List.
+// deleteVM starts a VM's deletion and hides it from List. Its
+// auto-shutdown schedule goes first: nothing deletes it with the VM.
 func (p *Provider) deleteVM(ctx context.Context, group, id, runner string) error {
+	if p.opt.Lifetime <= MaxScheduled {
+		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+		err := p.opt.API.Unschedule(cctx, group, id)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("delete VM %s: its auto-shutdown schedule: %s", id, brief(err))
+		}
+	}
 	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	err := p.opt.API.Delete(cctx, group, id)
 	cancel()

@@ -1,11 +1,14 @@
 package azure
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,7 +17,9 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/arm"
 	azfake "github.com/Azure/azure-sdk-for-go/sdk/azcore/fake"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/to"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/devtestlabs/armdevtestlabs"
 	"sigs.k8s.io/yaml"
 
 	"github.com/runfleet/runfleet/internal/testbed/armsim"
@@ -35,22 +40,32 @@ func newProvider(t *testing.T, section string) (*Provider, *armsim.Server) {
 	}
 	t.Cleanup(sim.Close)
 	sim.AddImage(image, "")
-	vms, err := armcompute.NewVirtualMachinesClient(armsim.Subscription, &azfake.TokenCredential{},
-		&arm.ClientOptions{ClientOptions: policy.ClientOptions{Transport: sim.Transport()}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	s, err := DecodeSection(mustJSON(t, "resource_group: "+armsim.Group+"\nimage: "+image+"\npoll_interval: 1s\n"+section))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := New(Options{API: sdkAPI{vms}, Manager: "m1", Pool: "gpu", Section: s,
+	p, err := New(Options{API: simAPI(t, sim), Subscription: armsim.Subscription, Manager: "m1", Pool: "gpu", Section: s,
 		IdleTimeout: time.Minute, Lifetime: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
 	return p, sim
+}
+
+// simAPI is API on the stand-in, in-process.
+func simAPI(t *testing.T, sim *armsim.Server) sdkAPI {
+	t.Helper()
+	opts := &arm.ClientOptions{ClientOptions: policy.ClientOptions{Transport: sim.Transport()}}
+	vms, err := armcompute.NewVirtualMachinesClient(armsim.Subscription, &azfake.TokenCredential{}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched, err := armdevtestlabs.NewGlobalSchedulesClient(armsim.Subscription, &azfake.TokenCredential{}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sdkAPI{vms: vms, sched: sched}
 }
 
 func mustJSON(t *testing.T, y string) json.RawMessage {
@@ -153,8 +168,8 @@ func TestCapacityFallsBack(t *testing.T) {
 		t.Fatalf("live VMs: %+v, want one regular in westus2", live)
 	}
 	time.Sleep(time.Second)
-	if left := sim.Leftovers(); len(left) != 3 {
-		t.Errorf("left: %v, want only the live VM's disk, NIC and address", left)
+	if left := sim.Leftovers(); len(left) != 4 {
+		t.Errorf("left: %v, want only the live VM's disk, NIC, address and auto-shutdown schedule", left)
 	}
 
 	sim.NoQuota("westus2")
@@ -238,16 +253,11 @@ func TestPoolsShareTheListing(t *testing.T) {
 	listing := &Listing{}
 	var pools []*Provider
 	for i := range 4 {
-		vms, err := armcompute.NewVirtualMachinesClient(armsim.Subscription, &azfake.TokenCredential{},
-			&arm.ClientOptions{ClientOptions: policy.ClientOptions{Transport: sim.Transport()}})
-		if err != nil {
-			t.Fatal(err)
-		}
 		s, err := DecodeSection(mustJSON(t, "resource_group: "+armsim.Group+"\nimage: "+image+"\npoll_interval: 1s\n"+subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := New(Options{API: sdkAPI{vms}, Manager: "m1", Pool: fmt.Sprintf("pool%d", i), Section: s, Listing: listing,
+		p, err := New(Options{API: simAPI(t, sim), Subscription: armsim.Subscription, Manager: "m1", Pool: fmt.Sprintf("pool%d", i), Section: s, Listing: listing,
 			IdleTimeout: time.Minute, Lifetime: time.Hour})
 		if err != nil {
 			t.Fatal(err)
@@ -278,5 +288,200 @@ func TestPoolsShareTheListing(t *testing.T) {
 	// of their own would send 16.
 	if n := sim.Calls()["VirtualMachinesClient.NewListAllPager"] - before; n > 5 {
 		t.Errorf("%d listings of the subscription by 4 pools in 3.5 s at a 1 s interval", n)
+	}
+}
+
+// A VM gets an auto-shutdown schedule at its deadline (Azure's own, no
+// credential on the VM): with no manager left to delete it, Azure
+// deallocates it then, which ends its compute cost, where a VM powered
+// off from inside stays allocated and billed. The schedule goes with the
+// VM's deletion, and an evicted VM's too.
+func TestAutoShutdownAtTheDeadline(t *testing.T) {
+	p, sim := newProvider(t, subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n")
+	ctx := context.Background()
+	made := time.Now()
+	inst, err := p.Create(ctx, spec("gpu-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	scheds := sim.Schedules()
+	if len(scheds) != 1 {
+		t.Fatalf("schedules: %+v, want the VM's one", scheds)
+	}
+	sc := scheds[0]
+	deadline := made.Add(time.Hour)
+	if sc.Name != "shutdown-computevm-"+inst.ID || sc.TimeZone != "UTC" || !sc.Enabled || !strings.HasSuffix(sc.Target, "/virtualMachines/"+inst.ID) ||
+		sc.Tags[TagManager] != "m1" || sc.Tags[TagRunner] != "gpu-1" {
+		t.Errorf("schedule %+v", sc)
+	}
+	if want := shutdownTime(made, deadline).Format("1504"); sc.Time != want {
+		t.Errorf("schedule at %s, want %s (the deadline %s)", sc.Time, want, deadline.UTC().Format("15:04:05"))
+	}
+	time.Sleep(300 * time.Millisecond) // the VM is running
+	sim.Advance(58 * time.Minute)
+	if v := sim.VMs()[0]; v.Power == "deallocated" {
+		t.Fatalf("deallocated %s before its deadline", time.Hour-58*time.Minute)
+	}
+	sim.Advance(3 * time.Minute)
+	if v := sim.VMs()[0]; v.Power != "deallocated" {
+		t.Errorf("at its deadline, with no manager to delete it, the VM is %s, want deallocated", v.Power)
+	}
+	if err := p.Delete(ctx, "gpu-1"); err != nil {
+		t.Fatal(err)
+	}
+	if s := sim.Schedules(); len(s) != 0 {
+		t.Errorf("schedules left after the VM's deletion: %+v", s)
+	}
+}
+
+// The first time the schedule fires after the VM is made is its
+// deadline's minute, or the minute before it, never a day early or late,
+// for every lifetime up to a day.
+func TestShutdownTime(t *testing.T) {
+	now := time.Date(2026, 11, 27, 10, 15, 30, 0, time.UTC)
+	for _, life := range []time.Duration{2 * time.Minute, 40 * time.Minute, 12 * time.Hour, 23*time.Hour + 59*time.Minute, 23*time.Hour + 59*time.Minute + 45*time.Second, 24 * time.Hour} {
+		deadline := now.Add(life)
+		at := shutdownTime(now, deadline)
+		// The schedule's first firing after now: its time of day, today
+		// or tomorrow.
+		first := time.Date(now.Year(), now.Month(), now.Day(), at.Hour(), at.Minute(), 0, 0, time.UTC)
+		if !first.After(now) {
+			first = first.AddDate(0, 0, 1)
+		}
+		if d := first.Sub(deadline); d <= -time.Minute || d >= time.Minute {
+			t.Errorf("lifetime %s: fires first at %s, %s from the deadline %s", life, first.Format("Jan 2 15:04"), d, deadline.Format("Jan 2 15:04:05"))
+		}
+	}
+}
+
+// A lifetime over a day gets no schedule (it is daily, and would end the
+// VM on its first day), and the log says what that costs.
+func TestNoScheduleOverADay(t *testing.T) {
+	sim, err := armsim.New(armsim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	sim.AddImage(image, "")
+	s, err := DecodeSection(mustJSON(t, "resource_group: "+armsim.Group+"\nimage: "+image+"\n"+subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer // written by this goroutine only: New and Create
+	p, err := New(Options{API: simAPI(t, sim), Subscription: armsim.Subscription, Manager: "m1", Pool: "gpu", Section: s,
+		IdleTimeout: time.Minute, Lifetime: 48 * time.Hour, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Create(context.Background(), spec("gpu-1")); err != nil {
+		t.Fatal(err)
+	}
+	if s := sim.Schedules(); len(s) != 0 {
+		t.Errorf("schedules: %+v", s)
+	}
+	if !strings.Contains(log.String(), "no auto-shutdown schedule") {
+		t.Errorf("the log does not say it:\n%s", log.String())
+	}
+}
+
+// The stand-in refuses a schedule as Azure does: a name other than
+// shutdown-computevm-<VM>, another task type, a time that is not HHmm, a
+// target that is not there.
+func TestScheduleRefused(t *testing.T) {
+	p, _ := newProvider(t, subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n")
+	inst, err := p.Create(context.Background(), spec("gpu-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := func() armdevtestlabs.Schedule {
+		return armdevtestlabs.Schedule{Location: to.Ptr("eastus"), Properties: &armdevtestlabs.ScheduleProperties{
+			Status: to.Ptr(armdevtestlabs.EnableStatusEnabled), TaskType: to.Ptr("ComputeVmShutdownTask"),
+			DailyRecurrence: &armdevtestlabs.DayDetails{Time: to.Ptr("1900")}, TimeZoneID: to.Ptr("UTC"),
+			TargetResourceID: to.Ptr(vmID(armsim.Subscription, armsim.Group, inst.ID))}}
+	}
+	for name, tc := range map[string]struct {
+		vm     string
+		change func(*armdevtestlabs.Schedule)
+	}{
+		"another VM's name": {"other", func(*armdevtestlabs.Schedule) {}},
+		"task type":         {inst.ID, func(s *armdevtestlabs.Schedule) { s.Properties.TaskType = to.Ptr("LabVmsShutdownTask") }},
+		"time":              {inst.ID, func(s *armdevtestlabs.Schedule) { s.Properties.DailyRecurrence.Time = to.Ptr("7pm") }},
+		"target": {"gone", func(s *armdevtestlabs.Schedule) {
+			s.Properties.TargetResourceID = to.Ptr(vmID(armsim.Subscription, armsim.Group, "gone"))
+		}},
+	} {
+		s := good()
+		tc.change(&s)
+		err := p.opt.API.Schedule(context.Background(), armsim.Group, tc.vm, s)
+		if k, _ := kindOf(err); k != errFatal {
+			t.Errorf("%s: %v, want a 400", name, err)
+		}
+	}
+	if err := p.opt.API.Schedule(context.Background(), armsim.Group, inst.ID, good()); err != nil {
+		t.Errorf("a good schedule: %v", err)
+	}
+}
+
+// A VM deleted by Azure (an eviction) leaves its auto-shutdown schedule;
+// a manager that saw it go deletes it, and gc (Leftovers, Sweep) finds and
+// deletes one whose VM went while no manager ran.
+func TestEvictedVMsScheduleSwept(t *testing.T) {
+	p, sim := newProvider(t, subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\nspot: true\n")
+	ctx := context.Background()
+	inst, err := p.Create(ctx, spec("gpu-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := p.Create(ctx, spec("gpu-2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := sim.Evict(inst.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitEvicted(t, sim, inst.ID)
+	left, err := p.Leftovers(ctx, "m1")
+	if err != nil || len(left) != 1 || left[0].Kind != ScheduleKind || left[0].Name != "gpu-1" || !strings.HasSuffix(left[0].ID, "/shutdown-computevm-"+inst.ID) {
+		t.Fatalf("leftovers %+v, %v: want gpu-1's schedule only", left, err)
+	}
+	if err := p.Sweep(ctx, left[0]); err != nil {
+		t.Fatal(err)
+	}
+	if s := sim.Schedules(); len(s) != 1 || strings.Contains(s[0].Name, inst.ID) {
+		t.Errorf("schedules after the sweep: %+v, want gpu-2's", s)
+	}
+	if left, err := p.Leftovers(ctx, "m1"); err != nil || len(left) != 0 {
+		t.Errorf("leftovers after the sweep: %+v, %v", left, err)
+	}
+	// A manager that sees the eviction deletes the schedule itself.
+	if err := p.poll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sim.Evict(other.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitEvicted(t, sim, other.ID)
+	time.Sleep(time.Second) // the poll interval
+	if err := p.poll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := sim.Schedules(); len(s) != 0 {
+		t.Errorf("schedules after the manager saw the eviction: %+v", s)
+	}
+	if err := p.Sweep(ctx, provider.Resource{Kind: ScheduleKind, ID: "/subscriptions/x/resourceGroups/g/providers/Microsoft.Compute/virtualMachines/v"}); err == nil {
+		t.Error("Sweep took an ID that is not a schedule's")
+	}
+}
+
+func waitEvicted(t *testing.T, sim *armsim.Server, name string) {
+	t.Helper()
+	gone := func() bool {
+		return slices.ContainsFunc(sim.VMs(), func(v armsim.VM) bool { return v.Name == name && !v.Deleted.IsZero() })
+	}
+	for deadline := time.Now().Add(5 * time.Second); !gone(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("VM %s was not evicted", name)
+		}
 	}
 }

@@ -182,3 +182,57 @@ func TestScheduledEvents(t *testing.T) {
 		t.Errorf("maintenance: %v %v", re, err)
 	}
 }
+
+// Compute's own throttling (429, OperationNotAllowed, a Retry-After that
+// can be twenty minutes): an error that waiting fixes, not one that halts
+// the pool; and the manager sends nothing of that policy until the
+// Retry-After has passed, for every pool of the subscription, instead of
+// spending the policy's next token on a request bound to be refused. The
+// policy is made to run out after one listing here (Azure's allows 900,
+// then 300 a minute), and to refill only after two minutes, longer than
+// the SDK waits for itself.
+func TestComputeThrottleWaits(t *testing.T) {
+	sim, err := armsim.New(armsim.Options{PollAfter: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	sim.AddImage(image, "")
+	for _, kv := range sim.Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	sim.SetComputePolicy("HighCostGetVM", 0.5, 1)
+	d, _ := provider.Lookup("azure")
+	raw := mustJSON(t, "endpoint: "+sim.URL+"\nresource_group: "+armsim.Group+"\nimage: "+image+"\n"+subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n")
+	var pools []*Provider
+	for _, name := range []string{"gpu", "cpu"} {
+		p, err := d.Open(provider.PoolConfig{Manager: "m1", Pool: name, Section: raw, MaxLifetime: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.(*Provider).Close() })
+		pools = append(pools, p.(*Provider))
+	}
+	ctx := context.Background()
+	if _, _, err := pools[0].list(ctx, "m1", "gpu", "", 0); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = pools[0].list(ctx, "m1", "gpu", "", 0)
+	if k, code := kindOf(err); err == nil || k != errThrottle {
+		t.Fatalf("a listing Compute throttles: %v (kind %d, %s), want a throttle", err, k, code)
+	}
+	throttled := sim.Calls()["VirtualMachinesClient.NewListAllPager (throttled by Compute)"]
+	start := time.Now()
+	_, _, err = pools[1].list(ctx, "m1", "cpu", "", 0)
+	if k, _ := kindOf(err); err == nil || k != errThrottle || time.Since(start) > time.Second || !strings.Contains(err.Error(), "HighCostGetVM") {
+		t.Errorf("another pool's listing within the Retry-After: %v after %s, want a throttle at once, naming the policy", err, time.Since(start))
+	}
+	if n := sim.Calls()["VirtualMachinesClient.NewListAllPager (throttled by Compute)"]; n != throttled {
+		t.Errorf("%d more listings sent within the Retry-After", n-throttled)
+	}
+	// Creating a VM is another policy: it goes on.
+	if _, err := pools[1].Create(ctx, spec("cpu-1")); err != nil {
+		t.Errorf("a creation while listings are throttled: %v", err)
+	}
+}

@@ -1,14 +1,18 @@
 package azure
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/arm"
@@ -16,6 +20,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
 	"github.com/Azure/azure-sdk-for-go/sdk/azidentity"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/devtestlabs/armdevtestlabs"
 	"golang.org/x/time/rate"
 
 	"github.com/runfleet/runfleet/provider"
@@ -74,7 +79,7 @@ func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 		life = DefaultLifetime
 	}
 	return New(Options{
-		API: api, Manager: c.Manager, Pool: c.Pool, Section: s, Listing: sharedListings.Get(sub + " " + or(s.Endpoint, os.Getenv(EndpointEnv))),
+		API: api, Subscription: sub, Manager: c.Manager, Pool: c.Pool, Section: s, Listing: sharedListings.Get(sub + " " + or(s.Endpoint, os.Getenv(EndpointEnv))),
 		IdleTimeout: vm.InstanceIdle(s.IdleTimeout.Duration, c.IdleTimeout, DefaultIdleTimeout), Lifetime: life, Calls: calls,
 		Logger: log.With("provider", "azure", "pool", c.Pool, "subscription", sub),
 	})
@@ -108,14 +113,19 @@ func Client(s Section, calls *atomic.Int64, limits *Limits) (API, string, error)
 	if limits == nil {
 		limits = sharedLimits.Get(sub + " " + cfg.Services[cloud.ResourceManager].Endpoint)
 	}
-	vms, err := armcompute.NewVirtualMachinesClient(sub, cred, &arm.ClientOptions{ClientOptions: policy.ClientOptions{
+	opts := &arm.ClientOptions{ClientOptions: policy.ClientOptions{
 		Cloud: cfg, PerRetryPolicies: []policy.Policy{&meter{limits: limits, calls: calls}},
 		Telemetry: policy.TelemetryOptions{ApplicationID: applicationID()},
-	}})
+	}}
+	vms, err := armcompute.NewVirtualMachinesClient(sub, cred, opts)
 	if err != nil {
 		return nil, "", fmt.Errorf("azure: %w", err)
 	}
-	return sdkAPI{vms: vms}, sub, nil
+	sched, err := armdevtestlabs.NewGlobalSchedulesClient(sub, cred, opts)
+	if err != nil {
+		return nil, "", fmt.Errorf("azure: %w", err)
+	}
+	return sdkAPI{vms: vms, sched: sched}, sub, nil
 }
 
 // applicationID is runfleet/<version> for the SDK's User-Agent, which
@@ -156,15 +166,129 @@ func credential(cfg cloud.Configuration) (azcore.TokenCredential, error) {
 // and service principal, reads a bucket of 250 refilled at 25 a second,
 // writes and deletes each a bucket of 200 refilled at 10 a second.
 // Pools of one subscription share them. A 429 that comes anyway is
-// retried after its Retry-After by the SDK (3 times), then backed off
-// by the pool.
+// retried after its Retry-After by the SDK (3 times, each wait at most a
+// minute), then backed off by the pool. Behind those, Compute throttles
+// by its own policies (compute-throttling-limits: listing the VMs 300 a
+// minute, a VM's own calls 4 to 15 a minute): its 429 says how long to
+// wait (up to twenty minutes), and until then nothing of that policy is
+// sent (held), from any pool, since each such request would only be
+// refused; an answer that says a policy has nothing left holds it for one
+// refill.
 type Limits struct {
 	read, write, delete *rate.Limiter
+
+	mu   sync.Mutex
+	held map[string]time.Time // Compute policy (and VM) → until
 }
 
 // NewLimits is Azure Resource Manager's documented limits.
 func NewLimits() *Limits {
-	return &Limits{read: rate.NewLimiter(25, 250), write: rate.NewLimiter(10, 200), delete: rate.NewLimiter(10, 200)}
+	return &Limits{read: rate.NewLimiter(25, 250), write: rate.NewLimiter(10, 200), delete: rate.NewLimiter(10, 200), held: map[string]time.Time{}}
+}
+
+// computeRefill is how long one call of each Compute policy takes to come
+// back at the subscription's refill rate (compute-throttling-limits).
+var computeRefill = map[string]time.Duration{
+	"PutVM": time.Minute / 500, "DeleteVM": time.Minute / 500, "LowCostGetVM": time.Minute / 8000,
+	"HighCostGetVM": time.Minute / 300, "GetOperation": time.Minute / 5000,
+}
+
+// computePolicy names the Compute policy a request counts against, and
+// the VM it names; "" for a request of another provider.
+func computePolicy(r *http.Request) (policy, vm string) {
+	_, rest, ok := strings.Cut(strings.ToLower(r.URL.Path), "/providers/microsoft.compute/")
+	if !ok {
+		return "", ""
+	}
+	name, isVM := strings.CutPrefix(rest, "virtualmachines/")
+	switch {
+	case r.Method == http.MethodPut && isVM:
+		return "PutVM", name
+	case r.Method == http.MethodDelete && isVM:
+		return "DeleteVM", name
+	case r.Method != http.MethodGet:
+		return "", ""
+	case rest == "virtualmachines":
+		return "HighCostGetVM", ""
+	case isVM && !strings.Contains(name, "/"):
+		return "LowCostGetVM", name
+	}
+	// An operation's status (Azure-AsyncOperation, Location).
+	return "GetOperation", ""
+}
+
+// heldError is a request not sent: Compute throttles its policy until a
+// time past the request's deadline.
+type heldError struct {
+	policy string
+	until  time.Time
+}
+
+// NonRetriable keeps the SDK's retry policy from sending it again at
+// once (azcore's errorinfo.NonRetriable).
+func (e *heldError) NonRetriable() {}
+
+func (e *heldError) Error() string {
+	return fmt.Sprintf("Compute throttles this subscription's %s requests for another %s (its Retry-After); not sent",
+		e.policy, time.Until(e.until).Round(time.Second))
+}
+
+// wait waits out a hold on the policy (and VM), or says at once that it
+// outlasts ctx.
+func (l *Limits) wait(ctx context.Context, policy, vm string) error {
+	l.mu.Lock()
+	until := l.held[policy]
+	if t := l.held[policy+" "+vm]; vm != "" && t.After(until) {
+		until = t
+	}
+	l.mu.Unlock()
+	d := time.Until(until)
+	if d <= 0 {
+		return nil
+	}
+	if dl, ok := ctx.Deadline(); ok && dl.Before(until) {
+		return &heldError{policy: policy, until: until}
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// note holds a policy after an answer: a 429's Retry-After (the VM's
+// own, for a request that names one: the answer does not say which
+// level refused), or one refill where a remaining-resource header says
+// none is left.
+func (l *Limits) note(resp *http.Response, policy, vm string) {
+	now := time.Now()
+	hold := func(key string, until time.Time) {
+		l.mu.Lock()
+		if until.After(l.held[key]) {
+			l.held[key] = until
+		}
+		l.mu.Unlock()
+	}
+	if resp.StatusCode == http.StatusTooManyRequests {
+		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+			key := policy
+			if vm != "" {
+				key += " " + vm
+			}
+			hold(key, now.Add(time.Duration(secs)*time.Second))
+		}
+		return
+	}
+	for _, h := range resp.Header.Values("x-ms-ratelimit-remaining-resource") {
+		for _, v := range strings.Split(h, ",") {
+			if _, n, ok := strings.Cut(v, ";"); ok && strings.TrimSpace(n) == "0" {
+				hold(policy, now.Add(computeRefill[policy]))
+			}
+		}
+	}
 }
 
 // sharedLimits are the limits the pools of one subscription and endpoint share.
@@ -189,10 +313,20 @@ func (m *meter) Do(req *policy.Request) (*http.Response, error) {
 	if err := lim.Wait(req.Raw().Context()); err != nil {
 		return nil, err
 	}
+	policy, vm := computePolicy(req.Raw())
+	if policy != "" {
+		if err := m.limits.wait(req.Raw().Context(), policy, vm); err != nil {
+			return nil, err
+		}
+	}
 	if m.calls != nil {
 		m.calls.Add(1)
 	}
-	return req.Next()
+	resp, err := req.Next()
+	if err == nil && policy != "" {
+		m.limits.note(resp, policy, vm)
+	}
+	return resp, err
 }
 
 // cmlTables are CML's aliases on Azure, from the iterative provider's

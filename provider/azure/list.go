@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"regexp"
 	"strings"
 	"time"
 
@@ -80,7 +81,7 @@ func (p *Provider) list(ctx context.Context, manager, pool, runner string, maxAg
 	defer cancel()
 	all, began, err := p.opt.Listing.Get(cctx, maxAge, p.opt.now, p.opt.API.List)
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("list VMs: %s", brief(err))
+		return nil, time.Time{}, fmt.Errorf("list VMs: %w", briefError{err})
 	}
 	var out []seenVM
 	for _, v := range all {
@@ -183,5 +184,65 @@ func (p *Provider) poll(ctx context.Context) error {
 	for name, runner := range evicted {
 		p.watch.Notify(provider.Notice{Name: runner, ID: name, At: p.opt.now(), Reason: "spot eviction: Azure deleted the Spot VM " + name}, "spot eviction")
 	}
+	for name := range evicted {
+		// Azure deleted the VM; its auto-shutdown schedule stays.
+		if p.opt.Lifetime > MaxScheduled {
+			break
+		}
+		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+		if err := p.opt.API.Unschedule(cctx, p.opt.Section.ResourceGroup, name); err != nil {
+			p.opt.Logger.Warn("could not delete an evicted VM's auto-shutdown schedule; runfleet gc will", "vm", name, "err", brief(err))
+		}
+		cancel()
+	}
 	return nil
 }
+
+var _ provider.Sweeper = (*Provider)(nil)
+
+// ScheduleKind is what gc calls a VM's auto-shutdown schedule.
+const ScheduleKind = "auto-shutdown schedule"
+
+// Leftovers lists the manager's auto-shutdown schedules, of this pool,
+// whose VM is gone (Azure evicted it, or it was deleted elsewhere).
+func (p *Provider) Leftovers(ctx context.Context, manager string) ([]provider.Resource, error) {
+	vms, _, err := p.list(ctx, manager, p.opt.Pool, "", 0)
+	if err != nil {
+		return nil, err
+	}
+	live := map[string]bool{}
+	for _, sv := range vms {
+		live[strings.ToLower(ScheduleName(sv.Inst.ID))] = true
+	}
+	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
+	scheds, err := p.opt.API.Schedules(cctx)
+	if err != nil {
+		return nil, fmt.Errorf("list auto-shutdown schedules: %s", brief(err))
+	}
+	var out []provider.Resource
+	for _, sc := range scheds {
+		name := strings.ToLower(deref(sc.Name))
+		if deref(sc.Tags[TagManager]) != manager || deref(sc.Tags[TagPool]) != p.opt.Pool || live[name] || !strings.HasPrefix(name, "shutdown-computevm-") {
+			continue
+		}
+		out = append(out, provider.Resource{Kind: ScheduleKind, Name: deref(sc.Tags[TagRunner]), ID: deref(sc.ID)})
+	}
+	return out, nil
+}
+
+// Sweep deletes a schedule Leftovers listed.
+func (p *Provider) Sweep(ctx context.Context, r provider.Resource) error {
+	m := scheduleIDRE.FindStringSubmatch(r.ID)
+	if r.Kind != ScheduleKind || m == nil {
+		return fmt.Errorf("azure: %s %q is not one of runfleet's", r.Kind, r.ID)
+	}
+	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
+	if err := p.opt.API.Unschedule(cctx, m[1], m[2]); err != nil {
+		return fmt.Errorf("delete auto-shutdown schedule %s: %s", r.ID, brief(err))
+	}
+	return nil
+}
+
+var scheduleIDRE = regexp.MustCompile(`(?i)^/subscriptions/[^/]+/resourceGroups/([^/]+)/providers/Microsoft\.DevTestLab/schedules/shutdown-computevm-([^/]+)$`)

@@ -98,7 +98,11 @@ type Server struct {
 	noQuota map[string]bool // locations
 	faults  map[string][]fault
 	calls   map[string]int
-	lro     map[string]string // path → the API whose operation it polls
+	lro     map[string]string        // path → the API whose operation it polls
+	scheds  map[string]*Schedule     // by group/name
+	compute map[string]*rate.Limiter // Compute's policies: by name, and "<name> <vm>"
+	offset  atomic.Int64             // Advance's, in nanoseconds
+	quit    chan struct{}
 	buckets map[string]*rate.Limiter
 	down    bool
 	wg      sync.WaitGroup
@@ -131,7 +135,7 @@ func New(o Options) (*Server, error) {
 	s := &Server{opt: o, secret: "sp-secret-" + randHex(16), tokens: map[string]time.Time{}, vms: map[string]*VM{},
 		images: map[string]string{}, subnets: map[string]string{}, groups: map[string]bool{Group: true},
 		noCap: map[string]bool{}, noSKU: map[string]bool{}, noQuota: map[string]bool{}, faults: map[string][]fault{},
-		calls: map[string]int{}, lro: map[string]string{}, dir: dir,
+		calls: map[string]int{}, lro: map[string]string{}, scheds: map[string]*Schedule{}, compute: map[string]*rate.Limiter{}, quit: make(chan struct{}), dir: dir,
 		buckets: map[string]*rate.Limiter{
 			// Azure Resource Manager's documented token buckets.
 			"read": rate.NewLimiter(25, 250), "write": rate.NewLimiter(10, 200), "delete": rate.NewLimiter(10, 200),
@@ -141,6 +145,18 @@ func New(o Options) (*Server, error) {
 		s.subnets[SubnetID(loc)] = loc
 	}
 	s.fake = fake.NewVirtualMachinesServerTransport(s.server())
+	s.wg.Go(func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.quit:
+				return
+			case <-t.C:
+				s.fireSchedules()
+			}
+		}
+	})
 	s.ts = httptest.NewUnstartedServer(s.routes())
 	s.ts.StartTLS()
 	s.URL = s.ts.URL
@@ -154,16 +170,29 @@ func New(o Options) (*Server, error) {
 
 // Transport is the fake server as a client's transport, in-process: no
 // token, no limits, no latency.
-func (s *Server) Transport() policy.Transporter { return uncancelled{s.fake} }
+func (s *Server) Transport() policy.Transporter { return uncancelled{s.fake, s} }
 
 // uncancelled hands requests to the fake without their cancellation: its
 // dispatch (armcompute v7.3.0's fake) closes its result channel when a
 // request's context ends first, and the handler's goroutine may then send
 // on it, which panics the whole process (a manager killed mid-request did
 // so in TestChaosAzureVM). The fake's handlers are in memory and quick.
-type uncancelled struct{ t policy.Transporter }
+type uncancelled struct {
+	t policy.Transporter
+	s *Server
+}
 
 func (u uncancelled) Do(r *http.Request) (*http.Response, error) {
+	if api, _ := scheduleRoute(r); api != "" {
+		// Auto-shutdown schedules have no fake server (armdevtestlabs
+		// v1.0.0 predates them): the stand-in's own handler answers.
+		rec := httptest.NewRecorder()
+		u.s.count(api)
+		u.s.schedules(rec, r, api)
+		resp := rec.Result()
+		resp.Request = r
+		return resp, nil
+	}
 	return u.t.Do(r.WithContext(context.WithoutCancel(r.Context())))
 }
 
@@ -173,6 +202,7 @@ func (s *Server) Close() {
 	live := append([]*VM(nil), s.order...)
 	s.mu.Unlock()
 	s.ts.Close()
+	close(s.quit)
 	for _, v := range live {
 		s.end(v, true)
 	}
@@ -203,6 +233,14 @@ func (s *Server) AddImage(image, dockerImage string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.images[image] = dockerImage
+}
+
+// SetEventsDelay changes EventsDelay for the VMs whose Scheduled Events
+// are not yet enabled.
+func (s *Server) SetEventsDelay(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.opt.EventsDelay = d
 }
 
 // SetLatency changes the latency added to every answer.

@@ -121,7 +121,20 @@ func (s *Server) arm(w http.ResponseWriter, r *http.Request) {
 		armError(w, http.StatusTooManyRequests, "TooManyRequests", "")
 		return
 	}
-	if strings.HasSuffix(r.URL.Path, "/get/fake/status") {
+	if strings.HasPrefix(api, "GlobalSchedulesClient.") {
+		s.count(api)
+		s.schedules(w, r, api)
+		return
+	}
+	poll := strings.HasSuffix(r.URL.Path, "/get/fake/status")
+	vm := ""
+	if m := vmPath.FindStringSubmatch(r.URL.Path); m != nil {
+		vm = m[2] + "/" + m[3]
+	}
+	if s.computeThrottle(w, api, poll, vm) {
+		return
+	}
+	if poll {
 		s.count(api + " poll")
 	} else {
 		s.count(api)
@@ -159,6 +172,9 @@ func (s *Server) arm(w http.ResponseWriter, r *http.Request) {
 // route names the API a request calls, as the client names it, and its
 // subscription. An operation's poll is the API whose operation it is.
 func (s *Server) route(r *http.Request) (api, sub string) {
+	if api, sub := scheduleRoute(r); api != "" {
+		return api, sub
+	}
 	p := r.URL.Path
 	if m := listPath.FindStringSubmatch(p); m != nil && r.Method == http.MethodGet {
 		if m[2] == "" {

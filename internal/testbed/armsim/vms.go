@@ -28,10 +28,12 @@ type VM struct {
 	Tags                        map[string]string
 	CustomData                  string
 	// Provisioning is Creating, Succeeded, Failed or Deleting; Power
-	// starting, running or stopped (powered off from inside: still
-	// allocated).
+	// starting, running, stopped (powered off from inside: still
+	// allocated, and billed) or deallocated (by its auto-shutdown
+	// schedule: its compute cost ended).
 	Provisioning, Power     string
 	Created, Ended, Deleted time.Time
+	Deallocated             time.Time
 	// Evicted is when Azure began to evict it (its Preempt event's time
 	// passed, or the VM approved it).
 	Evicted time.Time
@@ -510,7 +512,7 @@ func (s *Server) VMs() []VM {
 }
 
 // Leftovers are the NICs, public addresses and disks still there, of
-// deleted VMs too.
+// deleted VMs too, and the auto-shutdown schedules.
 func (s *Server) Leftovers() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -519,6 +521,9 @@ func (s *Server) Leftovers() []string {
 		for r := range v.Resources {
 			out = append(out, v.Group+"/"+r)
 		}
+	}
+	for _, sc := range s.scheds {
+		out = append(out, sc.Group+"/"+sc.Name)
 	}
 	slices.Sort(out)
 	return out
