@@ -32,6 +32,12 @@ var ErrRejected = errors.New("the forge rejected the request")
 type RunnerRequest struct {
 	Name   string
 	Labels []string
+	// OneRunnerOnly says that the credential will stay where the job
+	// can read it for its machine's life (a cloud instance's boot
+	// data): a forge whose only other credential enrols further runners
+	// (GitHub's registration token, where just-in-time runners are not
+	// offered) refuses, with ErrRejected.
+	OneRunnerOnly bool
 }
 
 // Credential is what one runner needs to act as itself at the forge. It is

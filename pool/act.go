@@ -118,7 +118,7 @@ func refusedBy(err error) string {
 // It returns the machine and the registration's id.
 func (p *Pool) createRunner(ctx context.Context, name string, units []gpu.Unit, sh shaped) (provider.Instance, int64, error) {
 	labels := p.shapeLabels(sh.shape, units)
-	cred, err := p.forge.Register(ctx, forge.RunnerRequest{Name: name, Labels: labels})
+	cred, err := p.forge.Register(ctx, forge.RunnerRequest{Name: name, Labels: labels, OneRunnerOnly: provider.TraitsOf(p.prov).KeepsBootData})
 	if err != nil {
 		return provider.Instance{}, 0, err
 	}

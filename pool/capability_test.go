@@ -561,3 +561,28 @@ func TestNoticeAfterTheMachineExited(t *testing.T) {
 		t.Fatalf("lost %v, want gpu-1's registration %d once", h.forge.lost, reg)
 	}
 }
+
+// bootDataProvider is a cloud's: its machines keep their boot data.
+type bootDataProvider struct{ *fakeProvider }
+
+func (bootDataProvider) Traits() provider.Traits { return provider.Traits{KeepsBootData: true} }
+
+// A pool whose machines keep their boot data (a cloud's) asks the forge
+// for credentials that enrol no other runner; others do not need to.
+func TestBootDataAsksForOneRunnerCredentials(t *testing.T) {
+	for _, keeps := range []bool{false, true} {
+		h := newHarness(t, Config{Size: 2, Max: 2})
+		var prov provider.Provider = h.prov
+		if keeps {
+			prov = bootDataProvider{h.prov}
+		}
+		h.pool = New(h.pool.cfg, h.forge, prov, fakeAgent{}, WithClock(h.clk.Now), WithLogger(slog.New(slog.DiscardHandler)))
+		h.settle()
+		h.forge.mu.Lock()
+		reqs := slices.Clone(h.forge.requests)
+		h.forge.mu.Unlock()
+		if len(reqs) != 2 || slices.ContainsFunc(reqs, func(r forge.RunnerRequest) bool { return r.OneRunnerOnly != keeps }) {
+			t.Errorf("boot data kept %t: requests %+v, want 2 with OneRunnerOnly %t", keeps, reqs, keeps)
+		}
+	}
+}

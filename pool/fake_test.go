@@ -25,6 +25,7 @@ type fakeForge struct {
 	calls     int
 	removals  int // RemoveRunner calls
 	refreshed int // Refresh calls
+	requests  []forge.RunnerRequest
 	// hooks, called without the lock
 	beforeRegister func()
 	afterRunners   func()
@@ -39,6 +40,7 @@ func (f *fakeForge) Register(_ context.Context, req forge.RunnerRequest) (forge.
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
+	f.requests = append(f.requests, req)
 	if f.failReg != nil {
 		return forge.Credential{}, f.failReg
 	}

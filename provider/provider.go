@@ -203,6 +203,12 @@ type Traits struct {
 	// that waits for its cloud before its agent starts (an Azure VM for
 	// Scheduled Events' first answer, which can take two minutes).
 	BootGrace time.Duration
+	// KeepsBootData is set when a machine's boot data, which carries
+	// its runner's credential, stays readable on the machine and to the
+	// account's readers for its whole life (cloud user data, instance
+	// metadata): its runner needs a credential that enrols no other
+	// runner (forge.RunnerRequest.OneRunnerOnly).
+	KeepsBootData bool
 }
 
 // TraitsOf returns a provider's traits, the zero Traits when it does not

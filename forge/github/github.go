@@ -329,13 +329,26 @@ func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.C
 		d.noJIT = true
 		d.mu.Unlock()
 		d.log.Warn("github: just-in-time runners are not available here; falling back to registration tokens with ephemeral runners (a registration token can enrol further runners for an hour)", "scope", d.scope.String())
+		if req.OneRunnerOnly {
+			return forge.Credential{}, errNoJIT(req.Name)
+		}
 		return d.tokenCredential(tok), nil
+	}
+	if req.OneRunnerOnly {
+		return forge.Credential{}, errNoJIT(req.Name)
 	}
 	tok, err := d.registrationToken(ctx)
 	if err != nil {
 		return forge.Credential{}, err
 	}
 	return d.tokenCredential(tok), nil
+}
+
+// errNoJIT refuses a registration token to a runner whose credential
+// would stay where its jobs can read it: with one, a job could enrol
+// runners of its own for an hour and take other jobs.
+func errNoJIT(name string) error {
+	return fmt.Errorf("%w: github register runner %s: GitHub offers no just-in-time runners here, and a registration token in a cloud instance's boot data, readable by its jobs for the instance's life, would let a job enrol runners of its own for an hour: use a GitHub with just-in-time runners (github.com has them), or a provider whose machines keep no boot data (process, docker, kubernetes)", forge.ErrRejected, name)
 }
 
 func (d *Driver) tokenCredential(tok string) forge.Credential {

@@ -316,6 +316,32 @@ func TestFallsBackToRegistrationToken(t *testing.T) {
 	}
 }
 
+// A runner whose credential would stay in a cloud instance's boot data
+// (OneRunnerOnly) gets no registration token where GitHub has no
+// just-in-time runners: a job that read it could enrol runners of its own
+// for an hour. The refusal is one no retry fixes, and says what to do;
+// no registration token is even asked for.
+func TestNoRegistrationTokenInBootData(t *testing.T) {
+	s := newSim(t, ghsim.Options{NoJIT: true})
+	d := newDriver(t, s, "/acme/app", nil)
+	ctx := context.Background()
+	for range 2 {
+		_, err := d.Register(ctx, forge.RunnerRequest{Name: "p-1", Labels: []string{"x"}, OneRunnerOnly: true})
+		if !errors.Is(err, forge.ErrRejected) || !strings.Contains(err.Error(), "just-in-time") {
+			t.Fatalf("a cloud runner where GitHub has no JIT runners: %v, want a refusal", err)
+		}
+	}
+	if n := s.RegistrationTokens(); n > 1 {
+		t.Errorf("%d registration tokens made, want at most the one that found JIT missing", n)
+	}
+	// With JIT runners, the same request gets one.
+	j := newSim(t, ghsim.Options{})
+	cred, err := newDriver(t, j, "/acme/app", nil).Register(ctx, forge.RunnerRequest{Name: "p-1", Labels: []string{"x"}, OneRunnerOnly: true})
+	if err != nil || cred.Env[github.EnvJITConfig] == "" || cred.Env[github.EnvToken] != "" {
+		t.Errorf("with JIT runners: %v, JIT config %t", err, cred.Env[github.EnvJITConfig] != "")
+	}
+}
+
 func TestGitHubApp(t *testing.T) {
 	key, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {

@@ -110,7 +110,7 @@ var (
 )
 
 func (p *Provider) Traits() provider.Traits {
-	return provider.Traits{Preemptible: p.opt.Section.Spot}
+	return provider.Traits{KeepsBootData: true, Preemptible: p.opt.Section.Spot}
 }
 
 // Honours says what a job of a dynamic pool may ask: spot=, in a Spot pool.

@@ -145,7 +145,7 @@ var (
 )
 
 func (p *Provider) Traits() provider.Traits {
-	return provider.Traits{Preemptible: p.opt.Section.Spot, BootGrace: EventsGrace}
+	return provider.Traits{KeepsBootData: true, Preemptible: p.opt.Section.Spot, BootGrace: EventsGrace}
 }
 
 // EventsGrace is how much longer than the pool's bootstrap_timeout a VM
