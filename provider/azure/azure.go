@@ -432,14 +432,16 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 }
 
 // deleteVM starts a VM's deletion and hides it from List. Its
-// auto-shutdown schedule goes first: nothing deletes it with the VM.
+// auto-shutdown schedule goes first: nothing deletes it with the VM. A
+// schedule that cannot be deleted does not keep the VM, which costs: gc
+// sweeps the schedule.
 func (p *Provider) deleteVM(ctx context.Context, group, id, runner string) error {
 	if p.opt.Lifetime <= MaxScheduled {
 		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
 		err := p.opt.API.Unschedule(cctx, group, id)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("delete VM %s: its auto-shutdown schedule: %s", id, brief(err))
+			p.opt.Logger.Warn("could not delete a VM's auto-shutdown schedule; deleting the VM all the same (runfleet gc deletes the schedule)", "vm", id, "err", brief(err))
 		}
 	}
 	cctx, cancel := context.WithTimeout(ctx, CallTimeout)

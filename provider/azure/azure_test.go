@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -483,5 +484,28 @@ func waitEvicted(t *testing.T, sim *armsim.Server, name string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("VM %s was not evicted", name)
 		}
+	}
+}
+
+// A schedule the manager may not delete (a role without
+// Microsoft.DevTestLab/schedules/delete) does not keep its VM, which is
+// what costs: the VM goes, the schedule is left for gc.
+func TestVMGoesWhenItsScheduleCannot(t *testing.T) {
+	p, sim := newProvider(t, subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n")
+	ctx := context.Background()
+	inst, err := p.Create(ctx, spec("gpu-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim.Fail("GlobalSchedulesClient.Delete", 1, http.StatusForbidden, "AuthorizationFailed")
+	if err := p.Delete(ctx, "gpu-1"); err != nil {
+		t.Fatalf("delete with the schedule refused: %v", err)
+	}
+	time.Sleep(time.Second)
+	if v := sim.VMs()[0]; v.Deleted.IsZero() {
+		t.Errorf("VM %s kept because its schedule could not be deleted", inst.ID)
+	}
+	if left, err := p.Leftovers(ctx, "m1"); err != nil || len(left) != 1 {
+		t.Errorf("gc's leftovers: %+v, %v, want the schedule", left, err)
 	}
 }

@@ -124,6 +124,10 @@ func (s *Server) schedules(w http.ResponseWriter, r *http.Request, api string) {
 	k := key(group, name)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if f := s.fault(api); f != nil {
+		armError(w, f.status, f.code, "")
+		return
+	}
 	switch api {
 	case "GlobalSchedulesClient.Get":
 		sc, ok := s.scheds[k]
