@@ -231,34 +231,39 @@ func (s *Server) Advance(d time.Duration) {
 func (s *Server) fireSchedules() {
 	now := s.now()
 	s.mu.Lock()
-	var due []*VM
+	type firing struct {
+		vm *VM
+		at time.Time
+	}
+	var due []firing
 	for _, sc := range s.scheds {
 		last := sc.Fired
 		if last.IsZero() {
 			last = sc.Created
 		}
-		if !sc.Enabled || now.Before(sc.next(last)) {
+		at := sc.next(last)
+		if !sc.Enabled || now.Before(at) {
 			continue
 		}
-		sc.Fired = now
+		sc.Fired = at
 		if v := s.vmByID(sc.Target); v != nil && v.Power != "deallocated" {
-			due = append(due, v)
+			due = append(due, firing{v, at})
 		}
 	}
 	s.mu.Unlock()
-	for _, v := range due {
-		s.deallocate(v)
+	for _, f := range due {
+		s.deallocate(f.vm, f.at)
 	}
 }
 
-// deallocate stops a VM's machine and releases its hardware: its compute
-// cost ends; its disk stays.
-func (s *Server) deallocate(v *VM) {
+// deallocate stops a VM's machine and releases its hardware, as its
+// schedule did at a time: its compute cost ends; its disk stays.
+func (s *Server) deallocate(v *VM, at time.Time) {
 	s.end(v, false)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if v.Deleted.IsZero() {
-		v.Provisioning, v.Power, v.Deallocated = "Succeeded", "deallocated", s.now()
+		v.Provisioning, v.Power, v.Deallocated = "Succeeded", "deallocated", at
 	}
 }
 
