@@ -128,7 +128,7 @@ func New(o Options) (*Provider, error) {
 		}
 		key = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sk)))
 	}
-	if o.Lifetime > MaxScheduled {
+	if o.Lifetime > MaxScheduled { // Provider.scheduled
 		o.Logger.Warn("max_lifetime is over a day: the VMs get no auto-shutdown schedule (it is daily), so a VM whose manager is gone is billed while stopped until it is deleted (runfleet gc)", "max_lifetime", o.Lifetime)
 	}
 	p := &Provider{opt: o, image: img, key: key, evicted: map[string]string{}}
@@ -295,7 +295,7 @@ const MaxScheduled = 24 * time.Hour
 // use on other VMs. A schedule that cannot be made leaves the VM, said
 // in the log: the manager still deletes it.
 func (p *Provider) schedule(ctx context.Context, name, loc string, tags map[string]*string, deadline time.Time) {
-	if p.opt.Lifetime > MaxScheduled {
+	if !p.scheduled() {
 		return // said once, in New
 	}
 	at := shutdownTime(p.opt.now(), deadline)
@@ -315,6 +315,9 @@ func (p *Provider) schedule(ctx context.Context, name, loc string, tags map[stri
 	}
 	p.opt.Logger.Debug("VM's auto-shutdown scheduled", "vm", name, "at", at.Format("15:04 UTC"))
 }
+
+// scheduled says whether the pool's VMs get auto-shutdown schedules.
+func (p *Provider) scheduled() bool { return p.opt.Lifetime <= MaxScheduled }
 
 // shutdownTime is the time of day (UTC, whole minutes, as Azure takes it)
 // at which a VM made at now is deallocated: the first such time after
@@ -436,7 +439,7 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 // schedule that cannot be deleted does not keep the VM, which costs: gc
 // sweeps the schedule.
 func (p *Provider) deleteVM(ctx context.Context, group, id, runner string) error {
-	if p.opt.Lifetime <= MaxScheduled {
+	if p.scheduled() {
 		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
 		err := p.opt.API.Unschedule(cctx, group, id)
 		cancel()

@@ -186,7 +186,7 @@ func (p *Provider) poll(ctx context.Context) error {
 	}
 	for name := range evicted {
 		// Azure deleted the VM; its auto-shutdown schedule stays.
-		if p.opt.Lifetime > MaxScheduled {
+		if !p.scheduled() {
 			break
 		}
 		cctx, cancel := context.WithTimeout(ctx, CallTimeout)

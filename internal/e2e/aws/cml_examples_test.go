@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -125,6 +126,12 @@ func runCMLExample(t *testing.T, sim *ec2sim.Server, rel *harness.Releases, gh *
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	harness.WaitExit(t, cmd, 2*time.Minute)
 	if ex.console != "" {
+		// ec2sim keeps an instance's console once its machine is gone,
+		// and only then lists it terminated (as EC2 does): the console
+		// is read after that, not as the termination is asked for.
+		harness.Eventually(t, time.Minute, "the instance terminated", func() bool {
+			return slices.ContainsFunc(sim.Instances(), func(i ec2sim.Instance) bool { return i.ID == in.ID && i.State == "terminated" })
+		})
 		if c := consoleOf(sim, in.ID); !strings.Contains(c, ex.console) {
 			t.Errorf("the instance's console does not show %q:\n%s", ex.console, c)
 		}
