@@ -586,3 +586,30 @@ func TestBootDataAsksForOneRunnerCredentials(t *testing.T) {
 		}
 	}
 }
+
+// As TestNoticeAfterTheMachineExited, where the cloud deleted the
+// machine (Azure deletes an evicted Spot VM) and the forge deleted the
+// registration of the runner whose job the agent stopped (an ephemeral
+// one), both before a pass, and the notice came after: the job is
+// reported lost all the same. CI saw TestAzureEvictionRerunsJob fail so:
+// the runner left the pool's view without a word and its job was never
+// re-run.
+func TestNoticeAfterTheMachineVanished(t *testing.T) {
+	h := newCapHarness(t, Config{Size: 1, RetryLost: true})
+	h.settle()
+	h.forge.set("gpu-1", forge.StatusBusy) // no output read: as a cloud machine's
+	h.settle()
+	reg, machine := h.forge.byName("gpu-1").ID, h.out.id("gpu-1")
+	h.forge.drop(reg)
+	h.out.vanish("gpu-1")
+	h.settle()
+	if len(h.forge.lost) != 0 {
+		t.Fatalf("lost %v before any notice", h.forge.lost)
+	}
+	h.out.notice(provider.Notice{Name: "gpu-1", ID: machine, Reason: "spot eviction", At: h.clk.Now()})
+	h.settle()
+	h.settle()
+	if len(h.forge.lost) != 1 || h.forge.lost[0].ID != reg {
+		t.Fatalf("lost %v, want gpu-1's registration %d once", h.forge.lost, reg)
+	}
+}

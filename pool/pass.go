@@ -81,9 +81,13 @@ func (p *Pool) endedUnseen(snap snapshot) {
 		if listed || p.pending[r.Name] == opRemove || p.done[r.Name].op == opRemove {
 			continue
 		}
-		if cmp.Or(r.RunnerID, p.registered[r.Name]) != 0 && cmp.Or(r.Machine, p.last[r.Name].ID) != "" {
+		reg, machine := cmp.Or(r.RunnerID, p.registered[r.Name]), cmp.Or(r.Machine, p.last[r.Name].ID)
+		if reg != 0 && machine != "" {
 			p.served = true
 			p.log.Info("runner removed", "runner", r.Name, "reason", "its machine ended and the forge deleted its registration")
+			// Its machine may yet turn out to have been taken back (a
+			// notice that comes after the cloud deleted it).
+			p.noteEnded(r.Name, machine, reg)
 		}
 	}
 }
