@@ -26,6 +26,11 @@ type fakeForge struct {
 	removals  int // RemoveRunner calls
 	refreshed int // Refresh calls
 	requests  []forge.RunnerRequest
+	// keep makes Runners answer from a kept listing, read afresh only
+	// after Refresh, as the drivers keep theirs for a while (GitLab's
+	// CacheTTL); a registration is added to it, as the drivers add one.
+	keep bool
+	kept []forge.Runner
 	// hooks, called without the lock
 	beforeRegister func()
 	afterRunners   func()
@@ -46,6 +51,9 @@ func (f *fakeForge) Register(_ context.Context, req forge.RunnerRequest) (forge.
 	}
 	f.nextID++
 	f.runners[f.nextID] = &forge.Runner{ID: f.nextID, Name: req.Name, Status: forge.StatusOffline, Labels: req.Labels}
+	if f.kept != nil {
+		f.kept = append(f.kept, *f.runners[f.nextID])
+	}
 	return forge.Credential{RunnerID: f.nextID, Files: map[string][]byte{".runner": []byte(fmt.Sprint(f.nextID))}}, nil
 }
 
@@ -59,6 +67,12 @@ func (f *fakeForge) Runners(context.Context) ([]forge.Runner, error) {
 	var out []forge.Runner
 	for _, r := range f.runners {
 		out = append(out, *r)
+	}
+	switch {
+	case f.keep && f.kept != nil:
+		out = slices.Clone(f.kept)
+	case f.keep:
+		f.kept = slices.Clone(out)
 	}
 	hook := f.afterRunners
 	f.mu.Unlock()
@@ -81,6 +95,7 @@ func (f *fakeForge) RemoveRunner(_ context.Context, id int64) error {
 		return forge.ErrBusy
 	}
 	delete(f.runners, id)
+	f.kept = slices.DeleteFunc(f.kept, func(k forge.Runner) bool { return k.ID == id })
 	f.removed = append(f.removed, r.Name)
 	return nil
 }
@@ -261,4 +276,5 @@ func (f *fakeForge) Refresh() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.refreshed++
+	f.kept = nil
 }

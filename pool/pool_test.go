@@ -525,6 +525,28 @@ func TestServedByConnectedOffline(t *testing.T) {
 	}
 }
 
+// A runner whose agent reached the forge, ran a fast job and ended, its
+// machine still listed (an EC2 instance stopping), has served, though the
+// driver's kept listing, read before the agent came, says it never
+// connected: the pass after a machine ended reads the forge afresh, as
+// GitLab then lists the runner online (contacted within the last hours).
+func TestServedByExitWithKeptListing(t *testing.T) {
+	h := newHarness(t, Config{Size: 1, Max: 1})
+	h.forge.keep = true
+	h.settle()
+	h.online() // at the forge; the kept listing still says offline
+	for _, name := range h.prov.running() {
+		h.prov.exit(name)
+	}
+	if err := h.pool.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.pool.Wait()
+	if !h.pool.Served() {
+		t.Error("a runner the forge lists online once read afresh, its machine ended, has not served")
+	}
+}
+
 // A runner whose machine ended and whose registration the forge deleted,
 // both between two passes (a one-second job on a machine that powers
 // itself off, an ephemeral runner), has served, and its end is logged;

@@ -47,18 +47,20 @@ const outputTail = 32 << 10
 
 // read lists the machines and the registrations, and reads the agents'
 // output. Reconcile records how many machines the pool has (act).
-// vanished reports whether a machine of the last pass's view is not in
-// this listing, while no runner of the pool has yet been seen to serve:
-// only that question needs a fresher listing than the driver keeps, and
-// a pool that has served pays no extra call per ended machine.
-func (p *Pool) vanished(snap snapshot) bool {
+// machineEnded reports whether a machine of the last pass's view is not in this
+// listing, or is listed ended (an instance stopping once its agent
+// exited), while no runner of the pool has yet been seen to serve: only
+// that question needs a fresher listing than the driver keeps, and a pool
+// that has served pays no extra call per ended machine.
+func (p *Pool) machineEnded(snap snapshot) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.served {
 		return false
 	}
 	for _, r := range p.view {
-		if s, ok := snap.slots[r.Name]; r.Machine != "" && (!ok || s.inst == nil || s.inst.ID != r.Machine) {
+		s, ok := snap.slots[r.Name]
+		if r.Machine != "" && (!ok || s.inst == nil || s.inst.ID != r.Machine || s.inst.State == provider.StateExited) {
 			return true
 		}
 	}
@@ -84,7 +86,7 @@ func (p *Pool) read(ctx context.Context, act bool) (snapshot, error) {
 		p.machines = len(snap.slots)
 		p.mu.Unlock()
 	}
-	if r, ok := p.forge.(forge.Refresher); act && p.vanished(snap) && ok {
+	if r, ok := p.forge.(forge.Refresher); act && p.machineEnded(snap) && ok {
 		// What its agent did before the machine ended may be newer
 		// than the driver's kept listing: it came online, took a job.
 		r.Refresh()

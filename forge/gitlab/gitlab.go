@@ -357,7 +357,10 @@ func (d *Driver) listRunners(ctx context.Context) ([]forge.Runner, error) {
 			if r.Status == "online" && !r.Paused {
 				st = forge.StatusIdle
 			}
-			out = append(out, forge.Runner{ID: r.ID, Name: r.Description, Status: st})
+			// GitLab says "offline" of a runner that contacted it, but not
+			// within the last hours, "never_contacted" of one that did not
+			// (https://docs.gitlab.com/api/runners/#list-owned-runners).
+			out = append(out, forge.Runner{ID: r.ID, Name: r.Description, Status: st, Connected: r.Status == "online" || r.Status == "offline"})
 		}
 		page = next
 	}

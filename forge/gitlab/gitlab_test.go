@@ -577,3 +577,40 @@ func TestRunnersCacheDroppedAfterAnUnansweredCreate(t *testing.T) {
 		t.Errorf("the listing after the unanswered create lacks the runner GitLab made: %+v", runs)
 	}
 }
+
+// GitLab's four words for a runner's connection
+// (https://docs.gitlab.com/api/runners/#list-owned-runners): one online is
+// idle; one offline or stale is not, though one offline did reach GitLab
+// (not within the last hours), which tells the pool that its agent ran.
+func TestRunnerConnection(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if strings.HasSuffix(r.URL.Path, "/runners") {
+			_, _ = io.WriteString(w, `[{"id":1,"description":"on","status":"online"},{"id":2,"description":"off","status":"offline"},`+
+				`{"id":3,"description":"never","status":"never_contacted"},{"id":4,"description":"stale","status":"stale"}]`)
+			return
+		}
+		_, _ = io.WriteString(w, `[]`)
+	}))
+	defer srv.Close()
+	d, err := gitlab.New(gitlab.Config{URL: srv.URL, Token: token, Scope: gitlab.Scope{Kind: "project", Ref: "1"}, CacheTTL: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := d.Runners(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]forge.Runner{
+		"on": {Status: forge.StatusIdle, Connected: true}, "off": {Status: forge.StatusOffline, Connected: true},
+		"never": {Status: forge.StatusOffline}, "stale": {Status: forge.StatusOffline},
+	}
+	for _, r := range rs {
+		if w := want[r.Name]; r.Status != w.Status || r.Connected != w.Connected {
+			t.Errorf("runner %q: status %s, connected %v; want %s, %v", r.Name, r.Status, r.Connected, w.Status, w.Connected)
+		}
+	}
+	if len(rs) != len(want) {
+		t.Errorf("%d runners listed, want %d", len(rs), len(want))
+	}
+}
