@@ -284,9 +284,10 @@ type Notice struct {
 
 // Sweeper is implemented by providers whose machines come with resources
 // of their own that outlive a machine deleted by anything but the
-// provider (a cloud that evicted it, a person, a crash mid-deletion): an
-// Azure VM's auto-shutdown schedule. `runfleet gc` lists and removes
-// them.
+// provider (a cloud that evicted it, a person, a crash mid-deletion), or
+// that outlive any machine: an Azure VM's auto-shutdown schedule, an EBS
+// volume kept after its instance. `runfleet gc` lists them and, after the
+// machines, removes them.
 type Sweeper interface {
 	// Leftovers lists the manager's such resources whose machine is
 	// gone.
@@ -300,4 +301,7 @@ type Resource struct {
 	Kind string // what it is, in a user's words ("auto-shutdown schedule")
 	Name string // the machine's runner, where the resource says
 	ID   string // the resource's own name or ID, as Sweep takes it
+	// State says why it is listed where its machine is not yet gone
+	// (one that will outlive it); empty: its machine is gone.
+	State string
 }

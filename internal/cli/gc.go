@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -152,7 +153,7 @@ func leftovers(ctx context.Context, fleet *daemon.Fleet) ([]Leftover, error) {
 				errs = append(errs, fmt.Errorf("pool %s: what machines left: %w", name, err))
 			}
 			for _, r := range res {
-				out = append(out, Leftover{Pool: name, Kind: r.Kind, Name: r.Name, ID: r.ID, State: "its machine is gone"})
+				out = append(out, Leftover{Pool: name, Kind: r.Kind, Name: r.Name, ID: r.ID, State: cmp.Or(r.State, "its machine is gone")})
 			}
 		}
 	}
@@ -219,7 +220,7 @@ func removeLeftovers(ctx context.Context, w io.Writer, fleet *daemon.Fleet, left
 			err = fleet.Providers[l.Pool].Delete(ctx, l.Name)
 		default:
 			sw, _ := fleet.Providers[l.Pool].(provider.Sweeper)
-			err = sw.Sweep(ctx, provider.Resource{Kind: l.Kind, Name: l.Name, ID: l.ID})
+			err = sw.Sweep(ctx, provider.Resource{Kind: l.Kind, Name: l.Name, ID: l.ID, State: l.State})
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s %s (%s): %w", l.Kind, l.Name, l.ID, err))

@@ -263,3 +263,53 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A custom AMI that maps a data volume not deleted on termination leaves
+// it behind, billed; Leftovers lists it (with its runner) while its
+// instance runs and once it is gone, and Sweep deletes it once the
+// instance that gc terminated lets go of it. The root volume goes with the
+// instance, and another pool's volume is not this one's.
+func TestVolumesOutlivingTheirInstanceAreSwept(t *testing.T) {
+	p, sim := newProvider(t, "instance_types: [t3.medium]\nroot_volume: {size_gb: 20}\n")
+	sim.SetImageDevices(ami, ec2sim.BlockDevice{Device: "/dev/sda1", SizeGB: 8, DeleteOnTermination: true},
+		ec2sim.BlockDevice{Device: "/dev/sdf", SizeGB: 100})
+	ctx := context.Background()
+	if _, err := p.Create(ctx, spec("gpu-1")); err != nil {
+		t.Fatal(err)
+	}
+	vols := sim.Volumes()
+	if len(vols) != 2 || vols[0].SizeGB != 20 || !vols[0].DeleteOnTermination || vols[1].DeleteOnTermination {
+		t.Fatalf("volumes %+v, want the 20-GB root deleted on termination and the AMI's data volume kept", vols)
+	}
+	for _, v := range vols {
+		if v.Tags[aws.TagManager] != "m1" || v.Tags[aws.TagRunner] != "gpu-1" {
+			t.Errorf("volume %s tags %v, want the runner's", v.ID, v.Tags)
+		}
+	}
+	left, err := p.Leftovers(ctx, "m1")
+	if err != nil || len(left) != 1 || left[0].ID != vols[1].ID || left[0].Name != "gpu-1" || left[0].State == "" {
+		t.Fatalf("leftovers %+v (%v), want the data volume, said to be kept when its instance ends", left, err)
+	}
+	if err := p.Sweep(ctx, left[0]); err == nil || !strings.Contains(err.Error(), "attached to instance "+sim.Instances()[0].ID+", which is pending") {
+		t.Errorf("sweeping a live instance's volume: %v, want it refused, naming the instance and its state", err)
+	}
+	if err := p.Delete(ctx, "gpu-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sweep(ctx, left[0]); err != nil {
+		t.Fatalf("sweep after the instance was terminated: %v", err)
+	}
+	if v := sim.Volumes(); len(v) != 0 {
+		t.Errorf("volumes left: %+v", v)
+	}
+	if err := p.Sweep(ctx, left[0]); err != nil {
+		t.Errorf("sweeping a volume already gone: %v", err)
+	}
+	other := open(t, provider.PoolConfig{Manager: "m1", Pool: "cpu", Section: mustJSON(t, "region: us-east-1\nendpoint: "+sim.URL+"\nimage: "+ami+"\ninstance_types: [t3.medium]\n")})
+	if _, err := other.Create(ctx, provider.Spec{Name: "cpu-1", Manager: "m1", Pool: "cpu", Command: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := p.Leftovers(ctx, "m1"); err != nil || len(left) != 0 {
+		t.Errorf("pool gpu lists %+v (%v), want nothing of pool cpu", left, err)
+	}
+}

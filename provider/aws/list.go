@@ -26,17 +26,18 @@ const launchGrace = 2 * time.Minute
 // Limits keeps a manager's calls within EC2's documented request rates
 // (the API reference's "Request throttling"), which hold per account and
 // region: RunInstances' bucket holds 5 requests and refills 2 a second,
-// TerminateInstances' 100 and 5. Pools of one region share them. Each
+// TerminateInstances' 100 and 5, a mutating action's (DeleteVolume) 200
+// and 5. Pools of one region share them. Each
 // attempt waits for a token, the SDK's retries too, and the refill is 5%
 // under EC2's, so that requests bunched on the way (EC2 counts them as
 // they arrive) are not throttled.
 type Limits struct {
-	run, terminate *rate.Limiter
+	run, terminate, mutate *rate.Limiter
 }
 
 // NewLimits is EC2's default rates.
 func NewLimits() *Limits {
-	return &Limits{run: rate.NewLimiter(2*0.95, 5), terminate: rate.NewLimiter(5*0.95, 100)}
+	return &Limits{run: rate.NewLimiter(2*0.95, 5), terminate: rate.NewLimiter(5*0.95, 100), mutate: rate.NewLimiter(5*0.95, 200)}
 }
 
 // limiter is the limiter of an operation, nil for one EC2 meters
@@ -47,6 +48,8 @@ func (l *Limits) limiter(op string) *rate.Limiter {
 		return l.run
 	case "TerminateInstances":
 		return l.terminate
+	case "DeleteVolume":
+		return l.mutate
 	}
 	return nil
 }

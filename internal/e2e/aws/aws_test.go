@@ -131,10 +131,14 @@ func TestAWSSpotInterruptionRerunsJob(t *testing.T) {
 
 // A manager killed with -9 and not restarted: its instances power
 // themselves off by their deadline (the pool's max_lifetime), and
-// `runfleet gc` lists exactly the registrations left and removes them.
-// After a second crash, gc --yes removes the running instances too.
+// `runfleet gc` lists exactly the registrations left and the data volumes
+// the AMI keeps after its instances (DeleteOnTermination false), and
+// removes them. After a second crash, gc --yes removes the running
+// instances too, and then their kept volumes.
 func TestAWSCrashDeadlineAndGC(t *testing.T) {
 	sim := harness.NeedEC2(t)
+	sim.SetImageDevices(harness.EC2AMI, ec2sim.BlockDevice{Device: "/dev/sda1", SizeGB: 8, DeleteOnTermination: true},
+		ec2sim.BlockDevice{Device: "/dev/sdf", SizeGB: 50})
 	f := harness.NewFleet(t, "awsgc", harness.FleetOptions{Size: 2, EC2: sim, AWS: "      instance_types: [t3.medium]\n      idle_timeout: 30m\n",
 		Extra: "    max_lifetime: 40s\n"})
 	f.Start()
@@ -160,6 +164,9 @@ func TestAWSCrashDeadlineAndGC(t *testing.T) {
 	if n := strings.Count(listed, "registration"); n != 2 || !strings.Contains(listed, "dry run") {
 		t.Errorf("gc listed %d registrations, want 2, in a dry run", n)
 	}
+	if n := strings.Count(listed, "kept when its instance ends"); n != 2 {
+		t.Errorf("gc listed %d data volumes to be kept after their instance, want 2", n)
+	}
 	if f.LiveInstances() != 2 || len(f.Runners()) != 2 {
 		t.Fatal("the dry run removed something")
 	}
@@ -178,13 +185,13 @@ func TestAWSCrashDeadlineAndGC(t *testing.T) {
 		}
 	}
 	listed = f.Runfleet("gc", "-c", f.Config)
-	if strings.Count(listed, "registration") != 2 || strings.Contains(listed, "machine") {
-		t.Errorf("gc after the power-off lists, want the 2 registrations only:\n%s", listed)
+	if strings.Count(listed, "registration") != 2 || strings.Count(listed, "EBS volume") != 2 || strings.Contains(listed, "machine") {
+		t.Errorf("gc after the power-off lists, want the 2 registrations and the 2 data volumes only:\n%s", listed)
 	}
 	removed := f.Runfleet("gc", "-c", f.Config, "--yes")
 	t.Logf("gc --yes:\n%s", removed)
-	if len(f.Runners()) != 0 {
-		t.Errorf("registrations left after gc --yes: %d", len(f.Runners()))
+	if len(f.Runners()) != 0 || len(sim.Volumes()) != 0 {
+		t.Errorf("left after gc --yes: %d registrations, volumes %+v", len(f.Runners()), sim.Volumes())
 	}
 
 	// A second crash, with instances up: gc --yes terminates them.
@@ -193,12 +200,12 @@ func TestAWSCrashDeadlineAndGC(t *testing.T) {
 	f.Kill9()
 	removed = f.Runfleet("gc", "-c", f.Config, "--yes")
 	t.Logf("gc --yes after the second crash:\n%s", removed)
-	if !strings.Contains(removed, "removed 4 of 4") {
-		t.Errorf("gc --yes did not remove 2 instances and 2 registrations")
+	if !strings.Contains(removed, "removed 6 of 6") {
+		t.Errorf("gc --yes did not remove 2 instances, 2 registrations and the instances' 2 data volumes")
 	}
 	harness.Eventually(t, time.Minute, "every instance terminated", func() bool { return f.LiveInstances() == 0 })
-	if len(f.Runners()) != 0 {
-		t.Errorf("registrations left after gc --yes: %d", len(f.Runners()))
+	if len(f.Runners()) != 0 || len(sim.Volumes()) != 0 {
+		t.Errorf("left after gc --yes: %d registrations, volumes %+v", len(f.Runners()), sim.Volumes())
 	}
 	if out := f.Runfleet("gc", "-c", f.Config); !strings.Contains(out, "left nothing") {
 		t.Errorf("gc after gc --yes:\n%s", out)

@@ -136,6 +136,7 @@ func (s *Server) finish(in *Instance, code, msg string) {
 	in.Console = console
 	in.State = "terminated"
 	in.Ended = time.Now()
+	s.releaseVolumes(in.ID)
 	if in.Spot && strings.HasPrefix(in.SpotStatus, "marked") {
 		in.SpotStatus, in.SpotStatusTime = "instance-terminated-no-capacity", in.Ended
 	} else if in.Spot {

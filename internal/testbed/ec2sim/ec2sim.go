@@ -1,6 +1,7 @@
 // Package ec2sim is a stand-in for Amazon EC2 for tests: the Query API
 // (RunInstances, DescribeInstances with filters and pages,
-// TerminateInstances, CreateTags, DescribeSpotInstanceRequests) as the
+// TerminateInstances, CreateTags, DescribeSpotInstanceRequests, and the
+// instances' EBS volumes: DescribeVolumes, DeleteVolume) as the
 // EC2 API reference documents it, with its error codes and its request
 // rate buckets, behind the SDK's base endpoint; and instances that boot.
 // With a Docker engine, an instance is a container of the image its AMI
@@ -73,12 +74,14 @@ type Server struct {
 	mu        sync.Mutex
 	instances map[string]*Instance
 	order     []string
-	tokens    map[string]string  // client token -> instance id
-	images    map[string]string  // AMI -> Docker image ("" boots nothing)
-	params    map[string]string  // Systems Manager parameter -> the AMI it names
-	subnets   map[string]string  // subnet -> zone
-	noCap     map[string]bool    // "<market> <type> <zone>", "<market> <type>", "<market>"
-	spotPrice map[string]float64 // by instance type; DefaultSpotPrice otherwise
+	volumes   map[string]*Volume
+	devices   map[string][]BlockDevice // AMI -> its block device mapping
+	tokens    map[string]string        // client token -> instance id
+	images    map[string]string        // AMI -> Docker image ("" boots nothing)
+	params    map[string]string        // Systems Manager parameter -> the AMI it names
+	subnets   map[string]string        // subnet -> zone
+	noCap     map[string]bool          // "<market> <type> <zone>", "<market> <type>", "<market>"
+	spotPrice map[string]float64       // by instance type; DefaultSpotPrice otherwise
 	faults    map[string][]string
 	calls     map[string]int
 	buckets   map[string]*rate.Limiter
@@ -102,7 +105,7 @@ func New(o Options) (*Server, error) {
 	s := &Server{
 		opt: o, ln: ln, id: randHex(4),
 		URL:       "http://" + ln.Addr().String(),
-		instances: map[string]*Instance{}, tokens: map[string]string{},
+		instances: map[string]*Instance{}, tokens: map[string]string{}, volumes: map[string]*Volume{}, devices: map[string][]BlockDevice{},
 		images: map[string]string{}, params: map[string]string{}, noCap: map[string]bool{}, spotPrice: map[string]float64{}, faults: map[string][]string{},
 		calls: map[string]int{}, buckets: map[string]*rate.Limiter{},
 		subnets: map[string]string{
@@ -235,6 +238,10 @@ var bucketSizes = map[string][2]float64{
 	"CreateTags":                   {100, 10},
 	"DescribeInstances":            {100, 20},
 	"DescribeSpotInstanceRequests": {100, 20},
+	// A non-mutating action and a mutating one
+	// (ec2/latest/devguide/ec2-api-throttling.html).
+	"DescribeVolumes": {100, 20},
+	"DeleteVolume":    {200, 5},
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
@@ -293,6 +300,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		out, err = s.createTags(form)
 	case "DescribeSpotInstanceRequests":
 		out, err = s.describeSpotRequests(form)
+	case "DescribeVolumes":
+		out, err = s.describeVolumes(form)
+	case "DeleteVolume":
+		out, err = s.deleteVolume(form)
 	default:
 		err = &apiError{http.StatusBadRequest, "InvalidAction", fmt.Sprintf("The action %s is not valid for this web service.", action)}
 	}

@@ -129,6 +129,7 @@ func (s *Server) runInstances(form url.Values) (any, *apiError) {
 		return nil, aerr
 	}
 	spotTags, _ := tagSpecs(form, "spot-instances-request")
+	volTags, _ := tagSpecs(form, "volume")
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -140,6 +141,10 @@ func (s *Server) runInstances(form url.Values) (any, *apiError) {
 	image, ok := s.images[ami]
 	if !ok {
 		return nil, &apiError{http.StatusBadRequest, "InvalidAMIID.NotFound", fmt.Sprintf("The image id '[%s]' does not exist", ami)}
+	}
+	devs, aerr := s.mapping(form, ami)
+	if aerr != nil {
+		return nil, aerr
 	}
 	subnet := form.Get("SubnetId")
 	if subnet == "" {
@@ -185,6 +190,7 @@ func (s *Server) runInstances(form url.Values) (any, *apiError) {
 		in.hostname = fmt.Sprintf("ip-10-0-%d-%d", n/250, n%250)
 		s.instances[in.ID] = in
 		s.order = append(s.order, in.ID)
+		s.attachVolumes(in, devs, volTags)
 		if tok := form.Get("ClientToken"); tok != "" {
 			s.tokens[tok] = in.ID
 		}
