@@ -29,11 +29,16 @@ type API interface {
 	List(ctx context.Context, project, filter string) ([]*computepb.Instance, error)
 	// Preempted lists the preemption operations of every zone.
 	Preempted(ctx context.Context, project string) ([]*computepb.Operation, error)
+	// Disks lists the disks of every zone matching a filter.
+	Disks(ctx context.Context, project, filter string) ([]*computepb.Disk, error)
+	// DeleteDisk deletes a disk no instance uses.
+	DeleteDisk(ctx context.Context, project, zone, name, requestID string) error
 }
 
 // restAPI is API on the Go client's REST clients.
 type restAPI struct {
 	instances *compute.InstancesClient
+	disks     *compute.DisksClient
 	ops       *compute.ZoneOperationsClient
 	zoneOps   *compute.GlobalOperationsClient // aggregated operations
 }
@@ -84,6 +89,26 @@ func (a restAPI) Preempted(ctx context.Context, project string) ([]*computepb.Op
 		}
 		out = append(out, pair.Value.GetOperations()...)
 	}
+}
+
+func (a restAPI) Disks(ctx context.Context, project, filter string) ([]*computepb.Disk, error) {
+	it := a.disks.AggregatedList(ctx, &computepb.AggregatedListDisksRequest{Project: project, Filter: proto.String(filter), MaxResults: proto.Uint32(500)})
+	var out []*computepb.Disk
+	for {
+		pair, err := it.Next()
+		if errors.Is(err, iterator.Done) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, pair.Value.GetDisks()...)
+	}
+}
+
+func (a restAPI) DeleteDisk(ctx context.Context, project, zone, name, requestID string) error {
+	_, err := a.disks.Delete(ctx, &computepb.DeleteDiskRequest{Project: project, Zone: zone, Disk: name, RequestId: proto.String(requestID)})
+	return err
 }
 
 // What an error means for a runner's start. The codes are those of

@@ -127,7 +127,11 @@ func Client(ctx context.Context, s Section, calls *atomic.Int64, limits *Limits)
 	if err != nil {
 		return nil, "", fmt.Errorf("gcp: %w", err)
 	}
-	return restAPI{instances: instances, ops: ops, zoneOps: all}, project, nil
+	disks, err := compute.NewDisksRESTClient(ctx, opts...)
+	if err != nil {
+		return nil, "", fmt.Errorf("gcp: %w", err)
+	}
+	return restAPI{instances: instances, disks: disks, ops: ops, zoneOps: all}, project, nil
 }
 
 // credentialTypes are the credential files taken: a service account's

@@ -327,3 +327,53 @@ func TestWatchInterruption(t *testing.T) {
 		t.Fatal("the preemption did not end the watch")
 	}
 }
+
+// A boot disk set to be kept (instances.setDiskAutoDelete false) outlives
+// its instance, billed: Leftovers lists it with its runner, while the
+// instance runs (as one to be kept) and once no instance uses it; Sweep
+// refuses while the instance runs, naming it, and deletes it once the
+// instance is deleted. A second sweep finds it gone.
+func TestKeptDiskIsSwept(t *testing.T) {
+	p, sim := newProvider(t, "zones: [us-central1-a]\nmachine_types: [n1-standard-8]\n")
+	ctx := context.Background()
+	if _, err := p.Create(ctx, spec("gpu-1")); err != nil {
+		t.Fatal(err)
+	}
+	name := sim.Instances()[0].Name
+	if left, err := p.Leftovers(ctx, "m1"); err != nil || len(left) != 0 {
+		t.Fatalf("leftovers %+v (%v) of an instance whose disk goes with it, want none", left, err)
+	}
+	if err := sim.KeepDisk(name); err != nil {
+		t.Fatal(err)
+	}
+	left, err := p.Leftovers(ctx, "m1")
+	if err != nil || len(left) != 1 || left[0].Kind != gcp.DiskKind || left[0].Name != "gpu-1" || left[0].ID != "zones/us-central1-a/disks/"+name || left[0].State == "" {
+		t.Fatalf("leftovers %+v (%v), want gpu-1's disk, said to be kept", left, err)
+	}
+	eventually(t, "running", func() bool {
+		l, _ := p.List(ctx, "m1")
+		return len(l) == 1 && l[0].State == provider.StateRunning
+	})
+	if err := p.Sweep(ctx, left[0]); err == nil || !strings.Contains(err.Error(), "used by instance "+name+", which is running") {
+		t.Errorf("sweeping a running instance's disk: %v, want it refused, naming the instance", err)
+	}
+	if err := p.Delete(ctx, "gpu-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sweep(ctx, left[0]); err != nil {
+		t.Fatalf("sweep after the instance was deleted: %v", err)
+	}
+	if d := sim.Disks(); len(d) != 0 {
+		t.Errorf("disks left after the sweep: %+v", d)
+	}
+	if err := p.Sweep(ctx, left[0]); err != nil {
+		t.Errorf("sweeping a disk already gone: %v", err)
+	}
+	other := open(t, "m2", sim, "zones: [us-central1-a]\nmachine_types: [n1-standard-8]\n")
+	if l, err := other.Leftovers(ctx, "m2"); err != nil || len(l) != 0 {
+		t.Errorf("manager m2's leftovers %+v (%v), want none", l, err)
+	}
+	if err := p.Sweep(ctx, provider.Resource{Kind: gcp.DiskKind, ID: "zones/us-central1-a/instances/x"}); err == nil {
+		t.Error("a sweep of what is not a disk was taken")
+	}
+}

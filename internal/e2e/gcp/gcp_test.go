@@ -179,18 +179,25 @@ func TestGCPCapacityFallsBack(t *testing.T) {
 // A manager killed with -9 and not restarted: its instances power
 // themselves off by their deadline (stopped, their disks kept, as on
 // Compute Engine), and `runfleet gc --yes` deletes them, their disks and
-// the registrations left.
+// the registrations left, a disk set to be kept after its instance
+// (instances.setDiskAutoDelete false) included.
 func TestGCPCrashDeadlineAndGC(t *testing.T) {
 	sim := harness.NeedGCE(t)
 	f := harness.NewFleet(t, "gcpgc", harness.FleetOptions{Size: 2, GCE: sim, GCP: "      idle_timeout: 30m\n", Extra: "    max_lifetime: 40s\n"})
 	f.Start()
 	harness.Eventually(t, 2*time.Minute, "2 idle runners", func() bool { return f.IdleOnline() == 2 })
 	f.Kill9()
+	if err := sim.KeepDisk(sim.Instances()[0].Name); err != nil {
+		t.Fatal(err)
+	}
 	killed := time.Now()
 	listed := f.Runfleet("gc", "-c", f.Config)
 	t.Logf("gc after the crash:\n%s", listed)
 	if n := strings.Count(listed, "machine"); n < 2 || !strings.Contains(listed, "dry run") {
 		t.Errorf("gc listed %d machines, want 2, in a dry run", n)
+	}
+	if n := strings.Count(listed, "kept when its instance is deleted"); n != 1 {
+		t.Errorf("gc listed %d disks to be kept after their instance, want 1", n)
 	}
 	harness.Eventually(t, 2*time.Minute, "every instance powered off", func() bool { return f.LiveGCE() == 0 })
 	for _, in := range sim.Instances() {

@@ -59,6 +59,8 @@ func (s *Server) routes() http.Handler {
 	route("GET "+base+"/zones/{zone}/operations/{op}", "zoneOperations.get", s.getOp)
 	route("POST "+base+"/zones/{zone}/operations/{op}/wait", "zoneOperations.wait", s.waitOp)
 	route("GET "+base+"/aggregated/operations", "globalOperations.aggregatedList", s.aggregatedOps)
+	route("GET "+base+"/aggregated/disks", "disks.aggregatedList", s.aggregatedDisks)
+	route("DELETE "+base+"/zones/{zone}/disks/{name}", "disks.delete", s.deleteDisk)
 	return mux
 }
 

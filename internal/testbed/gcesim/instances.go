@@ -181,8 +181,10 @@ func (o *op) proto() *computepb.Operation {
 }
 
 func zoneLink(target string) string {
-	if i := strings.Index(target, "/instances/"); i >= 0 {
-		return target[:i]
+	for _, kind := range []string{"/instances/", "/disks/"} {
+		if i := strings.Index(target, kind); i >= 0 {
+			return target[:i]
+		}
 	}
 	return target
 }
@@ -305,6 +307,7 @@ func (s *Server) end(in *Instance, deleted bool) {
 		if d := s.disks[in.key()]; d != nil && d.AutoDelete {
 			delete(s.disks, in.key())
 		}
+		s.detachDisk(in)
 	}
 }
 
