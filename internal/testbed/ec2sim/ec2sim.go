@@ -85,6 +85,7 @@ type Server struct {
 	faults    map[string][]string
 	calls     map[string]int
 	buckets   map[string]*rate.Limiter
+	resources map[string]*rate.Limiter // resource token buckets
 	wg        sync.WaitGroup
 	closing   bool
 	down      bool // every API call answers 503 Unavailable
@@ -107,7 +108,7 @@ func New(o Options) (*Server, error) {
 		URL:       "http://" + ln.Addr().String(),
 		instances: map[string]*Instance{}, tokens: map[string]string{}, volumes: map[string]*Volume{}, devices: map[string][]BlockDevice{},
 		images: map[string]string{}, params: map[string]string{}, noCap: map[string]bool{}, spotPrice: map[string]float64{}, faults: map[string][]string{},
-		calls: map[string]int{}, buckets: map[string]*rate.Limiter{},
+		calls: map[string]int{}, buckets: map[string]*rate.Limiter{}, resources: map[string]*rate.Limiter{},
 		subnets: map[string]string{
 			"subnet-0a000000000000001": "us-east-1a", "subnet-0b000000000000002": "us-east-1b",
 			"subnet-0c000000000000003": "us-east-1c",
@@ -314,6 +315,35 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
 	_, _ = w.Write([]byte(xml.Header))
 	_ = xml.NewEncoder(w).Encode(out)
+}
+
+// resourceSizes are the resource token buckets of the same page, beside
+// the request ones: each instance launched or terminated takes a token,
+// however many a request names ("Resource rate limiting": RunInstances'
+// holds 1,000 and refills 2 a second, so a request for 100 instances is
+// one request token and 100 resource ones).
+var resourceSizes = map[string][2]float64{
+	"RunInstances":       {1000, 2},
+	"TerminateInstances": {1000, 20},
+}
+
+// takeResources takes n resource tokens of an action, or says the request
+// is throttled as EC2 says it (RequestLimitExceeded). Called with s.mu
+// held.
+func (s *Server) takeResources(action string, n int) *apiError {
+	size, ok := resourceSizes[action]
+	if !ok || s.opt.Unthrottled {
+		return nil
+	}
+	b := s.resources[action]
+	if b == nil {
+		b = rate.NewLimiter(rate.Limit(size[1]), int(size[0]))
+		s.resources[action] = b
+	}
+	if !b.AllowN(time.Now(), n) {
+		return &apiError{http.StatusServiceUnavailable, "RequestLimitExceeded", "Request limit exceeded."}
+	}
+	return nil
 }
 
 // bucket is an action's rate limiter. Called with s.mu held.

@@ -172,6 +172,9 @@ func (s *Server) runInstances(form url.Values) (any, *apiError) {
 	if s.closing {
 		return nil, &apiError{http.StatusServiceUnavailable, "Unavailable", "The service is unavailable."}
 	}
+	if err := s.takeResources("RunInstances", max); err != nil {
+		return nil, err
+	}
 	res := "r-" + randHex(9)[:17]
 	var out []instanceXML
 	for range max {
@@ -331,6 +334,10 @@ func (s *Server) terminateInstances(form url.Values) (any, *apiError) {
 			s.mu.Unlock()
 			return nil, &apiError{http.StatusBadRequest, "InvalidInstanceID.NotFound", fmt.Sprintf("The instance ID '%s' does not exist", id)}
 		}
+	}
+	if err := s.takeResources("TerminateInstances", len(ids)); err != nil {
+		s.mu.Unlock()
+		return nil, err
 	}
 	for _, id := range ids {
 		in := s.instances[id]
