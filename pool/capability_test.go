@@ -161,6 +161,37 @@ func TestVanishedMidJobIsReportedOnce(t *testing.T) {
 	}
 }
 
+// A job the forge handed to a runner whose agent never received it (Gitea
+// answering a task fetch after gitea-runner gave up on it): the forge
+// lists the runner busy, its agent goes on saying it waits. Within the
+// grace the runner counts busy; past it the job is reported lost, once,
+// the machine goes and a replacement starts, while the registration,
+// whose job the forge holds until it fails it, is left to the forge.
+func TestJobThatNeverReachedItsAgent(t *testing.T) {
+	h := newCapHarness(t, Config{Size: 1, Max: 1, RetryLost: true})
+	h.settle()
+	h.out.print("gpu-1", "ready")
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.settle()
+	if s := h.states(); s[StateBusy] != 1 || len(h.forge.lost) != 0 {
+		t.Fatalf("states %v, lost %v: want the runner busy while its job may yet show", s, h.forge.lost)
+	}
+	h.clk.Add(unclaimedGrace)
+	for range 3 {
+		h.settle()
+		h.clk.Add(time.Second)
+	}
+	if len(h.forge.lost) != 1 || h.forge.lost[0].Name != "gpu-1" {
+		t.Fatalf("lost %v, want gpu-1's job reported once", h.forge.lost)
+	}
+	if !slices.Contains(h.prov.deleted, "gpu-1") || slices.Contains(h.forge.removed, "gpu-1") {
+		t.Fatalf("deleted %v, removed %v: want the machine gone and the registration left to the forge", h.prov.deleted, h.forge.removed)
+	}
+	if h.prov.created != 2 {
+		t.Fatalf("%d machines made, want a replacement", h.prov.created)
+	}
+}
+
 // A notice that an idle runner's machine is being taken back retires it
 // (registration first); for a busy runner, the job is reported lost at
 // once and a replacement starts although the pool is at max.

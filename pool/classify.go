@@ -84,6 +84,9 @@ type memory struct {
 	// cordoned is the registration the pool cordoned (forge.Cordoner),
 	// so that it is asked once.
 	cordoned int64
+	// unclaimedSince is when the forge was first seen to list the runner
+	// busy while its agent said it waited for a job.
+	unclaimedSince time.Time
 }
 
 // policy is the pool's settings that classify applies.
@@ -314,6 +317,8 @@ func classifyLive(f facts, p policy) verdict {
 		// just before the notice.
 		return verdict{state: StateStopping, retire: "machine is being taken back: " + f.preempted.Reason,
 			lost: true, note: "machine taken back; its runner's job, if it ran one, is re-run", memory: mem}
+	case status == forge.StatusBusy && f.phase == agent.PhaseReady && p.phases:
+		return classifyUnclaimed(f, p, mem)
 	case status == forge.StatusBusy:
 		return verdict{state: StateBusy, memory: mem}
 	case status == forge.StatusOffline && p.bootstrapTimeout > 0 && age > p.bootstrapTimeout && !f.inst.Queued:
@@ -334,6 +339,33 @@ func classifyLive(f facts, p policy) verdict {
 		since = p.now
 	}
 	return verdict{state: StateIdle, memory: memory{idleSince: since, regID: f.reg.ID}}
+}
+
+// unclaimedGrace is how long the forge may list a runner busy while its
+// agent says it waits for a job: far longer than an agent takes to print
+// the job it received and the pool to read that, or a forge's kept
+// listing to catch up with a job's end.
+const unclaimedGrace = 30 * time.Second
+
+// classifyUnclaimed: the forge lists the runner busy, and its agent says
+// it waits for a job. A job handed over just now shows in the agent's
+// output within seconds; one the forge assigned as the agent gave up on
+// its request (Gitea answering a task fetch after gitea-runner's
+// fetch_timeout, on a loaded forge) never reaches it: the forge holds the
+// job until it fails it as a zombie, and the agent, whose registration
+// counts as busy, takes no other. Past the grace that job is reported
+// lost, so that it is re-run once it fails, and the machine goes; its
+// registration stays with the forge until the forge lets go of the job.
+func classifyUnclaimed(f facts, p policy, mem memory) verdict {
+	mem.unclaimedSince = f.unclaimedSince
+	if mem.unclaimedSince.IsZero() {
+		mem.unclaimedSince = p.now
+	}
+	if p.now.Sub(mem.unclaimedSince) < unclaimedGrace {
+		return verdict{state: StateBusy, memory: mem}
+	}
+	return verdict{state: StateLost, lost: true, note: "the forge handed the runner a job that never reached its agent; the job is re-run once it fails",
+		retire: "its job never reached its agent", regGone: true, memory: mem}
 }
 
 // classifyCordoned applies a Cordoner forge's rules to a live runner that

@@ -124,6 +124,14 @@ var classifyCases = []classifyCase{
 	{name: "idle registration without a machine", machine: none, reg: idle, want: verdict{state: StateOrphan, retire: "registration without a machine"}},
 	{name: "machine ended without taking a job", machine: none, reg: off, phase: agent.PhaseReady, mem: memory{}, hadMachine: true, want: verdict{state: StateStopping, retire: "agent exited without taking a job", crashed: true}},
 	{name: "offline registration without a machine (crash before start)", machine: none, reg: off, want: verdict{state: StateOrphan, retire: "registration without a machine"}},
+	// The forge lists it busy; its agent still waits for a job: one
+	// handed over just now, or one that never reached it.
+	{name: "busy at the forge, agent ready", machine: running, age: time.Minute, reg: busy, phase: agent.PhaseReady, want: verdict{state: StateBusy, memory: memory{unclaimedSince: classifyNow}}},
+	{name: "busy at the forge, agent ready past the grace", machine: running, age: time.Minute, reg: busy, phase: agent.PhaseReady, mem: memory{unclaimedSince: classifyNow.Add(-unclaimedGrace)},
+		want: verdict{state: StateLost, lost: true, retire: "its job never reached its agent", regGone: true, memory: memory{unclaimedSince: classifyNow.Add(-unclaimedGrace)}}, wantNote: true},
+	{name: "busy at the forge, agent busy", machine: running, age: time.Minute, reg: busy, phase: agent.PhaseBusy, mem: memory{unclaimedSince: classifyNow.Add(-time.Hour)}, want: verdict{state: StateBusy}},
+	{name: "busy at the forge, agent ready, phases unknown to the pool", machine: running, age: time.Minute, reg: busy, phase: agent.PhaseReady, mem: memory{unclaimedSince: classifyNow.Add(-time.Hour)},
+		pol: func(p *policy) { p.phases = false }, want: verdict{state: StateBusy}},
 	{name: "a stale timer does not carry over", machine: running, age: time.Minute, reg: idle, mem: memory{missingSince: classifyNow.Add(-time.Hour), vanishedSince: classifyNow.Add(-time.Hour)}, want: verdict{state: StateIdle, memory: memory{idleSince: classifyNow}}},
 }
 
