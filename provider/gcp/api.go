@@ -62,38 +62,23 @@ func (a restAPI) Delete(ctx context.Context, project, zone, name, requestID stri
 
 func (a restAPI) List(ctx context.Context, project, filter string) ([]*computepb.Instance, error) {
 	it := a.instances.AggregatedList(ctx, &computepb.AggregatedListInstancesRequest{Project: project, Filter: proto.String(filter), MaxResults: proto.Uint32(500)})
-	var out []*computepb.Instance
-	for {
-		pair, err := it.Next()
-		if errors.Is(err, iterator.Done) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, pair.Value.GetInstances()...)
-	}
+	return every(it, func(p compute.InstancesScopedListPair) []*computepb.Instance { return p.Value.GetInstances() })
 }
 
 func (a restAPI) Preempted(ctx context.Context, project string) ([]*computepb.Operation, error) {
 	it := a.zoneOps.AggregatedList(ctx, &computepb.AggregatedListGlobalOperationsRequest{Project: project,
 		Filter: proto.String(`operationType = "compute.instances.preempted"`), MaxResults: proto.Uint32(500)})
-	var out []*computepb.Operation
-	for {
-		pair, err := it.Next()
-		if errors.Is(err, iterator.Done) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, pair.Value.GetOperations()...)
-	}
+	return every(it, func(p compute.OperationsScopedListPair) []*computepb.Operation { return p.Value.GetOperations() })
 }
 
 func (a restAPI) Disks(ctx context.Context, project, filter string) ([]*computepb.Disk, error) {
 	it := a.disks.AggregatedList(ctx, &computepb.AggregatedListDisksRequest{Project: project, Filter: proto.String(filter), MaxResults: proto.Uint32(500)})
-	var out []*computepb.Disk
+	return every(it, func(p compute.DisksScopedListPair) []*computepb.Disk { return p.Value.GetDisks() })
+}
+
+// every reads every page of an aggregated list: the items of each scope.
+func every[P, T any](it interface{ Next() (P, error) }, items func(P) []T) ([]T, error) {
+	var out []T
 	for {
 		pair, err := it.Next()
 		if errors.Is(err, iterator.Done) {
@@ -102,7 +87,7 @@ func (a restAPI) Disks(ctx context.Context, project, filter string) ([]*computep
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, pair.Value.GetDisks()...)
+		out = append(out, items(pair)...)
 	}
 }
 

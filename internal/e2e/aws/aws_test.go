@@ -185,7 +185,7 @@ func TestAWSCrashDeadlineAndGC(t *testing.T) {
 		}
 	}
 	listed = f.Runfleet("gc", "-c", f.Config)
-	if strings.Count(listed, "registration") != 2 || strings.Count(listed, "EBS volume") != 2 || strings.Contains(listed, "machine") {
+	if strings.Count(listed, "registration") != 2 || strings.Count(listed, "EBS volume") != 2 || regexp.MustCompile(`awsgc\s+machine\s`).MatchString(listed) {
 		t.Errorf("gc after the power-off lists, want the 2 registrations and the 2 data volumes only:\n%s", listed)
 	}
 	removed := f.Runfleet("gc", "-c", f.Config, "--yes")

@@ -25,6 +25,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -458,4 +460,65 @@ func tagSpecs(form url.Values, resource string) (map[string]string, *apiError) {
 			tags[k[0]] = form.Get(tp + ".Value")
 		}
 	}
+}
+
+// describe is what a Describe* call asks for: ids or filters, and a page.
+type describe struct {
+	ids        []string
+	filters    []filter
+	start, max int // max 0: every match
+}
+
+// describeParams reads a Describe* call's ids (idParam.N), filters (known
+// names only) and paging: MaxResults within [lo, hi], not with ids (the
+// set named in EC2's refusal), and a NextToken this stand-in gave.
+func describeParams(form url.Values, idParam, set string, known *regexp.Regexp, lo, hi int) (describe, *apiError) {
+	d := describe{ids: list(form, idParam), filters: filters(form)}
+	for _, f := range d.filters {
+		if !known.MatchString(f.name) {
+			return d, badParam("The filter '%s' is invalid", f.name)
+		}
+	}
+	if v := form.Get("MaxResults"); v != "" {
+		if len(d.ids) > 0 {
+			return d, &apiError{http.StatusBadRequest, "InvalidParameterCombination", fmt.Sprintf("The parameter %s cannot be used with the parameter maxResults", set)}
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < lo || n > hi {
+			return d, badParam("Value ( %s ) for parameter maxResults is invalid. Expecting a value between %d and %d.", v, lo, hi)
+		}
+		d.max = n
+	}
+	if tok := form.Get("NextToken"); tok != "" {
+		n, err := strconv.Atoi(strings.TrimPrefix(tok, "ec2sim-"))
+		if err != nil || !strings.HasPrefix(tok, "ec2sim-") {
+			return d, &apiError{http.StatusBadRequest, "InvalidPaginationToken", "The pagination token is invalid."}
+		}
+		d.start = n
+	}
+	return d, nil
+}
+
+// page is the [from, to) of n matches this call answers with, and the
+// token of the next page ("" for none).
+func (d describe) page(n int) (from, to int, next string) {
+	from, to = min(d.start, n), n
+	if d.max > 0 && d.start+d.max < n {
+		to = d.start + d.max
+		next = "ec2sim-" + strconv.Itoa(to)
+	}
+	return from, to, next
+}
+
+// matchFilters applies describe filters to what have says of each filter
+// name: values of one filter are ORed, filters ANDed, * and ? wildcards.
+func matchFilters(fs []filter, have func(name string) []string) bool {
+	for _, f := range fs {
+		if !slices.ContainsFunc(have(f.name), func(h string) bool {
+			return slices.ContainsFunc(f.values, func(v string) bool { return wildcard(v, h) })
+		}) {
+			return false
+		}
+	}
+	return true
 }

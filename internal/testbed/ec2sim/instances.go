@@ -210,35 +210,13 @@ const owner = "123456789012"
 var describeFilters = regexp.MustCompile(`^(tag:.+|tag-key|instance-state-name|instance-id|instance-lifecycle|instance-type|availability-zone|subnet-id)$`)
 
 func (s *Server) describeInstances(form url.Values) (any, *apiError) {
-	ids := list(form, "InstanceId")
-	fs := filters(form)
-	for _, f := range fs {
-		if !describeFilters.MatchString(f.name) {
-			return nil, badParam("The filter '%s' is invalid", f.name)
-		}
-	}
-	maxResults := 0
-	if v := form.Get("MaxResults"); v != "" {
-		if len(ids) > 0 {
-			return nil, &apiError{http.StatusBadRequest, "InvalidParameterCombination", "The parameter instancesSet cannot be used with the parameter maxResults"}
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 5 || n > 1000 {
-			return nil, badParam("Value ( %s ) for parameter maxResults is invalid. Expecting a value greater than 5.", v)
-		}
-		maxResults = n
-	}
-	start := 0
-	if tok := form.Get("NextToken"); tok != "" {
-		n, err := strconv.Atoi(strings.TrimPrefix(tok, "ec2sim-"))
-		if err != nil || !strings.HasPrefix(tok, "ec2sim-") {
-			return nil, &apiError{http.StatusBadRequest, "InvalidPaginationToken", "The pagination token is invalid."}
-		}
-		start = n
+	d, aerr := describeParams(form, "InstanceId", "instancesSet", describeFilters, 5, 1000)
+	if aerr != nil {
+		return nil, aerr
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, id := range ids {
+	for _, id := range d.ids {
 		if _, ok := s.instances[id]; !ok {
 			return nil, &apiError{http.StatusBadRequest, "InvalidInstanceID.NotFound", fmt.Sprintf("The instance ID '%s' does not exist", id)}
 		}
@@ -246,18 +224,15 @@ func (s *Server) describeInstances(form url.Values) (any, *apiError) {
 	var match []*Instance
 	for _, id := range s.order {
 		in := s.instances[id]
-		if (len(ids) == 0 || slices.Contains(ids, id)) && in.matches(fs) {
+		if (len(d.ids) == 0 || slices.Contains(d.ids, id)) && matchFilters(d.filters, in.filterValues) {
 			match = append(match, in)
 		}
 	}
 	resp := describeResponse{RequestID: requestID()}
-	end := len(match)
-	if maxResults > 0 && start+maxResults < end {
-		end = start + maxResults
-		resp.NextToken = "ec2sim-" + strconv.Itoa(end)
-	}
+	from, to, next := d.page(len(match))
+	resp.NextToken = next
 	byRes := map[string]int{}
-	for _, in := range match[min(start, len(match)):end] {
+	for _, in := range match[from:to] {
 		i, ok := byRes[in.Reservation]
 		if !ok {
 			i = len(resp.Reservations)
@@ -269,40 +244,29 @@ func (s *Server) describeInstances(form url.Values) (any, *apiError) {
 	return resp, nil
 }
 
-// matches applies describe filters: values of one filter are ORed,
-// filters ANDed.
-func (in *Instance) matches(fs []filter) bool {
-	for _, f := range fs {
-		var have []string
-		switch {
-		case strings.HasPrefix(f.name, "tag:"):
-			if v, ok := in.Tags[f.name[4:]]; ok {
-				have = []string{v}
-			}
-		case f.name == "tag-key":
-			have = slices.Collect(maps.Keys(in.Tags))
-		case f.name == "instance-state-name":
-			have = []string{in.State}
-		case f.name == "instance-id":
-			have = []string{in.ID}
-		case f.name == "instance-type":
-			have = []string{in.Type}
-		case f.name == "availability-zone":
-			have = []string{in.Zone}
-		case f.name == "subnet-id":
-			have = []string{in.Subnet}
-		case f.name == "instance-lifecycle":
-			if in.Spot {
-				have = []string{"spot"}
-			}
+// filterValues is what the instance says of a filter name.
+func (in *Instance) filterValues(name string) []string {
+	switch {
+	case strings.HasPrefix(name, "tag:"):
+		if v, ok := in.Tags[name[4:]]; ok {
+			return []string{v}
 		}
-		if !slices.ContainsFunc(have, func(h string) bool {
-			return slices.ContainsFunc(f.values, func(v string) bool { return wildcard(v, h) })
-		}) {
-			return false
-		}
+	case name == "tag-key":
+		return slices.Collect(maps.Keys(in.Tags))
+	case name == "instance-state-name":
+		return []string{in.State}
+	case name == "instance-id":
+		return []string{in.ID}
+	case name == "instance-type":
+		return []string{in.Type}
+	case name == "availability-zone":
+		return []string{in.Zone}
+	case name == "subnet-id":
+		return []string{in.Subnet}
+	case name == "instance-lifecycle" && in.Spot:
+		return []string{"spot"}
 	}
-	return true
+	return nil
 }
 
 // wildcard matches EC2's filter values, where * and ? are wildcards.
@@ -405,23 +369,21 @@ func (s *Server) describeSpotRequests(form url.Values) (any, *apiError) {
 		if in.State == "terminated" {
 			state = "closed"
 		}
-		ok := true
-		for _, f := range fs {
-			var have string
+		ok := matchFilters(fs, func(name string) []string {
 			switch {
-			case strings.HasPrefix(f.name, "tag:"):
-				have = in.SpotTags[f.name[4:]]
-			case f.name == "instance-id":
-				have = in.ID
-			case f.name == "state":
-				have = state
-			case f.name == "status-code":
-				have = in.SpotStatus
-			case f.name == "spot-instance-request-id":
-				have = in.SpotRequest
+			case strings.HasPrefix(name, "tag:"):
+				return []string{in.SpotTags[name[4:]]}
+			case name == "instance-id":
+				return []string{in.ID}
+			case name == "state":
+				return []string{state}
+			case name == "status-code":
+				return []string{in.SpotStatus}
+			case name == "spot-instance-request-id":
+				return []string{in.SpotRequest}
 			}
-			ok = ok && slices.ContainsFunc(f.values, func(v string) bool { return wildcard(v, have) })
-		}
+			return nil
+		})
 		if ok {
 			resp.Requests = append(resp.Requests, spotXML{
 				ID: in.SpotRequest, State: state, InstanceID: in.ID, Type: "one-time", SpotPrice: in.MaxPrice,

@@ -160,88 +160,56 @@ var volumeID = regexp.MustCompile(`^vol-[0-9a-f]{8,17}$`)
 // describeVolumes answers DescribeVolumes: by VolumeId.N or by filters,
 // in pages of MaxResults (5 to 500; not with VolumeId).
 func (s *Server) describeVolumes(form url.Values) (any, *apiError) {
-	ids := list(form, "VolumeId")
-	fs := filters(form)
-	for _, f := range fs {
-		if !volumeFilters.MatchString(f.name) {
-			return nil, badParam("The filter '%s' is invalid", f.name)
-		}
-	}
-	maxResults := 0
-	if v := form.Get("MaxResults"); v != "" {
-		if len(ids) > 0 {
-			return nil, &apiError{http.StatusBadRequest, "InvalidParameterCombination", "The parameter volumeSet cannot be used with the parameter maxResults"}
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 5 || n > 500 {
-			return nil, badParam("Value ( %s ) for parameter maxResults is invalid. Expecting a value between 5 and 500.", v)
-		}
-		maxResults = n
-	}
-	start := 0
-	if tok := form.Get("NextToken"); tok != "" {
-		n, err := strconv.Atoi(strings.TrimPrefix(tok, "ec2sim-vol-"))
-		if err != nil || !strings.HasPrefix(tok, "ec2sim-vol-") {
-			return nil, &apiError{http.StatusBadRequest, "InvalidPaginationToken", "The pagination token is invalid."}
-		}
-		start = n
+	d, aerr := describeParams(form, "VolumeId", "volumeSet", volumeFilters, 5, 500)
+	if aerr != nil {
+		return nil, aerr
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, id := range ids {
+	for _, id := range d.ids {
 		if _, ok := s.volumes[id]; !ok {
 			return nil, &apiError{http.StatusBadRequest, "InvalidVolume.NotFound", fmt.Sprintf("The volume '%s' does not exist.", id)}
 		}
 	}
 	var match []*Volume
 	for _, v := range s.volumes {
-		if (len(ids) == 0 || slices.Contains(ids, v.ID)) && v.matches(fs) {
+		if (len(d.ids) == 0 || slices.Contains(d.ids, v.ID)) && matchFilters(d.filters, v.filterValues) {
 			match = append(match, v)
 		}
 	}
 	slices.SortFunc(match, func(a, b *Volume) int { return a.Created.Compare(b.Created) })
 	resp := volumesResponse{RequestID: requestID()}
-	end := len(match)
-	if maxResults > 0 && start+maxResults < end {
-		end = start + maxResults
-		resp.NextToken = "ec2sim-vol-" + strconv.Itoa(end)
-	}
-	for _, v := range match[min(start, len(match)):end] {
+	from, to, next := d.page(len(match))
+	resp.NextToken = next
+	for _, v := range match[from:to] {
 		resp.Volumes = append(resp.Volumes, v.xml())
 	}
 	return resp, nil
 }
 
-func (v *Volume) matches(fs []filter) bool {
-	for _, f := range fs {
-		var have []string
-		switch {
-		case strings.HasPrefix(f.name, "tag:"):
-			if t, ok := v.Tags[f.name[4:]]; ok {
-				have = []string{t}
-			}
-		case f.name == "tag-key":
-			have = slices.Collect(maps.Keys(v.Tags))
-		case f.name == "status":
-			have = []string{v.State}
-		case f.name == "attachment.instance-id":
-			have = []string{v.Instance}
-		case f.name == "attachment.delete-on-termination":
-			have = []string{strconv.FormatBool(v.DeleteOnTermination)}
-		case f.name == "availability-zone":
-			have = []string{v.Zone}
-		case f.name == "volume-type":
-			have = []string{v.Type}
-		case f.name == "volume-id":
-			have = []string{v.ID}
+// filterValues is what the volume says of a filter name.
+func (v *Volume) filterValues(name string) []string {
+	switch {
+	case strings.HasPrefix(name, "tag:"):
+		if t, ok := v.Tags[name[4:]]; ok {
+			return []string{t}
 		}
-		if !slices.ContainsFunc(have, func(h string) bool {
-			return slices.ContainsFunc(f.values, func(p string) bool { return wildcard(p, h) })
-		}) {
-			return false
-		}
+	case name == "tag-key":
+		return slices.Collect(maps.Keys(v.Tags))
+	case name == "status":
+		return []string{v.State}
+	case name == "attachment.instance-id":
+		return []string{v.Instance}
+	case name == "attachment.delete-on-termination":
+		return []string{strconv.FormatBool(v.DeleteOnTermination)}
+	case name == "availability-zone":
+		return []string{v.Zone}
+	case name == "volume-type":
+		return []string{v.Type}
+	case name == "volume-id":
+		return []string{v.ID}
 	}
-	return true
+	return nil
 }
 
 // deleteVolume answers DeleteVolume: a volume attached to an instance is
