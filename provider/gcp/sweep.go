@@ -99,15 +99,14 @@ func (p *Provider) Sweep(ctx context.Context, r provider.Resource) error {
 		case !inUse(err):
 			return fmt.Errorf("delete disk %s: %w", r.ID, err)
 		}
-		if r.Name != "" {
-			found, _, lerr := p.list(ctx, p.opt.Manager, p.opt.Pool, r.Name, 0)
-			if lerr != nil {
-				return lerr
-			}
-			for _, si := range found {
-				if si.Inst.State != provider.StateExited {
-					return fmt.Errorf("disk %s is used by instance %s, which is %s: it can go once the instance is deleted", r.ID, si.Inst.ID, si.Inst.State)
-				}
+		// A boot disk made with its instance bears the instance's name.
+		found, _, lerr := p.list(ctx, p.opt.Manager, p.opt.Pool, "", 0)
+		if lerr != nil {
+			return lerr
+		}
+		for _, si := range found {
+			if si.Inst.ID == name && si.Inst.State != provider.StateExited {
+				return fmt.Errorf("disk %s is used by instance %s, which is %s: it can go once the instance is deleted", r.ID, si.Inst.ID, si.Inst.State)
 			}
 		}
 		if time.Now().After(deadline) {
