@@ -62,11 +62,17 @@ var errKinds = map[string]errKind{
 
 // kindOf classifies an error of a call.
 func kindOf(err error) (errKind, string) {
+	c := code(err)
+	return errKinds[c], c
+}
+
+// code is an EC2 error's code, "" for no error or one without.
+func code(err error) string {
 	var ae smithy.APIError
-	if !errors.As(err, &ae) {
-		return errOther, ""
+	if errors.As(err, &ae) {
+		return ae.ErrorCode()
 	}
-	return errKinds[ae.ErrorCode()], ae.ErrorCode()
+	return ""
 }
 
 // rejected marks an error that no retry can fix.

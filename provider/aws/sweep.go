@@ -9,7 +9,6 @@ import (
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
-	"github.com/aws/smithy-go"
 
 	"github.com/runfleet/runfleet/provider"
 )
@@ -103,7 +102,7 @@ func (p *Provider) Sweep(ctx context.Context, r provider.Resource) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("volume %s is still attached to instance %s after %s", r.ID, attached, SweepWait)
+			return fmt.Errorf("volume %s is still in use after %s", r.ID, SweepWait)
 		}
 		select {
 		case <-ctx.Done():
@@ -173,13 +172,4 @@ func (p *Provider) instanceState(ctx context.Context, id string) (types.Instance
 		}
 	}
 	return types.InstanceStateNameTerminated, nil
-}
-
-// code is an EC2 error's code, "" for no error or one without.
-func code(err error) string {
-	var ae smithy.APIError
-	if errors.As(err, &ae) {
-		return ae.ErrorCode()
-	}
-	return ""
 }

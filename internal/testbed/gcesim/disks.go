@@ -11,7 +11,8 @@ import (
 )
 
 // KeepDisk marks an instance's boot disk to be kept when the instance is
-// deleted, as instances.setDiskAutoDelete with autoDelete=false does (a
+// deleted, as instances.setDiskAutoDelete with autoDelete=false does
+// (compute/docs/reference/rest/v1/instances/setDiskAutoDelete; a
 // person keeping it to look into a failure): deleted, the instance leaves
 // it, labelled as it was, with no user.
 func (s *Server) KeepDisk(instance string) error {
@@ -80,7 +81,8 @@ func (s *Server) aggregatedDisks(r *http.Request) (proto.Message, *apiError) {
 }
 
 // deleteDisk answers disks.delete: a disk an instance uses is refused
-// (400 resourceInUseByAnotherResource, as the API refuses it); otherwise
+// with 400 resourceInUseByAnotherResource (the disks.delete reference:
+// a disk can be deleted only when no instance has it attached); otherwise
 // an operation deletes it.
 func (s *Server) deleteDisk(r *http.Request) (proto.Message, *apiError) {
 	zone, name := r.PathValue("zone"), r.PathValue("name")
