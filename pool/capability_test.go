@@ -572,15 +572,29 @@ func TestNoticeAfterTheRegistrationWentFirst(t *testing.T) {
 // notice that comes after still reports the job lost, so the forge
 // re-runs it.
 func TestNoticeAfterTheMachineExited(t *testing.T) {
-	h := newCapHarness(t, Config{Size: 1, RetryLost: true})
-	h.settle()
-	h.forge.set("gpu-1", forge.StatusBusy) // no output read: as a cloud machine's
-	h.settle()
-	reg, machine := h.forge.byName("gpu-1").ID, h.out.id("gpu-1")
+	h, reg, machine := busyCloudRunner(t)
 	// The agent stopped the job (the forge has it failed) and exited,
 	// and the machine went: all before a pass.
 	h.forge.set("gpu-1", forge.StatusIdle)
 	h.prov.exit("gpu-1")
+	lateNoticeReportsLost(t, h, reg, machine)
+}
+
+// busyCloudRunner is a pool of one runner that the forge lists busy, its
+// output unread (as a cloud machine's), with its registration and machine.
+func busyCloudRunner(t *testing.T) (h *capHarness, reg int64, machine string) {
+	h = newCapHarness(t, Config{Size: 1, RetryLost: true})
+	h.settle()
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.settle()
+	return h, h.forge.byName("gpu-1").ID, h.out.id("gpu-1")
+}
+
+// lateNoticeReportsLost checks that nothing is reported lost before the
+// machine's notice, and that the notice, coming after the pass that saw
+// the runner end, reports its registration's job lost once.
+func lateNoticeReportsLost(t *testing.T, h *capHarness, reg int64, machine string) {
+	t.Helper()
 	h.settle()
 	if len(h.forge.lost) != 0 {
 		t.Fatalf("lost %v before any notice", h.forge.lost)
@@ -626,21 +640,8 @@ func TestBootDataAsksForOneRunnerCredentials(t *testing.T) {
 // the runner left the pool's view without a word and its job was never
 // re-run.
 func TestNoticeAfterTheMachineVanished(t *testing.T) {
-	h := newCapHarness(t, Config{Size: 1, RetryLost: true})
-	h.settle()
-	h.forge.set("gpu-1", forge.StatusBusy) // no output read: as a cloud machine's
-	h.settle()
-	reg, machine := h.forge.byName("gpu-1").ID, h.out.id("gpu-1")
+	h, reg, machine := busyCloudRunner(t)
 	h.forge.drop(reg)
 	h.out.vanish("gpu-1")
-	h.settle()
-	if len(h.forge.lost) != 0 {
-		t.Fatalf("lost %v before any notice", h.forge.lost)
-	}
-	h.out.notice(provider.Notice{Name: "gpu-1", ID: machine, Reason: "spot eviction", At: h.clk.Now()})
-	h.settle()
-	h.settle()
-	if len(h.forge.lost) != 1 || h.forge.lost[0].ID != reg {
-		t.Fatalf("lost %v, want gpu-1's registration %d once", h.forge.lost, reg)
-	}
+	lateNoticeReportsLost(t, h, reg, machine)
 }
