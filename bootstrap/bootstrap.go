@@ -32,18 +32,16 @@ import (
 
 // Plan is what one runner's machine needs, and nothing more: the agent's
 // command, its environment and files (which hold the runner's single-use
-// credential), and when to give up.
+// credential), and when to give up. A plan with a Handoff carries no
+// Assignment: the machine fetches it once, at its start, from where the
+// Handoff says (a cloud's secret store), so that nothing secret is in its
+// boot data.
 type Plan struct {
-	Runner  string            `json:"runner"`
-	Command string            `json:"command"`
-	Args    []string          `json:"args,omitempty"`
-	Env     map[string]string `json:"env,omitempty"`
-	Files   map[string][]byte `json:"files,omitempty"`
+	Assignment
+	// Handoff says where the Assignment waits; nil: it is in the plan.
+	Handoff *Handoff `json:"handoff,omitempty"`
 	// Workdir is the agent's fresh working directory, made 0700.
 	Workdir string `json:"workdir"`
-	// BusyMarker is what the agent prints when it takes a job; without
-	// it the idle timeout does not apply.
-	BusyMarker string `json:"busy_marker,omitempty"`
 	// IdleTimeout powers the machine off when no job came within it of
 	// the agent's start; 0: never.
 	IdleTimeout time.Duration `json:"idle_timeout,omitempty"`
@@ -95,8 +93,11 @@ func Read(path string) (Plan, error) {
 		return Plan{}, fmt.Errorf("plan %s: %w", path, err)
 	}
 	var errs []error
-	if p.Command == "" {
+	if p.Handoff == nil && p.Command == "" {
 		errs = append(errs, errors.New("command: is empty"))
+	}
+	if h := p.Handoff; h != nil && (h.Source == "" || p.Command != "") {
+		errs = append(errs, errors.New("handoff: a plan with a handoff names its source and holds no assignment"))
 	}
 	if p.Workdir == "" || !filepath.IsAbs(p.Workdir) {
 		errs = append(errs, fmt.Errorf("workdir: %q is not an absolute path", p.Workdir))
@@ -221,6 +222,13 @@ func (o Options) defaults() Options {
 
 // run starts the agent and watches it until one of the ends.
 func run(ctx context.Context, p Plan, o Options) (string, error) {
+	if p.Handoff != nil {
+		a, err := fetch(ctx, p, o)
+		if err != nil {
+			return "", err
+		}
+		p.Assignment = a
+	}
 	if err := writeFiles(p.Workdir, p.Files); err != nil {
 		return "", err
 	}

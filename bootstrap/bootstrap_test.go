@@ -48,11 +48,14 @@ func plan(t *testing.T, script string) (Plan, string) {
 	dir := t.TempDir()
 	off := filepath.Join(dir, "powered-off")
 	return Plan{
-		Runner: "r-1", Command: "/bin/sh", Args: []string{"-c", script},
-		Env:        map[string]string{"ONLY": "this"},
-		Files:      map[string][]byte{".runner": []byte("single-use"), "sub/cfg.yaml": []byte("x: 1")},
-		Workdir:    filepath.Join(dir, "work"),
-		BusyMarker: "took a job", IdleTimeout: time.Hour, Deadline: time.Now().Add(time.Hour),
+		Assignment: Assignment{
+			Runner: "r-1", Command: "/bin/sh", Args: []string{"-c", script},
+			Env:        map[string]string{"ONLY": "this"},
+			Files:      map[string][]byte{".runner": []byte("single-use"), "sub/cfg.yaml": []byte("x: 1")},
+			BusyMarker: "took a job",
+		},
+		Workdir:     filepath.Join(dir, "work"),
+		IdleTimeout: time.Hour, Deadline: time.Now().Add(time.Hour),
 		Poweroff: []string{"/bin/sh", "-c", "touch " + off},
 	}, off
 }

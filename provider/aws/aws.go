@@ -55,7 +55,12 @@ type API interface {
 
 // Options configure a Provider.
 type Options struct {
-	API     API
+	API API
+	// SSM stores each runner's assignment for its instance, where the
+	// pool's instances have an instance profile (handoff.go).
+	SSM SSMAPI
+	// Region is the pool's (the instances' ARNs name it).
+	Region  string
 	Manager string
 	Pool    string
 	Section Section
@@ -134,9 +139,15 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		return inst, nil
 	}
 	s := p.opt.Section
-	ud, err := userData(s, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
+	h := p.handoff()
+	ud, err := userData(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
 	if err != nil {
 		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
+	}
+	if h != nil {
+		if err := checkAssignment(s, spec); err != nil {
+			return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
+		}
 	}
 	spot, fallback := vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)
 	markets := []bool{spot}
@@ -150,11 +161,14 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 				if spec.Record != nil {
 					// The subnet's zone comes with the instance's listing.
 					vm.Placed(spec, s.Image, typ, "", spot)
-					if ud, err = userData(s, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime); err != nil {
+					if ud, err = userData(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime); err != nil {
 						return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
 					}
 				}
-				inst, err := p.run(ctx, spec, ud, typ, subnet, spot)
+				inst, account, err := p.run(ctx, spec, ud, typ, subnet, spot)
+				if err == nil && h != nil {
+					return inst, p.handOver(ctx, inst, account, spec)
+				}
 				if err == nil {
 					return inst, nil
 				}
@@ -201,17 +215,17 @@ func or(s, alt string) string {
 	return s
 }
 
-// run asks for one instance.
-func (p *Provider) run(ctx context.Context, spec provider.Spec, ud []byte, typ, subnet string, spot bool) (provider.Instance, error) {
+// run asks for one instance; it returns it and the account it is in.
+func (p *Provider) run(ctx context.Context, spec provider.Spec, ud []byte, typ, subnet string, spot bool) (provider.Instance, string, error) {
 	in := p.runInput(spec, ud, typ, subnet, spot)
 	// Each attempt has its deadline (the client's timeout); the call as
 	// a whole may first wait its turn within EC2's request rate.
 	out, err := p.opt.API.RunInstances(ctx, in)
 	if err != nil {
-		return provider.Instance{}, err
+		return provider.Instance{}, "", err
 	}
 	if len(out.Instances) != 1 {
-		return provider.Instance{}, fmt.Errorf("run instance: EC2 returned %d instances for one", len(out.Instances))
+		return provider.Instance{}, "", fmt.Errorf("run instance: EC2 returned %d instances for one", len(out.Instances))
 	}
 	inst := p.instance(out.Instances[0])
 	inst.Name, inst.Manager, inst.Pool = spec.Name, spec.Manager, spec.Pool
@@ -219,7 +233,7 @@ func (p *Provider) run(ctx context.Context, spec provider.Spec, ud []byte, typ, 
 	p.launched[inst.ID] = inst
 	p.mu.Unlock()
 	p.opt.Logger.Info("instance launched", "runner", spec.Name, "id", inst.ID, "type", typ, "subnet", subnet, "market", market(spot))
-	return inst, nil
+	return inst, awssdk.ToString(out.OwnerId), nil
 }
 
 // runInput is the RunInstances request: tagged at creation, terminated

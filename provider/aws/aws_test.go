@@ -34,7 +34,7 @@ func newProvider(t *testing.T, section string) (*aws.Provider, *ec2sim.Server) {
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	t.Setenv("AWS_CONFIG_FILE", "/nonexistent")
 	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
-	raw := mustJSON(t, "region: us-east-1\nendpoint: "+sim.URL+"\nimage: "+ami+"\npoll_interval: 1s\n"+section)
+	raw := mustJSON(t, "region: us-east-1\nendpoint: "+sim.URL+"\nssm_endpoint: "+sim.SSMURL()+"\nimage: "+ami+"\npoll_interval: 1s\n"+section)
 	return open(t, provider.PoolConfig{Manager: "m1", Pool: "gpu", Section: raw, MaxLifetime: time.Hour}), sim
 }
 

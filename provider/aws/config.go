@@ -26,6 +26,9 @@ type Section struct {
 	Profile string `json:"profile"`
 	// Endpoint replaces EC2's endpoint (a VPC endpoint, a stand-in).
 	Endpoint string `json:"endpoint"`
+	// SSMEndpoint replaces Systems Manager's, for the manager and the
+	// instances both (a VPC endpoint, a stand-in).
+	SSMEndpoint string `json:"ssm_endpoint"`
 
 	// Image is the AMI. It must hold the forge's agent, runfleet (which
 	// starts the agent and powers the machine off) and whatever the
@@ -148,6 +151,11 @@ func (s Section) check() error {
 	}
 	if s.Region != "" && !region.MatchString(s.Region) {
 		add("region", "%q is not a region (us-east-1, eu-west-2, ...)", s.Region)
+	}
+	if s.SSMEndpoint != "" {
+		if u, err := url.Parse(s.SSMEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			add("ssm_endpoint", "%q is not an http(s) URL", s.SSMEndpoint)
+		}
 	}
 	if s.Endpoint != "" {
 		if u, err := url.Parse(s.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

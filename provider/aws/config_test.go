@@ -104,7 +104,7 @@ func TestUserDataCarriesOnlyThePlan(t *testing.T) {
 	spec := provider.Spec{Name: "p-1", Manager: "m", Pool: "p", Command: "gitea-runner", Args: []string{"daemon"},
 		Env: map[string]string{"X": "y"}, Files: map[string][]byte{".runner": []byte("tok-e2e-credential")}}
 	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
-	ud, err := userData(s, spec, now, 5*time.Minute, time.Hour)
+	ud, err := userData(s, nil, spec, now, 5*time.Minute, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestUserDataCarriesOnlyThePlan(t *testing.T) {
 	}
 	big := spec
 	big.Files = map[string][]byte{"blob": make([]byte, 20<<10)}
-	if _, err := userData(s, big, now, 0, time.Hour); err == nil || !strings.Contains(err.Error(), "over EC2's 16384") {
+	if _, err := userData(s, nil, big, now, 0, time.Hour); err == nil || !strings.Contains(err.Error(), "over EC2's 16384") {
 		t.Errorf("oversized user data: %v", err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ssm"
 	"github.com/aws/smithy-go/middleware"
 
 	"github.com/runfleet/runfleet/provider"
@@ -42,10 +43,11 @@ func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 		return nil, err
 	}
 	calls := new(atomic.Int64)
-	client, region, err := Client(context.Background(), s, calls, nil)
+	cfg, limits, err := load(context.Background(), s, nil)
 	if err != nil {
 		return nil, err
 	}
+	client, params, region := ec2Client(cfg, s, calls, limits), ssmClient(cfg, s, calls, limits), cfg.Region
 	log := c.Logger
 	if log == nil {
 		log = slog.Default()
@@ -56,7 +58,7 @@ func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 		life = DefaultLifetime
 	}
 	return New(Options{
-		API: client, Manager: c.Manager, Pool: c.Pool, Section: s,
+		API: client, SSM: params, Region: region, Manager: c.Manager, Pool: c.Pool, Section: s,
 		IdleTimeout: idle, Lifetime: life, Calls: calls,
 		Logger: log.With("provider", "aws", "pool", c.Pool, "region", region),
 	}), nil
@@ -68,6 +70,16 @@ func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 // clients of the region and endpoint). calls, when set, counts the
 // requests sent.
 func Client(ctx context.Context, s Section, calls *atomic.Int64, limits *Limits) (*ec2.Client, string, error) {
+	cfg, limits, err := load(ctx, s, limits)
+	if err != nil {
+		return nil, "", err
+	}
+	return ec2Client(cfg, s, calls, limits), cfg.Region, nil
+}
+
+// load is the SDK's configuration for the section, and the limits its
+// clients keep to.
+func load(ctx context.Context, s Section, limits *Limits) (awssdk.Config, *Limits, error) {
 	opts := []func(*awsconfig.LoadOptions) error{
 		awsconfig.WithHTTPClient(awshttp.NewBuildableClient().WithTimeout(CallTimeout)),
 	}
@@ -79,28 +91,49 @@ func Client(ctx context.Context, s Section, calls *atomic.Int64, limits *Limits)
 	}
 	cfg, err := awsconfig.LoadDefaultConfig(ctx, opts...)
 	if err != nil {
-		return nil, "", fmt.Errorf("aws: %w", err)
+		return awssdk.Config{}, nil, fmt.Errorf("aws: %w", err)
 	}
 	if cfg.Region == "" {
-		return nil, "", errors.New("aws.region: not set, and neither AWS_REGION nor the profile gives one")
+		return awssdk.Config{}, nil, errors.New("aws.region: not set, and neither AWS_REGION nor the profile gives one")
 	}
 	if limits == nil {
 		limits = sharedLimits.Get(cfg.Region + " " + s.Endpoint)
 	}
-	client := ec2.NewFromConfig(cfg, func(o *ec2.Options) {
+	return cfg, limits, nil
+}
+
+func ec2Client(cfg awssdk.Config, s Section, calls *atomic.Int64, limits *Limits) *ec2.Client {
+	return ec2.NewFromConfig(cfg, func(o *ec2.Options) {
 		if s.Endpoint != "" {
 			o.BaseEndpoint = awssdk.String(s.Endpoint)
 		}
-		// The User-Agent says runfleet/<version> among the SDK's own parts.
-		o.APIOptions = append(o.APIOptions, limitAttempts(limits), awsmiddleware.AddUserAgentKeyValue("runfleet", version.Get().Version))
-		if calls != nil {
-			o.APIOptions = append(o.APIOptions, countAttempts(calls))
-		}
+		o.APIOptions = append(o.APIOptions, apiOptions(calls, limits)...)
 		o.Retryer = retry.NewStandard(func(so *retry.StandardOptions) {
 			so.Retryables = append([]retry.IsErrorRetryable{noRetry}, so.Retryables...)
 		})
 	})
-	return client, cfg.Region, nil
+}
+
+// ssmClient is the Parameter Store client of the handoff, within the
+// same limits and count.
+func ssmClient(cfg awssdk.Config, s Section, calls *atomic.Int64, limits *Limits) *ssm.Client {
+	return ssm.NewFromConfig(cfg, func(o *ssm.Options) {
+		if s.SSMEndpoint != "" {
+			o.BaseEndpoint = awssdk.String(s.SSMEndpoint)
+		}
+		o.APIOptions = append(o.APIOptions, apiOptions(calls, limits)...)
+	})
+}
+
+// apiOptions are the middlewares every client has: the limits, the
+// User-Agent saying runfleet/<version> among the SDK's own parts, the
+// count of requests.
+func apiOptions(calls *atomic.Int64, limits *Limits) []func(*middleware.Stack) error {
+	opts := []func(*middleware.Stack) error{limitAttempts(limits), awsmiddleware.AddUserAgentKeyValue("runfleet", version.Get().Version)}
+	if calls != nil {
+		opts = append(opts, countAttempts(calls))
+	}
+	return opts
 }
 
 // noRetry keeps the SDK from retrying what a retry cannot fix, and

@@ -31,13 +31,19 @@ const launchGrace = 2 * time.Minute
 // attempt waits for a token, the SDK's retries too, and the refill is 5%
 // under EC2's, so that requests bunched on the way (EC2 counts them as
 // they arrive) are not throttled.
+//
+// Parameter Store's PutParameter, with which the handoff stores each
+// runner's assignment, shares its default throughput of 40 a second with
+// GetParameter, which the instances call (Parameter Store's
+// "throughput" page); the manager keeps to 30 of them.
 type Limits struct {
-	run, terminate, mutate *rate.Limiter
+	run, terminate, mutate, params *rate.Limiter
 }
 
 // NewLimits is EC2's default rates.
 func NewLimits() *Limits {
-	return &Limits{run: rate.NewLimiter(2*0.95, 5), terminate: rate.NewLimiter(5*0.95, 100), mutate: rate.NewLimiter(5*0.95, 200)}
+	return &Limits{run: rate.NewLimiter(2*0.95, 5), terminate: rate.NewLimiter(5*0.95, 100), mutate: rate.NewLimiter(5*0.95, 200),
+		params: rate.NewLimiter(30, 30)}
 }
 
 // limiter is the limiter of an operation, nil for one EC2 meters
@@ -50,6 +56,8 @@ func (l *Limits) limiter(op string) *rate.Limiter {
 		return l.terminate
 	case "DeleteVolume":
 		return l.mutate
+	case "PutParameter":
+		return l.params
 	}
 	return nil
 }

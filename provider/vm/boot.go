@@ -102,6 +102,20 @@ type Boot struct {
 	// IdleTimeout and Lifetime: the instance powers off when no job came
 	// within IdleTimeout, and at Lifetime from now whatever it runs.
 	IdleTimeout, Lifetime time.Duration
+	// Handoff, where set, keeps the runner's assignment out of the
+	// script: the instance takes it from the cloud's secret store
+	// (bootstrap.Handoff), and the script is the same for every runner
+	// of the pool asked for at the same moment.
+	Handoff *bootstrap.Handoff
+}
+
+// Assign is the runner's part of its plan: what a Handoff brings to its
+// instance.
+func (b Boot) Assign(spec provider.Spec) bootstrap.Assignment {
+	spec = spec.WithRecord(b.Workdir)
+	return bootstrap.Assignment{
+		Runner: spec.Name, Command: spec.Command, Args: spec.Args, Env: spec.Env, Files: spec.Files, BusyMarker: spec.BusyMarker,
+	}
 }
 
 // Placed notes in a runner's record the placement being tried: the
@@ -140,24 +154,31 @@ func Honours(poolSpot bool) []string {
 // (cloud-init runs user data that starts with #!; GCE its startup-script
 // metadata): it writes the runner's plan, runs the pool's startup script,
 // and hands over to `runfleet agent`, which starts the forge's agent and
-// powers the instance off at the end. It carries the runner's single-use
-// credential (in the plan) and nothing else secret: never the forge's
-// token, never a cloud credential. An instance that cannot start the agent
-// powers off at once rather than sit idle at a cost.
+// powers the instance off at the end. With a Handoff it holds nothing
+// secret and names no runner; without one it carries the runner's
+// single-use credential (in the plan) and nothing else secret: never the
+// forge's token, never a cloud credential. An instance that cannot start
+// the agent powers off at once rather than sit idle at a cost.
 func (b Boot) Script(spec provider.Spec, now time.Time) ([]byte, error) {
-	spec = spec.WithRecord(b.Workdir)
 	plan := bootstrap.Plan{
-		Runner: spec.Name, Command: spec.Command, Args: spec.Args, Env: spec.Env, Files: spec.Files,
-		Workdir: b.Workdir, BusyMarker: spec.BusyMarker, IdleTimeout: b.IdleTimeout,
+		Workdir: b.Workdir, IdleTimeout: b.IdleTimeout, Handoff: b.Handoff,
 		Deadline: now.Add(b.Lifetime).UTC().Truncate(time.Second), Poweroff: []string{"poweroff"}, Notices: b.Notices,
+	}
+	if b.Handoff == nil {
+		plan.Assignment = b.Assign(spec)
 	}
 	pj, err := json.Marshal(plan)
 	if err != nil {
 		return nil, err
 	}
 	var s strings.Builder
-	fmt.Fprintf(&s, "#!/bin/sh\n# runfleet: runner %s of pool %s, manager %s.\n", spec.Name, spec.Pool, spec.Manager)
-	s.WriteString("# The plan holds this runner's single-use credential; it powers the instance off at its deadline.\n")
+	if b.Handoff != nil {
+		fmt.Fprintf(&s, "#!/bin/sh\n# runfleet: a runner of pool %s, manager %s.\n", spec.Pool, spec.Manager)
+		s.WriteString("# The instance takes its runner's assignment from where the plan's handoff says, once; it powers off at its deadline.\n")
+	} else {
+		fmt.Fprintf(&s, "#!/bin/sh\n# runfleet: runner %s of pool %s, manager %s.\n", spec.Name, spec.Pool, spec.Manager)
+		s.WriteString("# The plan holds this runner's single-use credential; it powers the instance off at its deadline.\n")
+	}
 	s.WriteString("umask 077\nmkdir -p /var/lib/runfleet\n")
 	s.WriteString("off() { echo \"runfleet: $1; powering off\" >&2; poweroff; exit 1; }\n")
 	heredoc(&s, PlanPath, pj)

@@ -245,9 +245,18 @@ func (s *Server) metadataAnswer(in *Instance, md *metadata, w http.ResponseWrite
 		http.Error(w, "", http.StatusMethodNotAllowed)
 		return
 	}
+	p := strings.TrimPrefix(r.URL.Path, "/latest/")
 	s.mu.Lock()
-	body, found := in.metadataPath(strings.TrimPrefix(r.URL.Path, "/latest/"))
+	body, found := in.metadataPath(p)
 	s.mu.Unlock()
+	if role, ok := strings.CutPrefix(p, "meta-data/iam/security-credentials/"); ok && role != "" {
+		// An instance's role credentials, its own (EC2 User Guide,
+		// "Retrieve security credentials from instance metadata").
+		found = false
+		if in.Profile != "" && role == roleName(in.Profile) {
+			body, found = s.roleCredentials(in)
+		}
+	}
 	if !found {
 		http.Error(w, "", http.StatusNotFound)
 		return
@@ -271,6 +280,10 @@ func (in *Instance) metadataPath(p string) (string, bool) {
 		return "on-demand", true
 	case "user-data":
 		return string(in.UserData), len(in.UserData) > 0
+	case "meta-data/placement/region":
+		return "us-east-1", true
+	case "meta-data/iam/security-credentials/":
+		return roleName(in.Profile), in.Profile != ""
 	case "meta-data/spot/instance-action":
 		if in.action == nil {
 			return "", false

@@ -62,6 +62,11 @@ type Options struct {
 	// it is given must be the same on both, and /tmp is where
 	// Atlassian's runner keeps its work (WORKING_DIRECTORY=/tmp).
 	Engine string
+	// SSMHost is the address Parameter Store's stand-in listens on and
+	// is named by in SSMURL (127.0.0.1 when empty): one that the
+	// instances' containers reach too, Docker's bridge, where they use
+	// it.
+	SSMHost string
 }
 
 // Server is the stand-in.
@@ -88,6 +93,8 @@ type Server struct {
 	calls     map[string]int
 	buckets   map[string]*rate.Limiter
 	resources map[string]*rate.Limiter // resource token buckets
+	ssm       *ssmState
+	ssmURL    string
 	wg        sync.WaitGroup
 	closing   bool
 	down      bool // every API call answers 503 Unavailable
@@ -117,6 +124,10 @@ func New(o Options) (*Server, error) {
 		},
 	}
 	s.latency.Store(int64(o.Latency))
+	if err := s.startSSM(); err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
 	s.srv = &http.Server{Handler: http.HandlerFunc(s.serve), ReadHeaderTimeout: 10 * time.Second}
 	go s.srv.Serve(ln)
 	return s, nil
@@ -132,6 +143,7 @@ func (s *Server) Close() {
 	}
 	s.mu.Unlock()
 	_ = s.srv.Close()
+	_ = s.ssm.srv.Close()
 	for _, in := range live {
 		s.stopInstance(in, "", "")
 	}
@@ -243,8 +255,9 @@ var bucketSizes = map[string][2]float64{
 	"DescribeSpotInstanceRequests": {100, 20},
 	// A non-mutating action and a mutating one
 	// (ec2/latest/devguide/ec2-api-throttling.html).
-	"DescribeVolumes": {100, 20},
-	"DeleteVolume":    {200, 5},
+	"DescribeVolumes":           {100, 20},
+	"DescribeInstanceAttribute": {100, 20},
+	"DeleteVolume":              {200, 5},
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
@@ -307,6 +320,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		out, err = s.describeVolumes(form)
 	case "DeleteVolume":
 		out, err = s.deleteVolume(form)
+	case "DescribeInstanceAttribute":
+		out, err = s.describeAttribute(form)
 	default:
 		err = &apiError{http.StatusBadRequest, "InvalidAction", fmt.Sprintf("The action %s is not valid for this web service.", action)}
 	}

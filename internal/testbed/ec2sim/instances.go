@@ -425,3 +425,33 @@ func (s *Server) checkMaxPrice(maxPrice, typ string) *apiError {
 	}
 	return nil
 }
+
+type attributeResponse struct {
+	XMLName   xml.Name `xml:"DescribeInstanceAttributeResponse"`
+	RequestID string   `xml:"requestId"`
+	ID        string   `xml:"instanceId"`
+	UserData  *struct {
+		Value string `xml:"value"`
+	} `xml:"userData"`
+}
+
+// describeAttribute answers DescribeInstanceAttribute for userData, what
+// an account reader with ec2:DescribeInstanceAttribute reads of an
+// instance's boot data for its whole life (base64, as EC2 gives it).
+func (s *Server) describeAttribute(form url.Values) (any, *apiError) {
+	id, attr := form.Get("InstanceId"), form.Get("Attribute")
+	if attr != "userData" {
+		return nil, badParam("Value (%s) for parameter attribute is invalid. Unknown attribute.", attr)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in, ok := s.instances[id]
+	if !ok {
+		return nil, &apiError{http.StatusBadRequest, "InvalidInstanceID.NotFound", fmt.Sprintf("The instance ID '%s' does not exist", id)}
+	}
+	out := attributeResponse{RequestID: requestID(), ID: id}
+	out.UserData = &struct {
+		Value string `xml:"value"`
+	}{base64.StdEncoding.EncodeToString(in.UserData)}
+	return out, nil
+}

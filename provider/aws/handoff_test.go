@@ -1,0 +1,119 @@
+package aws_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"strings"
+	"testing"
+
+	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ssm"
+
+	"github.com/runfleet/runfleet/bootstrap"
+	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
+	"github.com/runfleet/runfleet/provider/aws"
+)
+
+// asInstance is a Parameter Store client with an instance's role
+// credentials, as any process on the instance can read them.
+func asInstance(t *testing.T, sim *ec2sim.Server, id string) *ssm.Client {
+	t.Helper()
+	key, secret, token, ok := sim.RoleCredentials(id)
+	if !ok {
+		t.Fatalf("instance %s has no role credentials", id)
+	}
+	return ssm.New(ssm.Options{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider(key, secret, token),
+		BaseEndpoint: awssdk.String(sim.SSMURL())})
+}
+
+// With an instance profile, a runner's credential is nowhere in its
+// instance's user data, what an account reader reads of it included: it
+// waits in a SecureString parameter that only that instance can read,
+// and read once, nothing is left.
+func TestCredentialNotInBootData(t *testing.T) {
+	p, sim := newProvider(t, "instance_types: [t3.medium]\ninstance_profile: runfleet-runner\n")
+	ctx := context.Background()
+	a, err := p.Create(ctx, spec("gpu-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.Create(ctx, spec("gpu-2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := sim.Instances()
+	if len(all) != 2 {
+		t.Fatalf("%d instances, want 2", len(all))
+	}
+	if !bytes.Equal(all[0].UserData, all[1].UserData) {
+		t.Error("two runners' user data differ: it is not the pool's alone")
+	}
+	ec2c := ec2.New(ec2.Options{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider(ec2sim.AccessKey, ec2sim.SecretKey, ""),
+		BaseEndpoint: awssdk.String(sim.URL)})
+	for _, in := range all {
+		attr, err := ec2c.DescribeInstanceAttribute(ctx, &ec2.DescribeInstanceAttributeInput{InstanceId: &in.ID, Attribute: "userData"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ud, _ := base64.StdEncoding.DecodeString(awssdk.ToString(attr.UserData.Value))
+		for _, leak := range []string{"single-use", base64.StdEncoding.EncodeToString([]byte(`{"token":"single-use"}`)), "gpu-1", "gpu-2"} {
+			if strings.Contains(decodedPlan(t, ud), leak) || bytes.Contains(ud, []byte(leak)) {
+				t.Errorf("instance %s's user data holds %q", in.ID, leak)
+			}
+		}
+	}
+	params := sim.Parameters()
+	if len(params) != 2 {
+		t.Fatalf("%d parameters, want one per instance", len(params))
+	}
+	for _, prm := range params {
+		if prm.Type != "SecureString" || prm.Expires.IsZero() || prm.Tags[aws.TagInstance] == "" {
+			t.Errorf("parameter %s: type %s, expires %v, tags %v: want a SecureString that expires, tagged with its instance", prm.Name, prm.Type, prm.Expires, prm.Tags)
+		}
+	}
+
+	// b cannot read a's; a reads its own, deletes it, and then nothing
+	// is there for it or anyone on it.
+	nameA := aws.ParameterPrefix("m1") + a.ID
+	if _, err := asInstance(t, sim, b.ID).GetParameter(ctx, &ssm.GetParameterInput{Name: &nameA, WithDecryption: awssdk.Bool(true)}); err == nil || !strings.Contains(err.Error(), "AccessDeniedException") {
+		t.Fatalf("instance b read a's assignment: %v", err)
+	}
+	ca := asInstance(t, sim, a.ID)
+	got, err := ca.GetParameter(ctx, &ssm.GetParameterInput{Name: &nameA, WithDecryption: awssdk.Bool(true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	asg, err := bootstrap.DecodeAssignment(awssdk.ToString(got.Parameter.Value))
+	if err != nil || asg.Runner != "gpu-1" || asg.Command != "gitea-runner" || string(asg.Files[".runner"]) != `{"token":"single-use"}` {
+		t.Fatalf("assignment %+v (%v), want gpu-1's", asg, err)
+	}
+	if _, err := ca.DeleteParameter(ctx, &ssm.DeleteParameterInput{Name: &nameA}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.GetParameter(ctx, &ssm.GetParameterInput{Name: &nameA, WithDecryption: awssdk.Bool(true)}); err == nil {
+		t.Fatal("a second read of the assignment got it")
+	}
+}
+
+// decodedPlan is the plan the user data writes, decoded.
+func decodedPlan(t *testing.T, ud []byte) string {
+	t.Helper()
+	s := string(ud)
+	i := strings.Index(s, "<<'RUNFLEET_EOF'\n")
+	if i < 0 {
+		t.Fatalf("no plan in the user data:\n%s", s)
+	}
+	body := s[i+len("<<'RUNFLEET_EOF'\n"):]
+	body = body[:strings.Index(body, "RUNFLEET_EOF")]
+	plan, err := base64.StdEncoding.DecodeString(strings.ReplaceAll(body, "\n", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(plan), `"handoff"`) {
+		t.Fatalf("the plan has no handoff: %s", plan)
+	}
+	return string(plan)
+}
