@@ -184,7 +184,14 @@ const (
 // the end is. It returns why, once the power-off command has been run.
 func Run(ctx context.Context, p Plan, o Options) (string, error) {
 	o = o.defaults()
-	why, err := run(ctx, p, o)
+	var err error
+	if p.Handoff != nil {
+		p.Assignment, err = fetch(ctx, p, o)
+	}
+	why := ""
+	if err == nil {
+		why, err = run(ctx, p, o)
+	}
 	if err != nil {
 		o.Logger.Error("runner failed", "runner", p.Runner, "err", err)
 		why = "the runner failed: " + err.Error()
@@ -222,13 +229,6 @@ func (o Options) defaults() Options {
 
 // run starts the agent and watches it until one of the ends.
 func run(ctx context.Context, p Plan, o Options) (string, error) {
-	if p.Handoff != nil {
-		a, err := fetch(ctx, p, o)
-		if err != nil {
-			return "", err
-		}
-		p.Assignment = a
-	}
 	if err := writeFiles(p.Workdir, p.Files); err != nil {
 		return "", err
 	}

@@ -112,10 +112,32 @@ func TestBusyRunsToDeadline(t *testing.T) {
 	p.IdleTimeout = 100 * time.Millisecond
 	p.Deadline = time.Now().Add(time.Second)
 	n := &fakeNotices{}
-	n.rebalance.Store(true) // a busy machine keeps its job
-	if why, _ := runPlan(t, p, n); why != EndDeadline {
-		t.Errorf("why = %q, want %q", why, EndDeadline)
+	// The recommendation comes once the agent took its job (the agent's
+	// line is written out after the watcher marked it busy): a busy
+	// machine keeps its job. Set from the start, it could come first on
+	// a loaded machine, and rightly end an idle one.
+	out := tellOnLine{marker: "took a job", seen: func() { n.rebalance.Store(true) }}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	why, err := Run(ctx, p, Options{Notices: n, NoticeInterval: 50 * time.Millisecond, Tick: 20 * time.Millisecond, Output: &out})
+	if err != nil || why != EndDeadline {
+		t.Errorf("why = %q (%v), want %q", why, err, EndDeadline)
 	}
+}
+
+// tellOnLine is an agent's console that calls seen once a write holds
+// the marker.
+type tellOnLine struct {
+	marker string
+	once   sync.Once
+	seen   func()
+}
+
+func (w *tellOnLine) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte(w.marker)) {
+		w.once.Do(w.seen)
+	}
+	return len(p), nil
 }
 
 func TestInterruptionEndsTheRunner(t *testing.T) {

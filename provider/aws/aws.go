@@ -59,6 +59,10 @@ type Options struct {
 	// SSM stores each runner's assignment for its instance, where the
 	// pool's instances have an instance profile (handoff.go).
 	SSM SSMAPI
+	// SSMEndpoint is the one the manager's Parameter Store client uses
+	// where it is not the region's (ssm_endpoint, or
+	// AWS_ENDPOINT_URL_SSM): the instances use it too.
+	SSMEndpoint string
 	// Region is the pool's (the instances' ARNs name it).
 	Region  string
 	Manager string

@@ -58,7 +58,7 @@ func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 		life = DefaultLifetime
 	}
 	return New(Options{
-		API: client, SSM: params, Region: region, Manager: c.Manager, Pool: c.Pool, Section: s,
+		API: client, SSM: params, SSMEndpoint: awssdk.ToString(params.Options().BaseEndpoint), Region: region, Manager: c.Manager, Pool: c.Pool, Section: s,
 		IdleTimeout: idle, Lifetime: life, Calls: calls,
 		Logger: log.With("provider", "aws", "pool", c.Pool, "region", region),
 	}), nil

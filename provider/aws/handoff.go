@@ -58,7 +58,7 @@ func (p *Provider) handoff() *bootstrap.Handoff {
 		return nil
 	}
 	return &bootstrap.Handoff{Source: SourceParameters, Wait: HandoffWait, Params: map[string]string{
-		"region": p.opt.Region, "endpoint": s.SSMEndpoint, "prefix": ParameterPrefix(p.opt.Manager),
+		"region": p.opt.Region, "endpoint": p.opt.SSMEndpoint, "prefix": ParameterPrefix(p.opt.Manager),
 	}}
 }
 
@@ -146,13 +146,22 @@ func instanceARN(region, account, id string) string {
 
 // parameterSource is the instance side: it reads this instance's
 // parameter with the instance's role credentials, then deletes it.
-type parameterSource struct{}
-
-func init() {
-	bootstrap.RegisterSource(SourceParameters, func() bootstrap.Source { return parameterSource{} })
+type parameterSource struct {
+	deniedSince time.Time // the first of an unbroken run of AccessDenied answers
+	now         func() time.Time
 }
 
-func (parameterSource) Take(ctx context.Context, h bootstrap.Handoff) (bootstrap.Assignment, error) {
+// DeniedFor is how long Parameter Store may deny an instance its
+// assignment before the instance gives up: the manager stores it within
+// seconds of RunInstances' answer, long before an instance has booted, so
+// a denial that lasts is a role without runfleet's statement.
+var DeniedFor = 2 * time.Minute
+
+func init() {
+	bootstrap.RegisterSource(SourceParameters, func() bootstrap.Source { return &parameterSource{now: time.Now} })
+}
+
+func (ps *parameterSource) Take(ctx context.Context, h bootstrap.Handoff) (bootstrap.Assignment, error) {
 	md := NewMetadata()
 	id, _, err := md.get(ctx, "instance-id")
 	if err != nil {
@@ -176,6 +185,13 @@ func (parameterSource) Take(ctx context.Context, h bootstrap.Handoff) (bootstrap
 		// and the policy, which matches its tag, denies it
 		// (AccessDeniedException); an outage passes too. What the
 		// last answer was is said when the wait ends.
+		if code(err) != "AccessDeniedException" {
+			ps.deniedSince = time.Time{}
+		} else if ps.deniedSince.IsZero() {
+			ps.deniedSince = ps.now()
+		} else if d := ps.now().Sub(ps.deniedSince); d >= DeniedFor {
+			return bootstrap.Assignment{}, fmt.Errorf("this instance was denied %s by Parameter Store for %s (is runfleet's statement, docs/providers/aws.md, in the role of the pool's instance_profile?): %w", *name, max(d, DeniedFor).Round(time.Second), err)
+		}
 		return bootstrap.Assignment{}, fmt.Errorf("%w: %s: %v", bootstrap.ErrNotYet, *name, err)
 	}
 	if _, err := client.DeleteParameter(ctx, &ssm.DeleteParameterInput{Name: name}); err != nil && code(err) != "ParameterNotFound" {

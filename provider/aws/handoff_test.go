@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"io"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -116,4 +121,70 @@ func decodedPlan(t *testing.T, ud []byte) string {
 		t.Fatalf("the plan has no handoff: %s", plan)
 	}
 	return string(plan)
+}
+
+// onInstance plays an instance's side in this process: its metadata
+// service is the stand-in's for that instance. It returns a plan with the
+// pool's handoff, whose power-off writes a file.
+func onInstance(t *testing.T, sim *ec2sim.Server, id, script string) (bootstrap.Plan, string) {
+	t.Helper()
+	md := httptest.NewServer(sim.MetadataHandler(id))
+	t.Cleanup(md.Close)
+	t.Setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", md.URL)
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "false")
+	dir := t.TempDir()
+	off := filepath.Join(dir, "off")
+	return bootstrap.Plan{
+		Handoff: &bootstrap.Handoff{Source: aws.SourceParameters, Wait: time.Minute, Params: map[string]string{
+			"region": "us-east-1", "endpoint": sim.SSMURL(), "prefix": aws.ParameterPrefix("m1")}},
+		Workdir: filepath.Join(dir, "work"), Deadline: time.Now().Add(time.Hour), Poweroff: []string{"/bin/sh", "-c", "touch " + off},
+	}, off
+}
+
+// The instance takes its assignment with its role's credentials, runs
+// it, and leaves nothing to read again; an instance whose role lacks
+// runfleet's statement powers off, saying so, once the denial has lasted.
+func TestInstanceTakesItsAssignment(t *testing.T) {
+	p, sim := newProvider(t, "instance_types: [t3.medium]\ninstance_profile: runfleet-runner\n")
+	ctx := context.Background()
+	s := spec("gpu-1")
+	s.Command, s.Args = "/bin/sh", []string{"-c", "cat .runner"}
+	inst, err := p.Create(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, off := onInstance(t, sim, inst.ID, "")
+	var out bytes.Buffer
+	why, err := bootstrap.Run(ctx, plan, bootstrap.Options{Output: &out, Tick: 50 * time.Millisecond})
+	if err != nil || why != bootstrap.EndAgent || !strings.Contains(out.String(), "single-use") {
+		t.Fatalf("why %q (%v), output %q: want gpu-1's agent run", why, err, out.String())
+	}
+	if _, err := os.Stat(off); err != nil {
+		t.Error("not powered off")
+	}
+	if n := len(sim.Parameters()); n != 0 {
+		t.Errorf("%d parameters left after the take, want none", n)
+	}
+	if taken := sim.TakenParameters(); len(taken) != 1 || taken[0].Reads != 1 {
+		t.Errorf("taken %+v, want one parameter read once", taken)
+	}
+
+	t.Run("a role without the statement", func(t *testing.T) {
+		p, sim := newProvider(t, "instance_types: [t3.medium]\ninstance_profile: dvc-s3-access\n")
+		sim.DenyHandoff("dvc-s3-access")
+		defer func(d time.Duration) { aws.DeniedFor = d }(aws.DeniedFor)
+		aws.DeniedFor = 300 * time.Millisecond // the default's 2 minutes, made short
+		inst, err := p.Create(ctx, spec("gpu-2"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan, off := onInstance(t, sim, inst.ID, "")
+		why, _ := bootstrap.Run(ctx, plan, bootstrap.Options{Output: io.Discard, Tick: 50 * time.Millisecond})
+		if !strings.Contains(why, "was denied") || !strings.Contains(why, "instance_profile") || !strings.Contains(why, "AccessDeniedException") {
+			t.Errorf("why %q: want the denial named, with what to check", why)
+		}
+		if _, err := os.Stat(off); err != nil {
+			t.Error("not powered off")
+		}
+	})
 }

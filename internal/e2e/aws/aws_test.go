@@ -17,11 +17,15 @@ import (
 
 // A spot pool of EC2 instances (size 1, max 4) on the stand-in runs 6
 // jobs, each on an instance of its own; no long-lived secret reaches an
-// instance; after SIGTERM every instance is terminated and no
-// registration is left.
+// instance, and, the pool's instances having an instance profile, no
+// runner's credential is in their user data or anywhere a job reads but
+// its agent's files (each instance took its runner's assignment from
+// Parameter Store, once); after SIGTERM every instance is terminated and
+// no registration is left.
 func TestAWSSpotRunsJobs(t *testing.T) {
 	sim := harness.NeedEC2(t)
-	f := harness.NewFleet(t, "awsspot", harness.FleetOptions{Size: 1, Max: 4, EC2: sim, AWS: "      instance_types: [t3.medium]\n      spot: true\n",
+	f := harness.NewFleet(t, "awsspot", harness.FleetOptions{Size: 1, Max: 4, EC2: sim,
+		AWS:   "      instance_types: [t3.medium]\n      spot: true\n      instance_profile: runfleet-runner\n",
 		Forge: "    poll_interval: 2s\n"})
 	f.Start()
 	harness.Eventually(t, 2*time.Minute, "1 idle runner", func() bool { return f.IdleOnline() == 1 })
@@ -30,6 +34,7 @@ func TestAWSSpotRunsJobs(t *testing.T) {
 		t.Errorf("instance %s: spot=%v shutdown=%s tags %v", in.ID, in.Spot, in.Shutdown, in.Tags)
 	}
 	f.CheckNoSecretOnInstances()
+	f.CheckCredentialHandedOnce("/var/lib/runfleet/work")
 
 	// Jobs long enough that the pool grows to max.
 	f.Push(harness.Matrix("awsspot", 6, harness.HostJob+"sleep 5\n"))
@@ -38,6 +43,10 @@ func TestAWSSpotRunsJobs(t *testing.T) {
 		return f.IdleOnline() == 1 && len(f.Runners()) == 1 && f.LiveInstances() == 1
 	})
 	f.CheckNoSecretOnInstances() // the user data of all 7, inside the one up now
+	f.CheckCredentialHandedOnce("/var/lib/runfleet/work")
+	if left := sim.Parameters(); len(left) > 0 {
+		t.Errorf("%d assignments left in Parameter Store, want every one taken", len(left))
+	}
 	if n := len(sim.Instances()); n < 7 {
 		t.Errorf("%d instances were made for 6 jobs and an idle runner, want at least 7", n)
 	}

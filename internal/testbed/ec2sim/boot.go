@@ -206,6 +206,16 @@ type noticeDoc struct {
 	Time   string `json:"time"`
 }
 
+// MetadataHandler is an instance's metadata service, for a test that
+// plays the instance's side in process.
+func (s *Server) MetadataHandler(id string) http.Handler {
+	s.mu.Lock()
+	in := s.instances[id]
+	s.mu.Unlock()
+	md := &metadata{tokens: map[string]time.Time{}}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.metadataAnswer(in, md, w, r) })
+}
+
 // metadata is an instance's metadata service's sessions (IMDSv2).
 type metadata struct {
 	mu     sync.Mutex

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -61,6 +62,8 @@ type ssmState struct {
 	keys   map[string]string // an instance role's access key id -> instance id
 	bucket *rate.Limiter
 	calls  map[string]int
+	denied map[string]bool // instance profiles whose role lacks runfleet's statement
+	taken  []Parameter // deleted by their instance, for tests to read
 	srv    *http.Server
 	down   bool
 }
@@ -78,7 +81,7 @@ func (s *Server) startSSM() error {
 	if err != nil {
 		return err
 	}
-	s.ssm = &ssmState{params: map[string]*Parameter{}, keys: map[string]string{}, calls: map[string]int{}}
+	s.ssm = &ssmState{params: map[string]*Parameter{}, keys: map[string]string{}, calls: map[string]int{}, denied: map[string]bool{}}
 	if !s.opt.Unthrottled {
 		s.ssm.bucket = rate.NewLimiter(40, 40)
 	}
@@ -101,6 +104,23 @@ func (s *Server) Parameters() []Parameter {
 		out = append(out, c)
 	}
 	return out
+}
+
+// TakenParameters returns the parameters that an instance deleted, as
+// they were: what a test looks for where a job could read.
+func (s *Server) TakenParameters() []Parameter {
+	s.ssm.mu.Lock()
+	defer s.ssm.mu.Unlock()
+	return slices.Clone(s.ssm.taken)
+}
+
+// DenyHandoff makes an instance profile's role one without runfleet's
+// statement (a role made for something else, CML's --cloud-permission-set
+// for S3): its instances are denied every parameter.
+func (s *Server) DenyHandoff(profile string) {
+	s.ssm.mu.Lock()
+	defer s.ssm.mu.Unlock()
+	s.ssm.denied[profile] = true
 }
 
 // SSMCalls returns how many requests each Parameter Store action got.
@@ -236,9 +256,13 @@ func (s *Server) serveSSM(w http.ResponseWriter, r *http.Request) {
 	case "GetParameter":
 		out, err = st.get(in.Name, in.WithDecryption)
 	case "DeleteParameter":
-		if _, ok := st.params[in.Name]; !ok {
+		p, ok := st.params[in.Name]
+		if !ok {
 			err = &ssmError{http.StatusBadRequest, "ParameterNotFound", ""}
 			break
+		}
+		if caller != "" {
+			st.taken = append(st.taken, *p)
 		}
 		delete(st.params, in.Name)
 		out = struct{}{}
@@ -267,7 +291,7 @@ func (s *Server) instanceProfile(id string) string {
 // made with an instance's role credentials. Called with st.mu held.
 func (st *ssmState) authorize(id, action, name, profile string) *ssmError {
 	p, ok := st.params[name]
-	allowed := (action == "GetParameter" || action == "DeleteParameter") &&
+	allowed := !st.denied[profile] && (action == "GetParameter" || action == "DeleteParameter") &&
 		strings.HasPrefix(name, "/runfleet/") && ok && p.Tags[TagInstance] == InstanceARN(id)
 	if allowed {
 		return nil

@@ -5,10 +5,12 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,9 +18,13 @@ import (
 	"testing"
 	"time"
 
+	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/ssm"
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/pkg/stdcopy"
 	"github.com/moby/moby/client"
+	"github.com/runfleet/runfleet/bootstrap"
 	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
 	"github.com/runfleet/runfleet/internal/testbed/peers"
 )
@@ -39,7 +45,7 @@ var (
 func NeedEC2(t testing.TB) *ec2sim.Server {
 	t.Helper()
 	image := needInstanceImage(t)
-	sim, err := ec2sim.New(ec2sim.Options{Docker: DockerCli})
+	sim, err := ec2sim.New(ec2sim.Options{Docker: DockerCli, SSMHost: bridgeAddr(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +84,7 @@ func AWSSection(sim *ec2sim.Server, extra string) string {
 	if !strings.Contains(extra, "poll_interval:") {
 		extra = "      poll_interval: 2s\n" + extra
 	}
-	return "    provider: aws\n    aws:\n      region: us-east-1\n      endpoint: " + sim.URL +
+	return "    provider: aws\n    aws:\n      region: us-east-1\n      endpoint: " + sim.URL + "\n      ssm_endpoint: " + sim.SSMURL() +
 		"\n      image: " + EC2AMI + "\n" + extra
 }
 
@@ -162,6 +168,75 @@ func checkInside(t testing.TB, what, id string, secrets ...string) {
 	}
 	if !bytes.Contains(procs, []byte("gitea-runner")) {
 		t.Errorf("%s runs no gitea-runner:\n%s", what, procs)
+	}
+}
+
+// CheckCredentialHandedOnce checks the handoff of an instance profile's
+// pool: each runner's assignment was taken from Parameter Store by its own
+// instance, and its credential (the token of each JSON file the
+// assignment wrote, gitea-runner's .runner) is nowhere a job step on a
+// running instance reads, but the agent's own working directory: not in
+// the user data (what the metadata service serves and an account reader
+// reads with DescribeInstanceAttribute), not in any process's environment
+// or arguments, not in any other file. A second read of an assignment,
+// with the instance's own role credentials, gets nothing.
+func (f *Fleet) CheckCredentialHandedOnce(workdir string) {
+	t := f.T
+	t.Helper()
+	taken := f.EC2.TakenParameters()
+	if len(taken) == 0 {
+		t.Fatal("no instance took an assignment from Parameter Store")
+	}
+	var secrets []string
+	for _, p := range taken {
+		a, err := bootstrap.DecodeAssignment(p.Value)
+		if err != nil {
+			t.Fatalf("parameter %s: %v", p.Name, err)
+		}
+		for _, b := range a.Files {
+			var doc struct{ Token string }
+			if json.Unmarshal(b, &doc) == nil && doc.Token != "" {
+				secrets = append(secrets, doc.Token)
+			}
+		}
+		id := path.Base(p.Name)
+		key, secret, token, _ := f.EC2.RoleCredentials(id)
+		c := ssm.New(ssm.Options{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider(key, secret, token), BaseEndpoint: awssdk.String(f.EC2.SSMURL())})
+		if _, err := c.GetParameter(context.Background(), &ssm.GetParameterInput{Name: &p.Name, WithDecryption: awssdk.Bool(true)}); err == nil {
+			t.Errorf("instance %s read its assignment a second time", id)
+		}
+	}
+	if len(secrets) == 0 {
+		t.Fatal("no assignment held a token to look for")
+	}
+	checked := 0
+	for _, in := range f.EC2.Instances() {
+		for _, s := range secrets {
+			if bytes.Contains(in.UserData, []byte(s)) {
+				t.Errorf("instance %s's user data holds a runner's credential", in.ID)
+			}
+		}
+		id := f.EC2.Container(in.ID)
+		if id == "" {
+			continue
+		}
+		procs := execOutput(t, id, "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline; echo; done 2>/dev/null")
+		for name, b := range exportedFiles(t, id) {
+			for _, s := range secrets {
+				if bytes.Contains(b, []byte(s)) && !strings.HasPrefix("/"+name, workdir+"/") {
+					t.Errorf("instance %s: file /%s holds a runner's credential", in.ID, name)
+				}
+			}
+		}
+		for _, s := range secrets {
+			if bytes.Contains(procs, []byte(s)) {
+				t.Errorf("instance %s: a process's environment or arguments hold a runner's credential", in.ID)
+			}
+		}
+		checked++
+	}
+	if checked == 0 {
+		t.Fatal("no running instance to look inside")
 	}
 }
 
@@ -266,7 +341,7 @@ func NeedEC2Engine(t testing.TB) *ec2sim.Server {
 	if !ok {
 		t.Fatalf("the engine at %s is not a local socket, which an instance could be given", DockerCli.DaemonHost())
 	}
-	sim, err := ec2sim.New(ec2sim.Options{Docker: DockerCli, Engine: socket})
+	sim, err := ec2sim.New(ec2sim.Options{Docker: DockerCli, Engine: socket, SSMHost: bridgeAddr(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
