@@ -63,7 +63,7 @@ type ssmState struct {
 	bucket *rate.Limiter
 	calls  map[string]int
 	denied map[string]bool // instance profiles whose role lacks runfleet's statement
-	taken  []Parameter // deleted by their instance, for tests to read
+	taken  []Parameter     // deleted by their instance, for tests to read
 	srv    *http.Server
 	down   bool
 }
