@@ -324,17 +324,27 @@ func (p *Provider) live(name string) (provider.Instance, bool) {
 	return provider.Instance{}, false
 }
 
-// Delete terminates the runner's instances. One already gone is no error.
+// Delete terminates the runner's instances. One already gone is no error,
+// and one EC2 lists shutting down, which its shutdown behaviour
+// terminates, is not asked again: the usual end of a runner, whose agent
+// ended after its job, costs no call.
 func (p *Provider) Delete(ctx context.Context, name string) error {
 	p.mu.Lock()
 	var ids []string
+	ending := false
 	for _, inst := range p.view() {
-		if inst.Name == name {
+		switch {
+		case inst.Name != name:
+		case inst.State == provider.StateExited && strings.HasPrefix(inst.Reason, string(types.InstanceStateNameShuttingDown)):
+			p.gone[inst.ID] = p.opt.now()
+			delete(p.launched, inst.ID)
+			ending = true
+		default:
 			ids = append(ids, inst.ID)
 		}
 	}
 	p.mu.Unlock()
-	if len(ids) == 0 {
+	if len(ids) == 0 && !ending {
 		// Not seen here: made by an earlier manager, not described yet.
 		found, err := p.describe(ctx, p.opt.Manager, p.opt.Pool, name)
 		if err != nil {

@@ -313,3 +313,39 @@ func TestVolumesOutlivingTheirInstanceAreSwept(t *testing.T) {
 		t.Errorf("pool gpu lists %+v (%v), want nothing of pool cpu", left, err)
 	}
 }
+
+// An instance that powered itself off (its agent ended after its job)
+// is shutting down, and its shutdown behaviour terminates it: deleting
+// its runner asks EC2 nothing.
+func TestDeleteOfAnEndingInstanceCallsNothing(t *testing.T) {
+	p, sim := newProvider(t, "instance_types: [t3.medium]\n")
+	ctx := context.Background()
+	inst, err := p.Create(ctx, spec("gpu-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim.PowerOff(inst.ID, 3*time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		list, err := p.List(ctx, "m1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list) == 1 && list[0].State == provider.StateExited {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the instance is not listed ended: %+v", list)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := p.Delete(ctx, "gpu-1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := sim.Calls()["TerminateInstances"]; n != 0 {
+		t.Errorf("%d TerminateInstances for an instance ending by itself, want none", n)
+	}
+	if list, _ := p.List(ctx, "m1"); len(list) != 0 {
+		t.Errorf("listed after Delete: %+v", list)
+	}
+}

@@ -168,6 +168,27 @@ func (s *Server) Interrupt(id string, after time.Duration) error {
 	return nil
 }
 
+// PowerOff is a guest's own shutdown of an instance that runs nothing:
+// EC2 lists it shutting-down, as its shutdown behaviour terminates it,
+// for as long as takes, then terminated.
+func (s *Server) PowerOff(id string, takes time.Duration) {
+	s.mu.Lock()
+	in, ok := s.instances[id]
+	if !ok || in.State == "terminated" {
+		s.mu.Unlock()
+		return
+	}
+	in.shutDown()
+	in.ReasonCode, in.ReasonMessage = "Client.InstanceInitiatedShutdown", "Client.InstanceInitiatedShutdown: Instance initiated shutdown"
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		time.Sleep(takes)
+		s.finish(in, "", "")
+	}()
+}
+
 // Rebalance gives an instance a rebalance recommendation.
 func (s *Server) Rebalance(id string) {
 	s.mu.Lock()
