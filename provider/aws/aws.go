@@ -48,6 +48,7 @@ type API interface {
 	RunInstances(context.Context, *ec2.RunInstancesInput, ...func(*ec2.Options)) (*ec2.RunInstancesOutput, error)
 	DescribeInstances(context.Context, *ec2.DescribeInstancesInput, ...func(*ec2.Options)) (*ec2.DescribeInstancesOutput, error)
 	TerminateInstances(context.Context, *ec2.TerminateInstancesInput, ...func(*ec2.Options)) (*ec2.TerminateInstancesOutput, error)
+	CreateTags(context.Context, *ec2.CreateTagsInput, ...func(*ec2.Options)) (*ec2.CreateTagsOutput, error)
 	DescribeSpotInstanceRequests(context.Context, *ec2.DescribeSpotInstanceRequestsInput, ...func(*ec2.Options)) (*ec2.DescribeSpotInstanceRequestsOutput, error)
 	DescribeVolumes(context.Context, *ec2.DescribeVolumesInput, ...func(*ec2.Options)) (*ec2.DescribeVolumesOutput, error)
 	DeleteVolume(context.Context, *ec2.DeleteVolumeInput, ...func(*ec2.Options)) (*ec2.DeleteVolumeOutput, error)
@@ -88,6 +89,9 @@ type Provider struct {
 	seenAt   time.Time
 	launched map[string]provider.Instance // by id: returned by RunInstances, not yet described
 	gone     map[string]time.Time         // ids terminated here, hidden from List
+	names    map[string]string            // by id: the runner of a batch's instance, until its tag is described
+
+	batch launcher
 }
 
 type seenInstance struct {
@@ -107,7 +111,7 @@ func New(o Options) *Provider {
 	if o.Calls == nil {
 		o.Calls = new(atomic.Int64)
 	}
-	p := &Provider{opt: o, seen: map[string]seenInstance{}, launched: map[string]provider.Instance{}, gone: map[string]time.Time{}}
+	p := &Provider{opt: o, seen: map[string]seenInstance{}, launched: map[string]provider.Instance{}, gone: map[string]time.Time{}, names: map[string]string{}}
 	p.watch = vm.Poller{Interval: o.Section.PollInterval.Duration, What: "describing instances", Logger: o.Logger, Poll: p.poll}
 	return p
 }
@@ -152,6 +156,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		if err := checkAssignment(s, spec); err != nil {
 			return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
 		}
+		return p.launch(ctx, spec)
 	}
 	spot, fallback := vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)
 	markets := []bool{spot}
@@ -165,14 +170,11 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 				if spec.Record != nil {
 					// The subnet's zone comes with the instance's listing.
 					vm.Placed(spec, s.Image, typ, "", spot)
-					if ud, err = userData(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime); err != nil {
+					if ud, err = userData(s, nil, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime); err != nil {
 						return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
 					}
 				}
-				inst, account, err := p.run(ctx, spec, ud, typ, subnet, spot)
-				if err == nil && h != nil {
-					return inst, p.handOver(ctx, inst, account, spec)
-				}
+				inst, err := p.run(ctx, spec, ud, typ, subnet, spot)
 				if err == nil {
 					return inst, nil
 				}
@@ -219,17 +221,17 @@ func or(s, alt string) string {
 	return s
 }
 
-// run asks for one instance; it returns it and the account it is in.
-func (p *Provider) run(ctx context.Context, spec provider.Spec, ud []byte, typ, subnet string, spot bool) (provider.Instance, string, error) {
+// run asks for one instance.
+func (p *Provider) run(ctx context.Context, spec provider.Spec, ud []byte, typ, subnet string, spot bool) (provider.Instance, error) {
 	in := p.runInput(spec, ud, typ, subnet, spot)
 	// Each attempt has its deadline (the client's timeout); the call as
 	// a whole may first wait its turn within EC2's request rate.
 	out, err := p.opt.API.RunInstances(ctx, in)
 	if err != nil {
-		return provider.Instance{}, "", err
+		return provider.Instance{}, err
 	}
 	if len(out.Instances) != 1 {
-		return provider.Instance{}, "", fmt.Errorf("run instance: EC2 returned %d instances for one", len(out.Instances))
+		return provider.Instance{}, fmt.Errorf("run instance: EC2 returned %d instances for one", len(out.Instances))
 	}
 	inst := p.instance(out.Instances[0])
 	inst.Name, inst.Manager, inst.Pool = spec.Name, spec.Manager, spec.Pool
@@ -237,7 +239,7 @@ func (p *Provider) run(ctx context.Context, spec provider.Spec, ud []byte, typ, 
 	p.launched[inst.ID] = inst
 	p.mu.Unlock()
 	p.opt.Logger.Info("instance launched", "runner", spec.Name, "id", inst.ID, "type", typ, "subnet", subnet, "market", market(spot))
-	return inst, awssdk.ToString(out.OwnerId), nil
+	return inst, nil
 }
 
 // runInput is the RunInstances request: tagged at creation, terminated

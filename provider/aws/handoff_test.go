@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +22,7 @@ import (
 
 	"github.com/runfleet/runfleet/bootstrap"
 	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
+	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/aws"
 )
 
@@ -187,4 +191,67 @@ func TestInstanceTakesItsAssignment(t *testing.T) {
 			t.Error("not powered off")
 		}
 	})
+}
+
+// Runners asked for together go out in one RunInstances, their user
+// data being the pool's: each instance is then named for its runner and
+// gets its own assignment. What one type cannot hold goes to the next.
+func TestBurstInOneCall(t *testing.T) {
+	p, sim := newProvider(t, "instance_types: [t3.medium, m5.large]\ninstance_profile: runfleet-runner\n")
+	sim.LimitCapacity("on-demand", "t3.medium", 12)
+	ctx := context.Background()
+	const n = 20
+	insts := make([]provider.Instance, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			var err error
+			if insts[i], err = p.Create(ctx, spec(fmt.Sprintf("gpu-%d", i))); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	calls := sim.Calls()
+	if calls["RunInstances"] > 6 {
+		t.Errorf("%d RunInstances for %d runners, want them batched", calls["RunInstances"], n)
+	}
+	byType := map[string]int{}
+	for i, in := range sim.Instances() {
+		byType[in.Type]++
+		if in.Tags[aws.TagRunner] == "" || in.Tags["Name"] != in.Tags[aws.TagRunner] {
+			t.Errorf("instance %d (%s) is not named for its runner: %v", i, in.ID, in.Tags)
+		}
+	}
+	if len(sim.Instances()) != n || byType["t3.medium"] != 12 || byType["m5.large"] != 8 {
+		t.Errorf("instances by type %v, want 12 t3.medium (its capacity) and 8 m5.large", byType)
+	}
+	params := map[string]string{}
+	for _, prm := range sim.Parameters() {
+		a, err := bootstrap.DecodeAssignment(prm.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		params[path.Base(prm.Name)] = a.Runner
+		if prm.Tags[aws.TagInstance] != ec2sim.InstanceARN(path.Base(prm.Name)) {
+			t.Errorf("parameter %s is tagged %v, not with its instance", prm.Name, prm.Tags)
+		}
+	}
+	for i, inst := range insts {
+		if want := fmt.Sprintf("gpu-%d", i); inst.Name != want || params[inst.ID] != want {
+			t.Errorf("Create(%s) = %s named %q, its assignment %q's", want, inst.ID, inst.Name, params[inst.ID])
+		}
+	}
+	list, err := p.List(ctx, "m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, in := range list {
+		names[in.Name] = true
+	}
+	if len(names) != n {
+		t.Errorf("List names %d runners, want %d: %v", len(names), n, names)
+	}
+	t.Logf("%d runners: EC2 calls %v, Parameter Store calls %v", n, calls, sim.SSMCalls())
 }

@@ -26,8 +26,9 @@ const launchGrace = 2 * time.Minute
 // Limits keeps a manager's calls within EC2's documented request rates
 // (the API reference's "Request throttling"), which hold per account and
 // region: RunInstances' bucket holds 5 requests and refills 2 a second,
-// TerminateInstances' 100 and 5, a mutating action's (DeleteVolume) 200
-// and 5. Pools of one region share them. Each
+// TerminateInstances' 100 and 5, CreateTags' 100 and 10 (a batch's
+// instances are named one call each), a mutating action's (DeleteVolume)
+// 200 and 5. Pools of one region share them. Each
 // attempt waits for a token, the SDK's retries too, and the refill is 5%
 // under EC2's, so that requests bunched on the way (EC2 counts them as
 // they arrive) are not throttled.
@@ -37,13 +38,13 @@ const launchGrace = 2 * time.Minute
 // GetParameter, which the instances call (Parameter Store's
 // "throughput" page); the manager keeps to 30 of them.
 type Limits struct {
-	run, terminate, mutate, params *rate.Limiter
+	run, terminate, mutate, tags, params *rate.Limiter
 }
 
 // NewLimits is EC2's default rates.
 func NewLimits() *Limits {
 	return &Limits{run: rate.NewLimiter(2*0.95, 5), terminate: rate.NewLimiter(5*0.95, 100), mutate: rate.NewLimiter(5*0.95, 200),
-		params: rate.NewLimiter(30, 30)}
+		tags: rate.NewLimiter(10*0.95, 100), params: rate.NewLimiter(30, 30)}
 }
 
 // limiter is the limiter of an operation, nil for one EC2 meters
@@ -56,6 +57,8 @@ func (l *Limits) limiter(op string) *rate.Limiter {
 		return l.terminate
 	case "DeleteVolume":
 		return l.mutate
+	case "CreateTags":
+		return l.tags
 	case "PutParameter":
 		return l.params
 	}
@@ -118,11 +121,18 @@ func (p *Provider) refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	p.mu.Lock()
 	seen := make(map[string]seenInstance, len(found))
 	for _, si := range found {
+		// A batch's instance is described before its runner's tag:
+		// named by what was launched.
+		if n, ok := p.names[si.inst.ID]; ok && si.inst.Name == si.inst.ID {
+			si.inst.Name = n
+		} else {
+			delete(p.names, si.inst.ID)
+		}
 		seen[si.inst.ID] = si
 	}
-	p.mu.Lock()
 	var changed []string
 	for id, si := range seen {
 		old, ok := p.seen[id]
@@ -205,6 +215,10 @@ func (p *Provider) instance(i types.Instance) provider.Instance {
 		case TagRunner:
 			inst.Name = awssdk.ToString(t.Value)
 		}
+	}
+	if inst.Name == "" {
+		// Not tagged with its runner (yet): known by its id.
+		inst.Name = inst.ID
 	}
 	var state types.InstanceStateName
 	if i.State != nil {

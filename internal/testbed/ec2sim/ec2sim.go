@@ -88,6 +88,7 @@ type Server struct {
 	params    map[string]string        // Systems Manager parameter -> the AMI it names
 	subnets   map[string]string        // subnet -> zone
 	noCap     map[string]bool          // "<market> <type> <zone>", "<market> <type>", "<market>"
+	capacity  map[string]int           // "<market> <type>": instances left to launch, where limited
 	spotPrice map[string]float64       // by instance type; DefaultSpotPrice otherwise
 	faults    map[string][]string
 	calls     map[string]int
@@ -116,7 +117,7 @@ func New(o Options) (*Server, error) {
 		opt: o, ln: ln, id: randHex(4),
 		URL:       "http://" + ln.Addr().String(),
 		instances: map[string]*Instance{}, tokens: map[string]string{}, volumes: map[string]*Volume{}, devices: map[string][]BlockDevice{},
-		images: map[string]string{}, params: map[string]string{}, noCap: map[string]bool{}, spotPrice: map[string]float64{}, faults: map[string][]string{},
+		images: map[string]string{}, params: map[string]string{}, noCap: map[string]bool{}, capacity: map[string]int{}, spotPrice: map[string]float64{}, faults: map[string][]string{},
 		calls: map[string]int{}, buckets: map[string]*rate.Limiter{}, resources: map[string]*rate.Limiter{},
 		subnets: map[string]string{
 			"subnet-0a000000000000001": "us-east-1a", "subnet-0b000000000000002": "us-east-1b",
@@ -219,11 +220,20 @@ func (s *Server) SetDown(down bool) {
 	s.down = down
 }
 
+// LimitCapacity leaves n instances of a type in a market ("spot",
+// "on-demand") to launch, in every zone.
+func (s *Server) LimitCapacity(market, typ string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.capacity[market+" "+typ] = n
+}
+
 // RestoreCapacity gives back all the capacity NoCapacity took.
 func (s *Server) RestoreCapacity() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	clear(s.noCap)
+	clear(s.capacity)
 }
 
 // Fail makes the next calls of an action answer with these error codes,

@@ -169,6 +169,16 @@ func (s *Server) runInstances(form url.Values) (any, *apiError) {
 			return nil, err
 		}
 	}
+	// With less capacity than MaxCount, EC2 launches as many as it can,
+	// and none when that is under MinCount (RunInstances: "Amazon EC2
+	// launches the largest possible number of instances above MinCount").
+	if left, limited := s.capacity[market+" "+typ]; limited {
+		if left < min {
+			return nil, &apiError{http.StatusInternalServerError, "InsufficientInstanceCapacity", fmt.Sprintf("We currently do not have sufficient %s capacity in the Availability Zone you requested (%s).", typ, zone)}
+		}
+		max = minInt(max, left)
+		s.capacity[market+" "+typ] = left - max
+	}
 	if s.closing {
 		return nil, &apiError{http.StatusServiceUnavailable, "Unavailable", "The service is unavailable."}
 	}
@@ -454,4 +464,11 @@ func (s *Server) describeAttribute(form url.Values) (any, *apiError) {
 		Value string `xml:"value"`
 	}{base64.StdEncoding.EncodeToString(in.UserData)}
 	return out, nil
+}
+
+func minInt(a, b int) int {
+	if a < b {
+		return a
+	}
+	return b
 }
