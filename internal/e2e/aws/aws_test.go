@@ -228,7 +228,7 @@ func TestAWSCrashDeadlineAndGC(t *testing.T) {
 func TestRunnerCloudAWS(t *testing.T) {
 	sim := harness.NeedEC2(t)
 	gh := harness.NewCloudRunnerSim(t, "acme/awscml")
-	cmd, out := harness.StartRunner(t, append(harness.AWSEnv(), "AWS_ENDPOINT_URL_EC2="+sim.URL),
+	cmd, out := harness.StartRunner(t, append(harness.AWSEnv(), "AWS_ENDPOINT_URL_EC2="+sim.URL, "AWS_ENDPOINT_URL_SSM="+sim.SSMURL()),
 		"runner", "--driver", "github", "--repo", gh.URL+"/acme/awscml", "--agent", "/bin/github-runner",
 		"--single", "--labels", "cml", "--cloud", "aws", "--cloud-region", "us-east", "--cloud-type", "m+t4", "--cloud-spot",
 		"--cloud-image", harness.EC2AMI, "--cloud-metadata", "team=ml", "--cloud-metadata", "cost-center=42", "--cloud-hdd-size", "50")
@@ -343,7 +343,7 @@ func TestRunnerCloudAWSStockImage(t *testing.T) {
 	harness.AddStockImages(t, sim)
 	rel := harness.NewReleases(t)
 	gh := harness.NewCloudRunnerSim(t, "acme/stock")
-	env := append(harness.AWSEnv(), "AWS_ENDPOINT_URL_EC2="+sim.URL, "GITHUB_ACTIONS=true", "GITHUB_SERVER_URL="+gh.URL, "GITHUB_REPOSITORY=acme/stock",
+	env := append(harness.AWSEnv(), "AWS_ENDPOINT_URL_EC2="+sim.URL, "AWS_ENDPOINT_URL_SSM="+sim.SSMURL(), "GITHUB_ACTIONS=true", "GITHUB_SERVER_URL="+gh.URL, "GITHUB_REPOSITORY=acme/stock",
 		"RUNFLEET_RELEASE_URL="+rel.URL, "CML_RUNNER_AGENT_URL="+rel.Agent, "CML_RUNNER_AGENT_SHA256="+rel.AgentSHA256)
 	example := []string{"runner", "launch", "--cloud=aws", "--cloud-region=us-west", "--cloud-type=g4dn.xlarge", "--labels=cml-gpu"}
 	rel.Tamper()

@@ -36,7 +36,7 @@ func TestCMLExampleBitbucketAWS(t *testing.T) {
 	repoToken := base64.StdEncoding.EncodeToString([]byte("ci-bot:" + harness.BBToken))
 	// Bitbucket Pipelines' default variables, as the step that runs
 	// `cml runner launch` has them.
-	env := append(harness.AWSEnv(), "AWS_ENDPOINT_URL_EC2="+sim.URL, "RUNFLEET_RELEASE_URL="+rel.URL, "REPO_TOKEN="+repoToken,
+	env := append(harness.AWSEnv(), "AWS_ENDPOINT_URL_EC2="+sim.URL, "AWS_ENDPOINT_URL_SSM="+sim.SSMURL(), "RUNFLEET_RELEASE_URL="+rel.URL, "REPO_TOKEN="+repoToken,
 		"BITBUCKET_BUILD_NUMBER=7", "BITBUCKET_REPO_UUID={0d7f3c4e-5b9a-4c3e-9d2f-1a2b3c4d5e6f}",
 		"BITBUCKET_GIT_HTTP_ORIGIN="+bb.RunnerURL()+"/acme/models")
 	cmd, out := harness.StartRunner(t, env, "runner", "launch",

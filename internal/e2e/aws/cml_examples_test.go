@@ -60,6 +60,9 @@ func TestCMLExamplesAWS(t *testing.T) {
 			line: "--cloud=aws --cloud-region=us-west --cloud-type=p2.xlarge --labels=cml-gpu", typ: "p2.xlarge", labels: []string{"cml-gpu"}},
 		{where: cmlDev + "self-hosted-runners.md, GitLab", forge: "gitlab",
 			line: "--cloud=aws --cloud-region=us-west --cloud-type=p2.xlarge --cloud-spot --labels=cml-gpu", typ: "p2.xlarge", spot: true, labels: []string{"cml-gpu"}},
+		// The example's role is taken to carry runfleet's statement
+		// for the handoff beside its S3 access (docs/cml.md says so:
+		// CML's users add it); ec2sim's roles do unless DenyHandoff.
 		{where: cmlDev + "cml-with-dvc.md, AWS", forge: "github",
 			line: "--cloud=aws --cloud-region=us-west --cloud-type=m+t4 --cloud-permission-set=arn:aws:iam::1234567890:instance-profile/dvc-s3-access --labels=cml-gpu",
 			typ:  "g4dn.xlarge", profile: "arn:aws:iam::1234567890:instance-profile/dvc-s3-access", labels: []string{"cml-gpu"}},
@@ -81,7 +84,7 @@ func TestCMLExamplesAWS(t *testing.T) {
 // runCMLExample runs one example to its job's success and the runner's
 // exit 0 on SIGTERM, as a user stops it.
 func runCMLExample(t *testing.T, sim *ec2sim.Server, rel *harness.Releases, gh *ghsim.Server, gl *glsim.Server, ex cmlExample) {
-	env := append(harness.AWSEnv(), "AWS_ENDPOINT_URL_EC2="+sim.URL, "RUNFLEET_RELEASE_URL="+rel.URL)
+	env := append(harness.AWSEnv(), "AWS_ENDPOINT_URL_EC2="+sim.URL, "AWS_ENDPOINT_URL_SSM="+sim.SSMURL(), "RUNFLEET_RELEASE_URL="+rel.URL)
 	switch ex.forge {
 	case "github":
 		env = append(env, "GITHUB_ACTIONS=true", "GITHUB_SERVER_URL="+gh.URL, "GITHUB_REPOSITORY=acme/cml",

@@ -139,8 +139,15 @@ func (s *Server) SetSSMDown(down bool) {
 	s.ssm.down = down
 }
 
-// InstanceARN is an instance's ARN, as ${ec2:SourceInstanceARN} gives it.
-func InstanceARN(id string) string { return "arn:aws:ec2:us-east-1:" + owner + ":instance/" + id }
+// InstanceARN is an instance's ARN in us-east-1, as
+// ${ec2:SourceInstanceARN} gives it.
+func InstanceARN(id string) string { return regionARN("us-east-1", id) }
+
+// regionARN is an instance's ARN in a region: the stand-in serves any,
+// and an instance's calls are signed for its own.
+func regionARN(region, id string) string {
+	return "arn:aws:ec2:" + region + ":" + owner + ":instance/" + id
+}
 
 // roleCredentials are an instance's role credentials
 // (iam/security-credentials/<role>) as its metadata service gives them:
@@ -182,7 +189,8 @@ func (s *Server) RoleCredentials(id string) (key, secret, token string, ok bool)
 // stand-in names the role as its profile).
 func roleName(profile string) string { return profile[strings.LastIndex(profile, "/")+1:] }
 
-var credentialKey = regexp.MustCompile(`Credential=([A-Z0-9a-z-]+)/`)
+// credentialKey reads a SigV4 Authorization's access key id and region.
+var credentialKey = regexp.MustCompile(`Credential=([A-Z0-9a-z-]+)/\d{8}/([a-z0-9-]+)/`)
 
 type ssmError struct {
 	status    int
@@ -196,8 +204,12 @@ func (s *Server) serveSSM(w http.ResponseWriter, r *http.Request) {
 		writeSSMError(w, &ssmError{http.StatusBadRequest, "UnknownOperationException", ""})
 		return
 	}
-	var caller string // "" for the account, else the calling instance's id
-	switch m := credentialKey.FindStringSubmatch(r.Header.Get("Authorization")); {
+	var caller, region string // caller: "" for the account, else the calling instance's id
+	m := credentialKey.FindStringSubmatch(r.Header.Get("Authorization"))
+	if m != nil {
+		region = m[2]
+	}
+	switch {
 	case m == nil:
 		writeSSMError(w, &ssmError{http.StatusBadRequest, "MissingAuthenticationTokenException", "Missing Authentication Token"})
 		return
@@ -239,7 +251,7 @@ func (s *Server) serveSSM(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	st.expire(now)
 	if caller != "" {
-		if err := st.authorize(caller, action, in.Name, profile); err != nil {
+		if err := st.authorize(caller, region, action, in.Name, profile); err != nil {
 			writeSSMError(w, err)
 			return
 		}
@@ -289,16 +301,16 @@ func (s *Server) instanceProfile(id string) string {
 
 // authorize applies the instance policy runfleet documents to a call
 // made with an instance's role credentials. Called with st.mu held.
-func (st *ssmState) authorize(id, action, name, profile string) *ssmError {
+func (st *ssmState) authorize(id, region, action, name, profile string) *ssmError {
 	p, ok := st.params[name]
 	allowed := !st.denied[profile] && (action == "GetParameter" || action == "DeleteParameter") &&
-		strings.HasPrefix(name, "/runfleet/") && ok && p.Tags[TagInstance] == InstanceARN(id)
+		strings.HasPrefix(name, "/runfleet/") && ok && p.Tags[TagInstance] == regionARN(region, id)
 	if allowed {
 		return nil
 	}
 	return &ssmError{http.StatusBadRequest, "AccessDeniedException", fmt.Sprintf(
-		"User: arn:aws:sts::%s:assumed-role/%s/%s is not authorized to perform: ssm:%s on resource: arn:aws:ssm:us-east-1:%s:parameter%s because no identity-based policy allows the ssm:%s action",
-		owner, roleName(profile), id, action, owner, name, action)}
+		"User: arn:aws:sts::%s:assumed-role/%s/%s is not authorized to perform: ssm:%s on resource: arn:aws:ssm:%s:%s:parameter%s because no identity-based policy allows the ssm:%s action",
+		owner, roleName(profile), id, action, region, owner, name, action)}
 }
 
 // expire deletes the parameters whose Expiration has come. Called with
