@@ -55,31 +55,49 @@ type Plan struct {
 	Notices string `json:"notices,omitempty"`
 }
 
-var (
-	noticesMu sync.Mutex
-	notices   = map[string]func() Notices{}
-)
+// registry is what the provider packages register by name, opened for
+// the plans that name it.
+type registry[T any] struct {
+	mu   sync.Mutex
+	open map[string]func() T
+}
+
+func (r *registry[T]) add(name string, open func() T) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.open == nil {
+		r.open = map[string]func() T{}
+	}
+	r.open[name] = open
+}
+
+func (r *registry[T]) get(name string) (T, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	open, ok := r.open[name]
+	if !ok {
+		var zero T
+		return zero, false
+	}
+	return open(), true
+}
+
+var notices registry[Notices]
 
 // RegisterNotices makes a cloud's metadata service available to plans
 // that name it. A provider package registers its own in init.
-func RegisterNotices(cloud string, open func() Notices) {
-	noticesMu.Lock()
-	defer noticesMu.Unlock()
-	notices[cloud] = open
-}
+func RegisterNotices(cloud string, open func() Notices) { notices.add(cloud, open) }
 
 // NoticesFor opens the metadata service a plan names.
 func NoticesFor(p Plan) (Notices, error) {
 	if p.Notices == "" {
 		return nil, nil
 	}
-	noticesMu.Lock()
-	defer noticesMu.Unlock()
-	open, ok := notices[p.Notices]
+	n, ok := notices.get(p.Notices)
 	if !ok {
 		return nil, fmt.Errorf("plan: notices: %q is not a cloud of this build", p.Notices)
 	}
-	return open(), nil
+	return n, nil
 }
 
 // Read reads a plan file and checks it.

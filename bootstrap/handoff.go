@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync"
 	"time"
 )
 
@@ -51,27 +50,18 @@ type Source interface {
 // ErrNotYet is a Source's answer while the assignment is not there yet.
 var ErrNotYet = errors.New("the assignment is not there yet")
 
-var (
-	sourcesMu sync.Mutex
-	sources   = map[string]func() Source{}
-)
+var sources registry[Source]
 
 // RegisterSource makes a cloud's handoff available to plans that name
 // it. A provider package registers its own in init.
-func RegisterSource(name string, open func() Source) {
-	sourcesMu.Lock()
-	defer sourcesMu.Unlock()
-	sources[name] = open
-}
+func RegisterSource(name string, open func() Source) { sources.add(name, open) }
 
 func sourceFor(name string) (Source, error) {
-	sourcesMu.Lock()
-	defer sourcesMu.Unlock()
-	open, ok := sources[name]
+	s, ok := sources.get(name)
 	if !ok {
 		return nil, fmt.Errorf("handoff: %q is not a source of this build", name)
 	}
-	return open(), nil
+	return s, nil
 }
 
 // DefaultHandoffWait is how long a machine waits for its assignment when
