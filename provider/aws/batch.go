@@ -202,11 +202,7 @@ func (p *Provider) name(ctx context.Context, inst provider.Instance, account str
 		{Key: awssdk.String("Name"), Value: awssdk.String(spec.Name)},
 	}})
 	if err != nil {
-		err = fmt.Errorf("tag instance %s with its runner %s: %w", inst.ID, spec.Name, err)
-		if terr := p.terminate(ctx, []string{inst.ID}); terr != nil {
-			err = fmt.Errorf("%w; and terminating it failed: %w", err, terr)
-		}
-		return err
+		return p.abandon(ctx, inst.ID, fmt.Errorf("tag instance %s with its runner %s: %w", inst.ID, spec.Name, err))
 	}
 	return p.handOver(ctx, inst, account, spec)
 }

@@ -111,18 +111,25 @@ func (p *Provider) handOver(ctx context.Context, inst provider.Instance, account
 	if err == nil {
 		return nil
 	}
-	if terr := p.terminate(ctx, []string{inst.ID}); terr != nil {
+	return p.abandon(ctx, inst.ID, err)
+}
+
+// abandon terminates an instance launched for a runner that cannot have
+// it, and says why, an error no retry fixes as such.
+func (p *Provider) abandon(ctx context.Context, id string, err error) error {
+	if terr := p.terminate(ctx, []string{id}); terr != nil {
 		err = fmt.Errorf("%w; and terminating the instance failed: %w", err, terr)
 	} else {
 		p.mu.Lock()
-		p.gone[inst.ID] = p.opt.now()
-		delete(p.launched, inst.ID)
+		p.gone[id] = p.opt.now()
+		delete(p.launched, id)
+		delete(p.names, id)
 		p.mu.Unlock()
 	}
-	switch code(err) {
-	case "AccessDeniedException", "ValidationException", "UnrecognizedClientException":
-		// The manager may not store parameters, or they are refused:
-		// no retry fixes that.
+	switch k, c := kindOf(err); {
+	case k == errFatal, c == "AccessDeniedException", c == "ValidationException", c == "UnrecognizedClientException":
+		// The manager may not tag instances or store parameters, or
+		// they are refused: no retry fixes that.
 		return rejected(err)
 	}
 	return err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"net/http/httptest"
@@ -254,4 +255,27 @@ func TestBurstInOneCall(t *testing.T) {
 		t.Errorf("List names %d runners, want %d: %v", len(names), n, names)
 	}
 	t.Logf("%d runners: EC2 calls %v, Parameter Store calls %v", n, calls, sim.SSMCalls())
+}
+
+// An instance whose assignment cannot be stored could never start its
+// agent: it is terminated, and the runner's start fails, to be retried.
+func TestAssignmentNotStoredTerminatesTheInstance(t *testing.T) {
+	p, sim := newProvider(t, "instance_types: [t3.medium]\ninstance_profile: runfleet-runner\n")
+	ctx := context.Background()
+	sim.SetSSMDown(true)
+	if _, err := p.Create(ctx, spec("gpu-1")); err == nil || errors.Is(err, provider.ErrRejected) {
+		t.Fatalf("Create with Parameter Store down: %v, want an error a retry can fix", err)
+	}
+	for _, in := range sim.Instances() {
+		if in.State != "shutting-down" && in.State != "terminated" {
+			t.Errorf("instance %s is %s, want it terminated", in.ID, in.State)
+		}
+	}
+	if list, _ := p.List(ctx, "m1"); len(list) != 0 {
+		t.Errorf("listed: %+v", list)
+	}
+	sim.SetSSMDown(false)
+	if _, err := p.Create(ctx, spec("gpu-1")); err != nil {
+		t.Fatal(err)
+	}
 }
