@@ -49,7 +49,11 @@ func NeedKube(t testing.TB) string {
 	t.Helper()
 	img := NeedDocker(t)
 	kubeOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+		// On a cold cache this builds etcd, Kubernetes and kwok one after
+		// the other: about 15 minutes on two idle cores, and 16 for
+		// Kubernetes alone beside other packages' tests, which a 20-minute
+		// budget for all three did not survive. Once cached, seconds.
+		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 		defer cancel()
 		KubeCP, kubeErr = peers.StartKube(ctx, peers.KubeOptions{Progress: os.Stderr})
 		if kubeErr != nil {
