@@ -131,7 +131,7 @@ func decodedPlan(t *testing.T, ud []byte) string {
 // onInstance plays an instance's side in this process: its metadata
 // service is the stand-in's for that instance. It returns a plan with the
 // pool's handoff, whose power-off writes a file.
-func onInstance(t *testing.T, sim *ec2sim.Server, id, script string) (bootstrap.Plan, string) {
+func onInstance(t *testing.T, sim *ec2sim.Server, id string) (bootstrap.Plan, string) {
 	t.Helper()
 	md := httptest.NewServer(sim.MetadataHandler(id))
 	t.Cleanup(md.Close)
@@ -158,7 +158,7 @@ func TestInstanceTakesItsAssignment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan, off := onInstance(t, sim, inst.ID, "")
+	plan, off := onInstance(t, sim, inst.ID)
 	var out bytes.Buffer
 	why, err := bootstrap.Run(ctx, plan, bootstrap.Options{Output: &out, Tick: 50 * time.Millisecond})
 	if err != nil || why != bootstrap.EndAgent || !strings.Contains(out.String(), "single-use") {
@@ -183,7 +183,7 @@ func TestInstanceTakesItsAssignment(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		plan, off := onInstance(t, sim, inst.ID, "")
+		plan, off := onInstance(t, sim, inst.ID)
 		why, _ := bootstrap.Run(ctx, plan, bootstrap.Options{Output: io.Discard, Tick: 50 * time.Millisecond})
 		if !strings.Contains(why, "was denied") || !strings.Contains(why, "instance_profile") || !strings.Contains(why, "AccessDeniedException") {
 			t.Errorf("why %q: want the denial named, with what to check", why)
