@@ -64,12 +64,12 @@ var stateCodes = map[string]int{"pending": 0, "running": 16, "shutting-down": 32
 var knownTypes = regexp.MustCompile(`^(t2|t3|t3a|m5|m6i|c5|r5|g4dn|g5|g6|p2|p3|p4d|p5)\.(nano|micro|small|medium|large|xlarge|\d+xlarge|metal)$`)
 
 func (s *Server) runInstances(form url.Values) (any, *apiError) {
-	min, _ := strconv.Atoi(form.Get("MinCount"))
-	max, _ := strconv.Atoi(form.Get("MaxCount"))
+	minCount, _ := strconv.Atoi(form.Get("MinCount"))
+	maxCount, _ := strconv.Atoi(form.Get("MaxCount"))
 	switch {
 	case form.Get("MinCount") == "" || form.Get("MaxCount") == "":
 		return nil, &apiError{http.StatusBadRequest, "MissingParameter", "The request must contain the parameter MinCount and MaxCount"}
-	case min < 1 || max < min:
+	case minCount < 1 || maxCount < minCount:
 		return nil, badParam("Invalid value for MinCount/MaxCount")
 	}
 	lt := form.Get("LaunchTemplate.LaunchTemplateId") + form.Get("LaunchTemplate.LaunchTemplateName")
@@ -173,21 +173,21 @@ func (s *Server) runInstances(form url.Values) (any, *apiError) {
 	// and none when that is under MinCount (RunInstances: "Amazon EC2
 	// launches the largest possible number of instances above MinCount").
 	if left, limited := s.capacity[market+" "+typ]; limited {
-		if left < min {
+		if left < minCount {
 			return nil, &apiError{http.StatusInternalServerError, "InsufficientInstanceCapacity", fmt.Sprintf("We currently do not have sufficient %s capacity in the Availability Zone you requested (%s).", typ, zone)}
 		}
-		max = minInt(max, left)
-		s.capacity[market+" "+typ] = left - max
+		maxCount = min(maxCount, left)
+		s.capacity[market+" "+typ] = left - maxCount
 	}
 	if s.closing {
 		return nil, &apiError{http.StatusServiceUnavailable, "Unavailable", "The service is unavailable."}
 	}
-	if err := s.takeResources("RunInstances", max); err != nil {
+	if err := s.takeResources("RunInstances", maxCount); err != nil {
 		return nil, err
 	}
 	res := "r-" + randHex(9)[:17]
 	var out []instanceXML
-	for range max {
+	for range maxCount {
 		in := &Instance{
 			ID: "i-" + randHex(9)[:17], Type: typ, Image: ami, Subnet: subnet, Zone: zone, Reservation: res,
 			State: "pending", Launched: time.Now().UTC().Truncate(time.Second), Created: time.Now(), Tags: maps.Clone(instTags),
@@ -464,11 +464,4 @@ func (s *Server) describeAttribute(form url.Values) (any, *apiError) {
 		Value string `xml:"value"`
 	}{base64.StdEncoding.EncodeToString(in.UserData)}
 	return out, nil
-}
-
-func minInt(a, b int) int {
-	if a < b {
-		return a
-	}
-	return b
 }
