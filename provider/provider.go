@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/http"
 	"os"
 	"time"
 
@@ -280,6 +281,14 @@ type Notice struct {
 	// At is when the machine goes; zero when the backend does not say.
 	At     time.Time
 	Reason string // "spot interruption", "rebalance recommendation", ...
+}
+
+// Handoffer is implemented by providers whose machines take their
+// runner's assignment from the manager rather than from their boot data:
+// the manager serves HandoffHandler at /handoff/<pool> on its webhook
+// listener. A nil handler: the pool's machines do not (no handoff_url).
+type Handoffer interface {
+	HandoffHandler() http.Handler
 }
 
 // Sweeper is implemented by providers whose machines come with resources

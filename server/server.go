@@ -51,6 +51,10 @@ type Config struct {
 	// Jobs is the history of jobs, served at /jobs and /jobs/<id>; nil
 	// serves none.
 	Jobs Jobs
+	// Handoff is the pool's desk where its cloud instances claim their
+	// runner's assignment (provider.Handoffer), served on the webhook
+	// listener at /handoff/<pool>; nil for a pool without one.
+	Handoff func(pool string) http.Handler
 }
 
 // Jobs is what the status listener reads of the history of jobs.
@@ -71,7 +75,8 @@ const (
 )
 
 // Webhooks returns the handler of the webhook listener, which the forges
-// reach: /webhook/<forge>, and nothing else.
+// reach: /webhook/<forge>, and the pools' /handoff/<pool>, which their
+// instances reach.
 func Webhooks(cfg Config) http.Handler {
 	mux := http.NewServeMux()
 	newServer(cfg).routeWebhooks(mux)
@@ -106,6 +111,20 @@ func newServer(cfg Config) *server {
 
 func (s *server) routeWebhooks(mux *http.ServeMux) {
 	mux.HandleFunc("POST /webhook/{forge}", s.webhook)
+	mux.HandleFunc("POST /handoff/{pool}", s.handoff)
+}
+
+// handoff hands a claim to its pool's desk, which checks who asks.
+func (s *server) handoff(w http.ResponseWriter, r *http.Request) {
+	var h http.Handler
+	if s.cfg.Handoff != nil {
+		h = s.cfg.Handoff(r.PathValue("pool"))
+	}
+	if h == nil {
+		http.NotFound(w, r)
+		return
+	}
+	h.ServeHTTP(w, r)
 }
 
 func (s *server) routeStatus(mux *http.ServeMux) {

@@ -253,3 +253,27 @@ func TestDeliveriesReadAFewAtATime(t *testing.T) {
 type parserFunc func(*http.Request, []byte) (forge.Delivery, error)
 
 func (f parserFunc) ParseWebhook(r *http.Request, s []byte) (forge.Delivery, error) { return f(r, s) }
+
+// A pool's instances reach its desk on the webhook listener, and only a
+// pool with one answers there.
+func TestHandoffOnTheWebhookListener(t *testing.T) {
+	desk := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) })
+	h := Webhooks(Config{Handoff: func(pool string) http.Handler {
+		if pool == "gpu" {
+			return desk
+		}
+		return nil
+	}})
+	for path, want := range map[string]int{"/handoff/gpu": http.StatusTeapot, "/handoff/cpu": http.StatusNotFound} {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, path, strings.NewReader("{}")))
+		if w.Code != want {
+			t.Errorf("POST %s: %d, want %d", path, w.Code, want)
+		}
+	}
+	w := httptest.NewRecorder()
+	Status(Config{Handoff: func(string) http.Handler { return desk }}).ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/handoff/gpu", nil))
+	if w.Code == http.StatusTeapot {
+		t.Error("the status listener serves a desk")
+	}
+}

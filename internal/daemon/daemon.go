@@ -97,6 +97,9 @@ func build(cfg *config.Config, log *slog.Logger, readOnly bool) (*Fleet, error) 
 			continue
 		}
 		f.Pools = append(f.Pools, p)
+		if h, ok := f.Providers[cfg.Pools[i].Name].(provider.Handoffer); ok && h.HandoffHandler() != nil && cfg.Listen == "" && !readOnly {
+			errs = append(errs, fmt.Errorf("pools[%d]: its instances claim their assignment from this manager (handoff_url), which serves them on its webhook listener: listen is not set", i))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		f.Close()

@@ -12,6 +12,7 @@ import (
 	"github.com/runfleet/runfleet/demand"
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/gpu"
+	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/server"
 )
 
@@ -43,7 +44,19 @@ func (f *Fleet) serverConfig() server.Config {
 		Token:   []byte(f.Config.StatusToken.Reveal()),
 		Logger:  f.log.With("component", "server"),
 		Jobs:    f,
+		Handoff: f.handoff,
 	}
+}
+
+// handoff is the desk of the pool's provider, nil when it has none.
+func (f *Fleet) handoff(pool string) http.Handler {
+	f.mu.Lock()
+	p := f.Providers[pool]
+	f.mu.Unlock()
+	if h, ok := p.(provider.Handoffer); ok {
+		return h.HandoffHandler()
+	}
+	return nil
 }
 
 // unhealthyAfter is how long every pool's passes must have failed before

@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -26,8 +27,8 @@ func (toyProviderDriver) decode(c provider.PoolConfig) (toyFlavour, error) {
 	if err := config.DecodeSection(c.Section, &s); err != nil {
 		return s, fmt.Errorf("toy.%w", err)
 	}
-	if s.Flavour != "small" && s.Flavour != "large" {
-		return s, fmt.Errorf("toy.flavour: %q is not small or large", s.Flavour)
+	if s.Flavour != "small" && s.Flavour != "large" && s.Flavour != "handoff" {
+		return s, fmt.Errorf("toy.flavour: %q is not small, large or handoff", s.Flavour)
 	}
 	return s, nil
 }
@@ -47,6 +48,15 @@ func (d toyProviderDriver) Open(c provider.PoolConfig) (provider.Provider, error
 	p := &toyProvider{flavour: s.Flavour, machines: map[string]*toyMachine{}}
 	toyProviders.Store(c.Pool, p)
 	return p, nil
+}
+
+// HandoffHandler: a handoff toy's machines claim their assignment from
+// the manager (provider.Handoffer).
+func (p *toyProvider) HandoffHandler() http.Handler {
+	if p.flavour != "handoff" {
+		return nil
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) })
 }
 
 type toyMachine struct {

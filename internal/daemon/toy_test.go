@@ -3,6 +3,8 @@ package daemon_test
 import (
 	"context"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -103,7 +105,7 @@ func TestToySectionErrors(t *testing.T) {
 	doc = strings.Replace(doc, "queue: q1", "queue: ''", 1)
 	doc = strings.Replace(doc, "size: 1", "size: -1", 1)
 	_, err := config.Parse([]byte(doc))
-	for _, want := range []string{`pools[0].toy.flavour: "huge" is not small or large`, "forges[0].queue: is required", "pools[0].size: must not be negative"} {
+	for _, want := range []string{`pools[0].toy.flavour: "huge" is not small, large or handoff`, "forges[0].queue: is required", "pools[0].size: must not be negative"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v lacks %q", err, want)
 		}
@@ -139,4 +141,33 @@ func waitState(t *testing.T, fleet *daemon.Fleet, state string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("runner not %s: %+v", state, fleet.Pools[0].Runners())
+}
+
+// A pool whose machines claim their assignment from the manager needs the
+// webhook listener they reach it on: without listen the fleet does not
+// start; with it, /handoff/<pool> is the pool's provider's desk.
+func TestHandoffNeedsTheWebhookListener(t *testing.T) {
+	t.Setenv("TOY_FORGE_TOKEN", "toy-forge-secret")
+	doc := strings.Replace(strings.Replace(toyFleet, "%s", t.TempDir(), 1), "flavour: small", "flavour: handoff", 1)
+	cfg, err := config.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := daemon.New(cfg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "pools[0]: its instances claim their assignment from this manager (handoff_url), which serves them on its webhook listener: listen is not set") {
+		t.Fatalf("no listen: %v", err)
+	}
+	cfg, err = config.Parse([]byte("listen: 127.0.0.1:0\n" + doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet, err := daemon.New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fleet.Close()
+	w := httptest.NewRecorder()
+	fleet.WebhookHandler().ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/handoff/toys", strings.NewReader("{}")))
+	if w.Code != http.StatusTeapot {
+		t.Errorf("POST /handoff/toys: %d, want the pool's desk", w.Code)
+	}
 }

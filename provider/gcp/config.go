@@ -56,6 +56,17 @@ type Section struct {
 	ServiceAccount string            `json:"service_account"`
 	Scopes         []string          `json:"scopes"`
 	Labels         map[string]string `json:"labels"`
+	// HandoffURL is the manager's webhook listener as the instances
+	// reach it (http://10.128.0.2:8080). With it, no credential is put
+	// in an instance's metadata: the instance proves who it is with its
+	// identity token, which needs a service account (one with no roles
+	// will do), and takes its runner's assignment from the manager once
+	// (vm.Desk).
+	HandoffURL string `json:"handoff_url"`
+	// IdentityCerts is where the manager fetches the keys Google signs
+	// identity tokens with (GoogleCerts when empty): a mirror, for a
+	// manager that cannot reach www.googleapis.com.
+	IdentityCerts string `json:"identity_certs"`
 
 	// Spot asks for Spot VMs, deleted when Compute Engine takes them
 	// back. SpotFallback "on_demand" starts a standard instance when no
@@ -205,6 +216,21 @@ func (s Section) check() error {
 	}
 	if sa := s.ServiceAccount; sa != "" && sa != "default" && !strings.Contains(sa, "@") {
 		add("service_account", "%q is not a service account's email (or default)", sa)
+	}
+	if h := s.HandoffURL; h != "" {
+		if u, err := url.Parse(h); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			add("handoff_url", "%q is not an http(s) URL without a query (the manager's listen address as the instances reach it)", h)
+		}
+		if s.ServiceAccount == "" {
+			add("handoff_url", "needs service_account: an instance proves who it is with its service account's identity token (an account with no roles will do)")
+		}
+	}
+	if c := s.IdentityCerts; c != "" {
+		if u, err := url.Parse(c); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			add("identity_certs", "%q is not an http(s) URL", c)
+		} else if s.HandoffURL == "" {
+			add("identity_certs", "is set, but handoff_url is not")
+		}
 	}
 	if len(s.Scopes) > 0 && s.ServiceAccount == "" {
 		add("scopes", "are set, but service_account is not")

@@ -101,13 +101,13 @@ func TestCMLSection(t *testing.T) {
 func TestStartupScriptCarriesOnlyThePlan(t *testing.T) {
 	s, _ := DecodeSection(section(t, "zones: [us-central1-a]\nimage: projects/p-123456/global/images/r\nmachine_types: [e2-medium]\n"))
 	spec := provider.Spec{Name: "p-1", Manager: "m", Pool: "p", Command: "gitea-runner", Files: map[string][]byte{".runner": []byte("tok-e2e-credential")}}
-	script, err := startupScript(s, spec, time.Now(), time.Minute, time.Hour)
+	script, err := startupScript(s, nil, spec, time.Now(), time.Minute, time.Hour)
 	if err != nil || !strings.Contains(script, "agent --plan") || strings.Contains(script, "tok-e2e-credential") || !strings.Contains(script, `"notices"`) && !strings.Contains(script, "base64") {
 		t.Errorf("startup script (%v):\n%s", err, script)
 	}
 	big := spec
 	big.Files = map[string][]byte{"blob": make([]byte, 300<<10)}
-	if _, err := startupScript(s, big, time.Now(), 0, time.Hour); err == nil || !strings.Contains(err.Error(), "over Compute Engine's 262144") {
+	if _, err := startupScript(s, nil, big, time.Now(), 0, time.Hour); err == nil || !strings.Contains(err.Error(), "over Compute Engine's 262144") {
 		t.Errorf("oversized script: %v", err)
 	}
 }

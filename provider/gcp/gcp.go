@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"maps"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,8 +69,11 @@ type Options struct {
 	// Listing is the manager's instances in the project, shared with its
 	// other pools there (one of the pool's own when nil).
 	Listing *Listing
-	Logger  *slog.Logger
-	now     func() time.Time
+	// Verifier checks the identity tokens of instances claiming their
+	// assignment (Section.HandoffURL); Google's keys when nil.
+	Verifier Verifier
+	Logger   *slog.Logger
+	now      func() time.Time
 }
 
 // Provider is one pool's instances.
@@ -78,6 +82,7 @@ type Provider struct {
 	watch vm.Poller
 	fresh sync.Mutex // one list at a time
 	book  vm.Book[where]
+	desk  *vm.Desk // assignments waiting for their instances; nil without handoff_url
 
 	mu      sync.Mutex
 	suspect map[string]string // spot instances stopping or vanished: name → runner
@@ -107,6 +112,21 @@ func New(o Options) *Provider {
 		o.Listing = &Listing{}
 	}
 	p := &Provider{opt: o, suspect: map[string]string{}}
+	if u := deskURL(o.Section, o.Pool); u != "" {
+		verifier := sync.OnceValues(func() (Verifier, error) {
+			if o.Verifier != nil {
+				return o.Verifier, nil
+			}
+			return NewVerifier(context.Background(), o.Section.IdentityCerts)
+		})
+		p.desk = &vm.Desk{URL: u, Logger: o.Logger, Verify: func(ctx context.Context, token, audience string) (string, error) {
+			v, err := verifier()
+			if err != nil {
+				return "", err
+			}
+			return verify(ctx, v, o.Project, token, audience)
+		}}
+	}
 	p.watch = vm.Poller{Interval: o.Section.PollInterval.Duration, What: "listing instances", Logger: o.Logger, Poll: p.poll}
 	return p
 }
@@ -117,6 +137,7 @@ var (
 	_ provider.Preempter   = (*Provider)(nil)
 	_ provider.Describer   = (*Provider)(nil)
 	_ provider.CallCounter = (*Provider)(nil)
+	_ provider.Handoffer   = (*Provider)(nil)
 )
 
 func (p *Provider) Traits() provider.Traits {
@@ -136,15 +157,16 @@ func (p *Provider) Close() error {
 
 // Create starts the runner's instance: the first machine type and zone
 // with capacity, Spot first when the pool asks for it, then standard when
-// its fallback says so. Bulk insert would not save calls here: each
-// runner's instance carries its own credential in its metadata, which
-// bulkInsert's per-instance properties cannot hold.
+// its fallback says so. Without handoff_url, bulk insert would not save
+// calls here: each runner's instance carries its own credential in its
+// metadata, which bulkInsert's per-instance properties cannot hold.
 func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
 	if inst, ok := p.book.Live(spec.Name); ok {
 		return inst, nil
 	}
 	s := p.opt.Section
-	script, err := startupScript(s, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
+	h := p.handoff()
+	script, err := startupScript(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
 	if err != nil {
 		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
 	}
@@ -156,7 +178,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	}.Try(spec.Name, func(spot bool, typ, zone string) (err error) {
 		if spec.Record != nil {
 			vm.Placed(spec, s.Image, typ, zone, spot)
-			if script, err = startupScript(s, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime); err != nil {
+			if script, err = startupScript(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime); err != nil {
 				return fmt.Errorf("%w: %w", provider.ErrRejected, err)
 			}
 		}
@@ -208,6 +230,10 @@ func (p *Provider) insert(ctx context.Context, spec provider.Spec, script, typ, 
 	if err != nil {
 		return provider.Instance{}, err
 	}
+	id := op.GetTargetId()
+	if err := p.hold(id, spec); err != nil {
+		return provider.Instance{}, p.abandon(ctx, zone, name, err)
+	}
 	now := p.opt.now()
 	inst := provider.Instance{ID: name, Name: spec.Name, Manager: spec.Manager, Pool: spec.Pool, State: provider.StateCreated, Created: now}
 	// Listed as coming up while its operation runs, so that a pass in
@@ -225,10 +251,25 @@ func (p *Provider) insert(ctx context.Context, spec provider.Spec, script, typ, 
 			return provider.Instance{}, err
 		}
 		p.book.Failed(name)
+		if p.desk != nil {
+			p.desk.Drop(strconv.FormatUint(id, 10))
+		}
 		return provider.Instance{}, err
 	}
 	p.opt.Logger.Info("instance inserted", "runner", spec.Name, "instance", name, "type", typ, "zone", zone, "market", market(spot))
 	return inst, nil
+}
+
+// abandon deletes an instance made for a runner that cannot have it, and
+// says why, as an error no retry fixes.
+func (p *Provider) abandon(ctx context.Context, zone, name string, err error) error {
+	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	derr := p.opt.API.Delete(cctx, p.opt.Project, zone, name, uuid.NewString())
+	cancel()
+	if k, _ := kindOf(derr); derr != nil && k != errNotFound {
+		err = fmt.Errorf("%w; and deleting instance %s failed: %w", err, name, derr)
+	}
+	return fmt.Errorf("%w: %w", provider.ErrRejected, err)
 }
 
 // instanceResource is the instance asked for: labelled, its boot disk

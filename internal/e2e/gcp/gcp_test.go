@@ -18,13 +18,15 @@ import (
 
 // A Spot pool of Compute Engine instances (size 1, max 3) on the
 // stand-in runs 4 jobs, each on an instance of its own; no long-lived
-// secret reaches an instance's metadata, labels, processes or files;
-// after SIGTERM every instance and disk is deleted and no registration
-// is left.
+// secret reaches an instance's metadata, labels, processes or files, and
+// with handoff_url no runner's credential is in its metadata: each
+// instance claims its own from the manager, once; after SIGTERM every
+// instance and disk is deleted and no registration is left.
 func TestGCPSpotRunsJobs(t *testing.T) {
 	sim := harness.NeedGCE(t)
-	f := harness.NewFleet(t, "gcpspot", harness.FleetOptions{Size: 1, Max: 3, GCE: sim, GCP: "      spot: true\n      labels: {team: ml}\n",
-		Forge: "    poll_interval: 2s\n"})
+	top, handoff := harness.GCPHandoff(t, sim)
+	f := harness.NewFleet(t, "gcpspot", harness.FleetOptions{Size: 1, Max: 3, GCE: sim, GCP: "      spot: true\n      labels: {team: ml}\n" + handoff,
+		Top: top, Forge: "    poll_interval: 2s\n"})
 	f.Start()
 	harness.Eventually(t, 2*time.Minute, "1 idle runner", func() bool { return f.IdleOnline() == 1 })
 	in := sim.Instances()[0]
@@ -32,6 +34,7 @@ func TestGCPSpotRunsJobs(t *testing.T) {
 		t.Errorf("instance %s: model %s labels %v", in.Name, in.Model, in.Labels)
 	}
 	f.CheckNoSecretOnGCE()
+	f.CheckCredentialClaimedOnce(gcp.DefaultWorkdir)
 
 	f.Push(harness.Matrix("gcpspot", 4, harness.HostJob+"sleep 5\n"+harness.RecordJob))
 	jobs := f.WaitJobs(4, 5*time.Minute)

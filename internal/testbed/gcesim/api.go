@@ -23,6 +23,7 @@ const base = "/compute/v1/projects/{project}"
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /token", s.token)
+	mux.HandleFunc("GET "+CertsPath, s.certs)
 	route := func(pattern, method string, h func(*http.Request) (proto.Message, *apiError)) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			if !s.authorized(r) {
@@ -106,6 +107,7 @@ func (s *Server) insert(r *http.Request) (proto.Message, *apiError) {
 	}
 	inst := s.newInstance(&in, zone)
 	o := s.newOp("insert", zone, inst.self)
+	o.targetID = inst.id
 	if reqID != "" {
 		s.requests[reqID] = o
 	}

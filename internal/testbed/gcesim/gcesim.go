@@ -73,6 +73,7 @@ type Server struct {
 	ts      *httptest.Server
 	key     *rsa.PrivateKey
 	keyID   string
+	id      *signer // Google's key for instance identity tokens
 	latency atomic.Int64
 
 	mu         sync.Mutex
@@ -95,6 +96,7 @@ type Server struct {
 	wg         sync.WaitGroup
 	changed    *sync.Cond
 	projectNum string
+	identities int
 }
 
 type fault struct {
@@ -120,7 +122,11 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{opt: o, key: key, keyID: randHex(20), tokens: map[string]time.Time{},
+	id, err := newSigner()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{opt: o, key: key, keyID: randHex(20), id: id, tokens: map[string]time.Time{},
 		instances: map[string]*Instance{}, disks: map[string]*Disk{}, ops: map[string]*op{}, requests: map[string]*op{},
 		images: map[string]string{}, noCap: map[string]bool{}, noQuota: map[string]bool{}, faults: map[string][]fault{},
 		calls: map[string]int{}, used: map[string]int{}, projectNum: "424242424242"}

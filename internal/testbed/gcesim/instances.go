@@ -118,6 +118,7 @@ type op struct {
 	name, typ, zone, target, status, message string
 	id                                       uint64
 	insert, start, end                       time.Time
+	targetID                                 uint64 // the instance's id, as an insert's operation names it
 	errCodes, errMsgs                        []string
 	httpStatus                               int
 }
@@ -160,6 +161,9 @@ func (o *op) proto() *computepb.Operation {
 		OperationType: proto.String(o.typ), TargetLink: proto.String(o.target), Status: computepb.Operation_Status(computepb.Operation_Status_value[o.status]).Enum(),
 		InsertTime: proto.String(o.insert.Format(time.RFC3339)), Zone: proto.String(zoneLink(o.target)), Progress: proto.Int32(0),
 		SelfLink: proto.String(zoneLink(o.target) + "/operations/" + o.name)}
+	if o.targetID != 0 {
+		p.TargetId = proto.Uint64(o.targetID)
+	}
 	if o.message != "" {
 		p.StatusMessage = proto.String(o.message)
 	}
@@ -365,6 +369,10 @@ func (s *Server) metadata(in *Instance, w http.ResponseWriter, r *http.Request) 
 	p, ok := strings.CutPrefix(r.URL.Path, "/computeMetadata/v1/")
 	if !ok || r.Method != http.MethodGet {
 		http.NotFound(w, r)
+		return
+	}
+	if p == "instance/service-accounts/default/identity" {
+		s.identity(in, w, r)
 		return
 	}
 	s.mu.Lock()
