@@ -19,8 +19,8 @@ import (
 type API interface {
 	// Create asks for a VM and waits until Azure has made it or says
 	// why it cannot: allocation failures come from the long-running
-	// operation, not from the request.
-	Create(ctx context.Context, group, name string, vm armcompute.VirtualMachine) error
+	// operation, not from the request. It returns the VM's vmId.
+	Create(ctx context.Context, group, name string, vm armcompute.VirtualMachine) (string, error)
 	// Delete starts the deletion of a VM (and of its NIC, public address
 	// and OS disk, marked deleteOption Delete); it does not wait.
 	Delete(ctx context.Context, group, name string) error
@@ -49,15 +49,19 @@ type sdkAPI struct {
 	sched *armdevtestlabs.GlobalSchedulesClient
 }
 
-func (a sdkAPI) Create(ctx context.Context, group, name string, vm armcompute.VirtualMachine) error {
+func (a sdkAPI) Create(ctx context.Context, group, name string, vm armcompute.VirtualMachine) (string, error) {
 	poller, err := a.vms.BeginCreateOrUpdate(ctx, group, name, vm, nil)
 	if err != nil {
-		return err
+		return "", err
 	}
-	if _, err = poller.PollUntilDone(ctx, &runtime.PollUntilDoneOptions{Frequency: PollInterval}); err != nil {
-		return &madeFailed{err}
+	made, err := poller.PollUntilDone(ctx, &runtime.PollUntilDoneOptions{Frequency: PollInterval})
+	if err != nil {
+		return "", &madeFailed{err}
 	}
-	return nil
+	if made.Properties == nil || made.Properties.VMID == nil {
+		return "", nil
+	}
+	return *made.Properties.VMID, nil
 }
 
 // madeFailed is a creation that failed after Azure took the request: the

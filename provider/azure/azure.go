@@ -82,6 +82,7 @@ type Provider struct {
 	watch vm.Poller
 	fresh sync.Mutex // one list at a time
 	book  vm.Book[where]
+	desk  *vm.Desk // assignments waiting for their VMs; nil without handoff_url
 
 	mu      sync.Mutex
 	evicted map[string]string // spot VMs deleted by Azure: name → runner
@@ -132,6 +133,13 @@ func New(o Options) (*Provider, error) {
 		o.Logger.Warn("max_lifetime is over a day: the VMs get no auto-shutdown schedule (it is daily), so a VM whose manager is gone is billed while stopped until it is deleted (runfleet gc)", "max_lifetime", o.Lifetime)
 	}
 	p := &Provider{opt: o, image: img, key: key, evicted: map[string]string{}}
+	if u := deskURL(o.Section, o.Pool); u != "" {
+		a, err := newAttestation(o.Subscription, o.Section.AttestedRoots, o.now)
+		if err != nil {
+			return nil, err
+		}
+		p.desk = &vm.Desk{URL: u, Logger: o.Logger, Verify: a.verify}
+	}
 	p.watch = vm.Poller{Interval: o.Section.PollInterval.Duration, What: "listing VMs", Logger: o.Logger, Poll: p.poll}
 	return p, nil
 }
@@ -142,6 +150,7 @@ var (
 	_ provider.Preempter   = (*Provider)(nil)
 	_ provider.Describer   = (*Provider)(nil)
 	_ provider.CallCounter = (*Provider)(nil)
+	_ provider.Handoffer   = (*Provider)(nil)
 )
 
 func (p *Provider) Traits() provider.Traits {
@@ -172,7 +181,8 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		return inst, nil
 	}
 	s := p.opt.Section
-	script, err := customData(s, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
+	h := p.handoff()
+	script, err := customData(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
 	if err != nil {
 		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
 	}
@@ -184,7 +194,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	}.Try(spec.Name, func(spot bool, size, loc string) (err error) {
 		if spec.Record != nil {
 			vm.Placed(spec, s.Image, size, loc, spot)
-			if script, err = customData(s, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime); err != nil {
+			if script, err = customData(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime); err != nil {
 				return fmt.Errorf("%w: %w", provider.ErrRejected, err)
 			}
 		}
@@ -258,7 +268,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, script []byte
 	// meantime neither starts another nor deletes it.
 	p.book.Launched(seenVM{Inst: inst, Data: where{group: p.opt.Section.ResourceGroup, spot: spot}})
 	cctx, cancel := context.WithTimeout(ctx, CreateTimeout)
-	err := p.opt.API.Create(cctx, p.opt.Section.ResourceGroup, name, res)
+	vmID, err := p.opt.API.Create(cctx, p.opt.Section.ResourceGroup, name, res)
 	cancel()
 	if err != nil {
 		if kind, _ := kindOf(err); kind == errOther {
@@ -275,6 +285,13 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, script []byte
 			_ = p.deleteVM(ctx, p.opt.Section.ResourceGroup, name, spec.Name)
 		}
 		return provider.Instance{}, err
+	}
+	if err := p.hold(vmID, spec); err != nil {
+		// A VM that could never take its runner's assignment.
+		if derr := p.deleteVM(ctx, p.opt.Section.ResourceGroup, name, spec.Name); derr != nil {
+			err = fmt.Errorf("%w; and deleting VM %s failed: %w", err, name, derr)
+		}
+		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
 	}
 	p.opt.Logger.Info("VM created", "runner", spec.Name, "vm", name, "size", size, "location", loc, "market", market(spot))
 	p.schedule(ctx, name, loc, res.Tags, now.Add(p.opt.Lifetime))

@@ -55,8 +55,16 @@ type Section struct {
 	// Identity is a user-assigned managed identity (its resource ID)
 	// that gives jobs a cloud identity. Without one a VM holds no cloud
 	// credential at all.
-	Identity string            `json:"identity"`
-	Tags     map[string]string `json:"tags"`
+	Identity string `json:"identity"`
+	// HandoffURL is the manager's webhook listener as the VMs reach it
+	// (http://10.0.0.4:8080). With it, no credential is put in a VM's
+	// custom data: the VM proves who it is with its attested data and
+	// takes its runner's assignment from the manager once (vm.Desk).
+	HandoffURL string `json:"handoff_url"`
+	// AttestedRoots is a PEM file of the roots the attested data's
+	// certificates chain to (the system's when empty).
+	AttestedRoots string            `json:"attested_roots"`
+	Tags          map[string]string `json:"tags"`
 
 	// Spot asks for Spot VMs, deleted when Azure evicts them, at most
 	// MaxPrice dollars an hour (-1, the default: up to the pay-as-you-go
@@ -189,6 +197,14 @@ func (s Section) check() error {
 	}
 	if s.SubscriptionID != "" && !uuidRE.MatchString(s.SubscriptionID) {
 		add("subscription_id", "%q is not a subscription id (a GUID)", s.SubscriptionID)
+	}
+	if h := s.HandoffURL; h != "" {
+		if u, err := url.Parse(h); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			add("handoff_url", "%q is not an http(s) URL without a query (the manager's listen address as the VMs reach it)", h)
+		}
+	}
+	if s.AttestedRoots != "" && s.HandoffURL == "" {
+		add("attested_roots", "is set, but handoff_url is not")
 	}
 	switch {
 	case s.ResourceGroup == "":

@@ -23,11 +23,20 @@ const MaxCustomData = 65535
 
 // customData is the VM's boot script (vm.Boot), run by cloud-init from
 // the custom data, with evictions read from Scheduled Events.
-func customData(s Section, spec provider.Spec, now time.Time, idle, lifetime time.Duration) ([]byte, error) {
+func customData(s Section, h *bootstrap.Handoff, spec provider.Spec, now time.Time, idle, lifetime time.Duration) ([]byte, error) {
+	return boot(s, h, idle, lifetime).Script(spec, now)
+}
+
+func boot(s Section, h *bootstrap.Handoff, idle, lifetime time.Duration) vm.Boot {
 	return vm.Boot{
 		Cloud: "Azure", Notices: "azure", Limit: MaxCustomData, Runfleet: s.Runfleet, Workdir: s.Workdir, Install: s.Install,
-		StartupScript: s.StartupScript, SSHPublicKey: s.SSHPublicKey, IdleTimeout: idle, Lifetime: lifetime,
-	}.Script(spec, now)
+		StartupScript: s.StartupScript, SSHPublicKey: s.SSHPublicKey, IdleTimeout: idle, Lifetime: lifetime, Handoff: h,
+	}
+}
+
+// boot is the pool's vm.Boot with handoff h.
+func (p *Provider) boot(h *bootstrap.Handoff) vm.Boot {
+	return boot(p.opt.Section, h, p.opt.IdleTimeout, p.opt.Lifetime)
 }
 
 // IMDSEnv names the Instance Metadata Service's address (host:port) when
@@ -64,14 +73,20 @@ func init() {
 // NewScheduledEvents is the service at its link-local address, or at
 // RUNFLEET_AZURE_IMDS when that is set.
 func NewScheduledEvents() *ScheduledEvents {
-	host := os.Getenv(IMDSEnv)
-	if host == "" {
-		host = "169.254.169.254"
-	}
+	host := imdsHost()
 	// The metadata service is never reached through a proxy. Each call's
 	// context bounds it (Pace): the first may take minutes.
 	tr := &http.Transport{Proxy: nil}
 	return &ScheduledEvents{base: "http://" + host, c: &http.Client{Transport: tr}}
+}
+
+// imdsHost is the Instance Metadata Service's host: Azure's link-local
+// address, or RUNFLEET_AZURE_IMDS.
+func imdsHost() string {
+	if h := os.Getenv(IMDSEnv); h != "" {
+		return h
+	}
+	return "169.254.169.254"
 }
 
 // Pace asks every second, as Azure advises for the 30 s of a Preempt

@@ -86,27 +86,29 @@ type Server struct {
 	fake        *fake.VirtualMachinesServerTransport
 	listMu      sync.Mutex // one listing through the fake's pager at a time
 
-	mu      sync.Mutex
-	tokens  map[string]time.Time
-	vms     map[string]*VM // by group/name
-	order   []*VM
-	images  map[string]string
-	subnets map[string]string // subnet ID → location
-	groups  map[string]bool
-	noCap   map[string]bool // "<priority> <size> <location>", with "" for any
-	noSKU   map[string]bool // "<size> <location>"
-	noQuota map[string]bool // locations
-	faults  map[string][]fault
-	calls   map[string]int
-	lro     map[string]string        // path → the API whose operation it polls
-	scheds  map[string]*Schedule     // by group/name
-	compute map[string]*rate.Limiter // Compute's policies: by name, and "<name> <vm>"
-	offset  atomic.Int64             // Advance's, in nanoseconds
-	quit    chan struct{}
-	buckets map[string]*rate.Limiter
-	down    bool
-	wg      sync.WaitGroup
-	dir     string
+	mu           sync.Mutex
+	tokens       map[string]time.Time
+	vms          map[string]*VM // by group/name
+	order        []*VM
+	images       map[string]string
+	subnets      map[string]string // subnet ID → location
+	groups       map[string]bool
+	noCap        map[string]bool // "<priority> <size> <location>", with "" for any
+	noSKU        map[string]bool // "<size> <location>"
+	noQuota      map[string]bool // locations
+	faults       map[string][]fault
+	calls        map[string]int
+	lro          map[string]string        // path → the API whose operation it polls
+	scheds       map[string]*Schedule     // by group/name
+	compute      map[string]*rate.Limiter // Compute's policies: by name, and "<name> <vm>"
+	offset       atomic.Int64             // Advance's, in nanoseconds
+	quit         chan struct{}
+	buckets      map[string]*rate.Limiter
+	down         bool
+	wg           sync.WaitGroup
+	dir          string
+	pki          *pki // what signs the VMs' attested data
+	attestations int
 }
 
 type fault struct {
@@ -140,6 +142,9 @@ func New(o Options) (*Server, error) {
 			// Azure Resource Manager's documented token buckets.
 			"read": rate.NewLimiter(25, 250), "write": rate.NewLimiter(10, 200), "delete": rate.NewLimiter(10, 200),
 		}}
+	if s.pki, err = newPKI(dir); err != nil {
+		return nil, err
+	}
 	s.latency.Store(int64(o.Latency))
 	for _, loc := range Locations {
 		s.subnets[SubnetID(loc)] = loc
@@ -202,6 +207,7 @@ func (s *Server) Close() {
 	live := append([]*VM(nil), s.order...)
 	s.mu.Unlock()
 	s.ts.Close()
+	s.pki.aia.Close()
 	close(s.quit)
 	for _, v := range live {
 		s.end(v, true)

@@ -444,6 +444,8 @@ func (s *Server) imds(v *VM, w http.ResponseWriter, r *http.Request) {
 	case r.URL.Path == "/metadata/instance/compute" && r.Method == http.MethodGet:
 		_ = json.NewEncoder(w).Encode(map[string]string{"name": v.Name, "location": v.Location, "vmSize": v.Size, "resourceGroupName": v.Group,
 			"subscriptionId": Subscription, "priority": v.Priority})
+	case r.URL.Path == "/metadata/attested/document" && r.Method == http.MethodGet:
+		s.attested(v, w, r)
 	case r.URL.Path == "/metadata/scheduledevents" && r.Method == http.MethodGet:
 		_ = json.NewEncoder(w).Encode(map[string]any{"DocumentIncarnation": len(v.events), "Events": append([]scheduledEvent{}, v.events...)})
 	case r.URL.Path == "/metadata/scheduledevents" && r.Method == http.MethodPost:
