@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -52,9 +53,9 @@ const AttestedVersion = "2020-09-01"
 // Validating that the VM is running in Azure").
 var attestedNames = []string{"metadata.azure.com", "metadata.azure.us", "metadata.azure.cn", "metadata.microsoftazure.de"}
 
-// nonce is the attested data's nonce for a claim's audience: its hash,
+// Nonce is the attested data's nonce for a claim's audience: its hash,
 // as 32 alphanumerics (IMDS takes up to 32).
-func nonce(audience string) string {
+func Nonce(audience string) string {
 	h := sha256.Sum256([]byte(audience))
 	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(h[:]))[:32]
 }
@@ -90,6 +91,10 @@ type attestation struct {
 	roots        *x509.CertPool // never nil: pkcs7 checks no chain without one
 	client       *http.Client   // for the certificates' issuers (AIA)
 	now          func() time.Time
+	// anyIssuer fetches an issuer from any AIA URL, where the site
+	// names its own roots; otherwise only from issuerHosts, so that a
+	// forged document cannot make the manager fetch what it names.
+	anyIssuer bool
 
 	mu      sync.Mutex
 	issuers map[string]*x509.Certificate // by AIA URL
@@ -109,6 +114,7 @@ func newAttestation(subscription, rootsFile string, now func() time.Time) (*atte
 		if err != nil {
 			return nil, fmt.Errorf("azure.attested_roots: %w", err)
 		}
+		a.anyIssuer = true
 		a.roots = x509.NewCertPool()
 		if !a.roots.AppendCertsFromPEM(b) {
 			return nil, fmt.Errorf("azure.attested_roots: %s holds no PEM certificate", rootsFile)
@@ -170,7 +176,7 @@ func (a *attestation) verify(ctx context.Context, token, audience string) (strin
 	}
 	exp, err := time.Parse(attestedTime, c.TimeStamp.ExpiresOn)
 	switch {
-	case c.Nonce != nonce(audience):
+	case c.Nonce != Nonce(audience):
 		return "", errors.New("the nonce is not this claim's")
 	case !strings.EqualFold(c.SubscriptionID, a.subscription):
 		return "", fmt.Errorf("a VM of subscription %s, not %s", c.SubscriptionID, a.subscription)
@@ -193,12 +199,19 @@ func names(c *x509.Certificate, want []string) bool {
 	return false
 }
 
+// issuerHosts are where Microsoft publishes the issuers of its
+// certificates (the AIA URLs of the attested data's, and DigiCert's).
+var issuerHosts = []string{"www.microsoft.com", "caissuers.microsoft.com", "cacerts.digicert.com"}
+
 // issuer fetches a certificate's issuer from its AIA URL, once per URL.
 func (a *attestation) issuer(ctx context.Context, c *x509.Certificate) (*x509.Certificate, error) {
 	if len(c.IssuingCertificateURL) == 0 {
 		return nil, errors.New("no AIA URL")
 	}
 	u := c.IssuingCertificateURL[0]
+	if pu, err := url.Parse(u); err != nil || !a.anyIssuer && !slices.Contains(issuerHosts, pu.Hostname()) {
+		return nil, fmt.Errorf("the issuer's URL %q is not Microsoft's", u)
+	}
 	a.mu.Lock()
 	got, ok := a.issuers[u]
 	a.mu.Unlock()
@@ -254,7 +267,7 @@ func init() {
 
 func (as attestedSource) Take(ctx context.Context, h bootstrap.Handoff) (bootstrap.Assignment, error) {
 	return vm.ClaimFrom(ctx, as.c, h.Params["url"], func(ctx context.Context, audience string) (string, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+imdsHost()+"/metadata/attested/document?api-version="+AttestedVersion+"&nonce="+nonce(audience), nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+imdsHost()+"/metadata/attested/document?api-version="+AttestedVersion+"&nonce="+Nonce(audience), nil)
 		if err != nil {
 			return "", err
 		}

@@ -83,7 +83,7 @@ func onVM(t *testing.T, sim *armsim.Server, name string) (bootstrap.Plan, string
 }
 
 func attestedOf(ctx context.Context, audience string) (string, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+os.Getenv(IMDSEnv)+"/metadata/attested/document?api-version="+AttestedVersion+"&nonce="+nonce(audience), nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+os.Getenv(IMDSEnv)+"/metadata/attested/document?api-version="+AttestedVersion+"&nonce="+Nonce(audience), nil)
 	req.Header.Set("Metadata", "true")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -177,6 +177,13 @@ func TestVMClaimsItsAssignment(t *testing.T) {
 			if _, err := a.verify(ctx, doc, tt.aud); err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("%s: %v, want refused (%s)", tt.what, err, tt.want)
 			}
+		}
+		// The system's roots: a forged document names any URL for its
+		// issuer, and the manager fetches only Microsoft's.
+		before := sim.IssuerFetches()
+		sys, _ := newAttestation(armsim.Subscription, "", time.Now)
+		if _, err := sys.verify(ctx, doc, "aud"); err == nil || sim.IssuerFetches() != before {
+			t.Errorf("with the system's roots: %v, and %d fetches of a stand-in's AIA URL, want refused and none", err, sim.IssuerFetches()-before)
 		}
 		a, _ := newAttestation(armsim.Subscription, sim.AttestedRoots(), time.Now)
 		if id, err := a.verify(ctx, doc, "aud"); err != nil || id == "" {

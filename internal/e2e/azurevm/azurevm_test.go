@@ -13,16 +13,20 @@ import (
 	"github.com/runfleet/runfleet/internal/testbed/armsim"
 	"github.com/runfleet/runfleet/internal/testbed/ghsim"
 	"github.com/runfleet/runfleet/internal/testbed/harness"
+	"github.com/runfleet/runfleet/provider/azure"
 )
 
 // A Spot pool of Azure VMs (size 1, max 3) on the stand-in runs 4 jobs,
 // each on a VM of its own; no long-lived secret reaches a VM's custom
-// data, tags, processes or files; after SIGTERM every VM, NIC, public
-// address and disk is deleted and no registration is left.
+// data, tags, processes or files, and with handoff_url no runner's
+// credential is in its custom data: each VM claims its own from the
+// manager with its attested data, once; after SIGTERM every VM, NIC,
+// public address and disk is deleted and no registration is left.
 func TestAzureSpotRunsJobs(t *testing.T) {
 	sim := harness.NeedARM(t)
-	f := harness.NewFleet(t, "azspot", harness.FleetOptions{Size: 1, Max: 3, ARM: sim, Azure: "      spot: true\n      tags: {team: ml}\n",
-		Forge: "    poll_interval: 2s\n"})
+	top, handoff := harness.AzureHandoff(t, sim)
+	f := harness.NewFleet(t, "azspot", harness.FleetOptions{Size: 1, Max: 3, ARM: sim, Azure: "      spot: true\n      tags: {team: ml}\n" + handoff,
+		Top: top, Forge: "    poll_interval: 2s\n"})
 	f.Start()
 	harness.Eventually(t, 2*time.Minute, "1 idle runner", func() bool { return f.IdleOnline() == 1 })
 	v := sim.VMs()[0]
@@ -30,6 +34,7 @@ func TestAzureSpotRunsJobs(t *testing.T) {
 		t.Errorf("VM %s: priority %s max price %g tags %v", v.Name, v.Priority, v.MaxPrice, v.Tags)
 	}
 	f.CheckNoSecretOnAzure()
+	f.CheckCredentialClaimedOnceAzure(azure.DefaultWorkdir)
 
 	f.Push(harness.Matrix("azspot", 4, harness.HostJob+"sleep 5\n"))
 	f.CheckFresh(f.WaitJobs(4, 5*time.Minute), regexp.MustCompile(`host=(azspot-\d+-[0-9a-f]{6})`), "")

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sync/atomic"
 	"time"
 
 	"github.com/smallstep/pkcs7"
@@ -38,6 +39,7 @@ type pki struct {
 	roots    string // PEM file
 	aia      *httptest.Server
 	interDER []byte
+	fetches  atomic.Int64
 }
 
 var nonceRE = regexp.MustCompile(`^[A-Za-z0-9]{0,32}$`)
@@ -73,6 +75,7 @@ func newPKI(dir string) (*pki, error) {
 	}
 	p := &pki{interDER: interDER}
 	p.aia = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.fetches.Add(1)
 		w.Header().Set("Content-Type", "application/pkix-cert")
 		_, _ = w.Write(p.interDER)
 	}))
@@ -144,3 +147,7 @@ func (s *Server) IMDSHandler(name string) http.Handler {
 	}
 	return nil
 }
+
+// IssuerFetches is how many times the attested data's issuer was fetched
+// from its AIA URL.
+func (s *Server) IssuerFetches() int64 { return s.pki.fetches.Load() }

@@ -11,6 +11,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/runfleet/runfleet/internal/testbed/armsim"
+	"github.com/runfleet/runfleet/provider/azure"
 )
 
 // ARMImage is the stand-in's image (a marketplace URN) for the instance
@@ -132,4 +133,35 @@ func (f *Fleet) CheckNoSecretOnAzure() {
 		t.Error("no running VM to check")
 	}
 	t.Logf("checked %d VMs (custom data, tags, processes, files): no long-lived secret", checked)
+}
+
+// AzureHandoff is what a pool needs for its VMs to claim their assignment
+// from the manager: the manager's webhook listener on Docker's bridge,
+// where the VMs' containers reach it (Top), and the pool's handoff_url and
+// the stand-in's root as Microsoft's (for AzureVMSection's extra).
+func AzureHandoff(t testing.TB, sim *armsim.Server) (top, section string) {
+	t.Helper()
+	addr := bridgeListen(t)
+	return "listen: " + addr + "\n", "      handoff_url: http://" + addr + "\n      attested_roots: " + sim.AttestedRoots() + "\n"
+}
+
+// CheckCredentialClaimedOnceAzure checks the handoff of a pool with
+// handoff_url on its running VMs (checkClaimed), a job step's second claim
+// made with attested data from the VM's metadata service.
+func (f *Fleet) CheckCredentialClaimedOnceAzure(workdir string) {
+	f.T.Helper()
+	checked := 0
+	for _, v := range f.ARM.VMs() {
+		if !v.Deleted.IsZero() || v.Power != "running" {
+			continue
+		}
+		checkClaimed(f.T, "VM "+v.Name, "armsim-"+v.Group+"-"+v.Name, workdir, v.CustomData, v.CustomData, f.ARM.IMDSHandler(v.Name),
+			func(ctx context.Context, md, aud string) (string, error) {
+				return getMetadata(ctx, md, "metadata/attested/document?api-version="+azure.AttestedVersion+"&nonce="+azure.Nonce(aud), "Metadata", "true")
+			})
+		checked++
+	}
+	if checked == 0 {
+		f.T.Fatal("no running VM to look inside")
+	}
 }
