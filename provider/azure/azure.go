@@ -133,7 +133,7 @@ func New(o Options) (*Provider, error) {
 		o.Logger.Warn("max_lifetime is over a day: the VMs get no auto-shutdown schedule (it is daily), so a VM whose manager is gone is billed while stopped until it is deleted (runfleet gc)", "max_lifetime", o.Lifetime)
 	}
 	p := &Provider{opt: o, image: img, key: key, evicted: map[string]string{}}
-	if u := deskURL(o.Section, o.Pool); u != "" {
+	if u := vm.DeskURL(o.Section.HandoffURL, o.Pool); u != "" {
 		a, err := newAttestation(o.Subscription, o.Section.AttestedRoots, o.now)
 		if err != nil {
 			return nil, err
@@ -181,7 +181,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		return inst, nil
 	}
 	s := p.opt.Section
-	h := p.handoff()
+	h := p.desk.Handoff(SourceAttested, HandoffWait)
 	script, err := customData(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
 	if err != nil {
 		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)

@@ -60,30 +60,9 @@ func Nonce(audience string) string {
 	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(h[:]))[:32]
 }
 
-// deskURL is where the pool's VMs claim their assignment.
-func deskURL(s Section, pool string) string {
-	if s.HandoffURL == "" {
-		return ""
-	}
-	return strings.TrimRight(s.HandoffURL, "/") + "/handoff/" + url.PathEscape(pool)
-}
-
-// handoff is the plan's handoff, nil where the pool has no handoff_url.
-func (p *Provider) handoff() *bootstrap.Handoff {
-	if p.desk == nil {
-		return nil
-	}
-	return &bootstrap.Handoff{Source: SourceAttested, Wait: HandoffWait, Params: map[string]string{"url": p.desk.URL}}
-}
-
 // HandoffHandler is the desk the manager serves at /handoff/<pool>; nil
 // without handoff_url.
-func (p *Provider) HandoffHandler() http.Handler {
-	if p.desk == nil {
-		return nil
-	}
-	return p.desk
-}
+func (p *Provider) HandoffHandler() http.Handler { return p.desk.Handler() }
 
 // attestation checks VMs' attested data.
 type attestation struct {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/runfleet/runfleet/bootstrap"
 	"github.com/runfleet/runfleet/internal/testbed/armsim"
+	"github.com/runfleet/runfleet/internal/testbed/vmboot"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
 )
@@ -69,11 +70,8 @@ func onVM(t *testing.T, sim *armsim.Server, name string) (bootstrap.Plan, string
 			data = v.CustomData
 		}
 	}
-	_, b64, _ := strings.Cut(data, vm.PlanPath+" <<'RUNFLEET_EOF'\n")
-	b64, _, _ = strings.Cut(b64, "RUNFLEET_EOF")
-	pj, err := base64.StdEncoding.DecodeString(strings.ReplaceAll(b64, "\n", ""))
-	var plan bootstrap.Plan
-	if err != nil || json.Unmarshal(pj, &plan) != nil || plan.Handoff == nil {
+	plan, err := vmboot.PlanOf(data)
+	if err != nil || plan.Handoff == nil {
 		t.Fatalf("no plan with a handoff in the custom data (%v):\n%s", err, data)
 	}
 	dir := t.TempDir()

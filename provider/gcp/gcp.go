@@ -112,7 +112,7 @@ func New(o Options) *Provider {
 		o.Listing = &Listing{}
 	}
 	p := &Provider{opt: o, suspect: map[string]string{}}
-	if u := deskURL(o.Section, o.Pool); u != "" {
+	if u := vm.DeskURL(o.Section.HandoffURL, o.Pool); u != "" {
 		verifier := sync.OnceValues(func() (Verifier, error) {
 			if o.Verifier != nil {
 				return o.Verifier, nil
@@ -165,7 +165,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		return inst, nil
 	}
 	s := p.opt.Section
-	h := p.handoff()
+	h := p.desk.Handoff(SourceIdentity, HandoffWait)
 	script, err := startupScript(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
 	if err != nil {
 		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)

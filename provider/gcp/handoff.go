@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"cloud.google.com/go/compute/metadata"
@@ -41,30 +40,9 @@ const HandoffWait = 10 * time.Minute
 // Issuers are the iss an identity token of Google's carries.
 var issuers = []string{"https://accounts.google.com", "accounts.google.com"}
 
-// deskURL is where the pool's instances claim their assignment.
-func deskURL(s Section, pool string) string {
-	if s.HandoffURL == "" {
-		return ""
-	}
-	return strings.TrimRight(s.HandoffURL, "/") + "/handoff/" + url.PathEscape(pool)
-}
-
-// handoff is the plan's handoff, nil where the pool has no handoff_url.
-func (p *Provider) handoff() *bootstrap.Handoff {
-	if p.desk == nil {
-		return nil
-	}
-	return &bootstrap.Handoff{Source: SourceIdentity, Wait: HandoffWait, Params: map[string]string{"url": p.desk.URL}}
-}
-
 // HandoffHandler is the desk the manager serves at /handoff/<pool>; nil
 // without handoff_url.
-func (p *Provider) HandoffHandler() http.Handler {
-	if p.desk == nil {
-		return nil
-	}
-	return p.desk
-}
+func (p *Provider) HandoffHandler() http.Handler { return p.desk.Handler() }
 
 // hold keeps the runner's assignment for the instance an insert made;
 // id is the instance's id from the insert's operation.

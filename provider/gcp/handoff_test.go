@@ -19,6 +19,7 @@ import (
 
 	"github.com/runfleet/runfleet/bootstrap"
 	"github.com/runfleet/runfleet/internal/testbed/gcesim"
+	"github.com/runfleet/runfleet/internal/testbed/vmboot"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/gcp"
 	"github.com/runfleet/runfleet/provider/vm"
@@ -68,13 +69,9 @@ func onGCEInstance(t *testing.T, sim *gcesim.Server, name string) (bootstrap.Pla
 			in = i
 		}
 	}
-	script := in.Metadata["startup-script"]
-	_, b64, _ := strings.Cut(script, vm.PlanPath+" <<'RUNFLEET_EOF'\n")
-	b64, _, _ = strings.Cut(b64, "RUNFLEET_EOF")
-	pj, err := base64.StdEncoding.DecodeString(strings.ReplaceAll(b64, "\n", ""))
-	var plan bootstrap.Plan
-	if err != nil || json.Unmarshal(pj, &plan) != nil || plan.Handoff == nil {
-		t.Fatalf("no plan with a handoff in the startup-script (%v):\n%s", err, script)
+	plan, err := vmboot.PlanOf(in.Metadata["startup-script"])
+	if err != nil || plan.Handoff == nil {
+		t.Fatalf("no plan with a handoff in the startup-script (%v):\n%s", err, in.Metadata["startup-script"])
 	}
 	dir := t.TempDir()
 	off := filepath.Join(dir, "off")

@@ -13,6 +13,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -76,6 +78,33 @@ var (
 func Audience(url string, key []byte) string {
 	h := sha256.Sum256(key)
 	return url + "?key=" + base64.RawURLEncoding.EncodeToString(h[:])
+}
+
+// DeskURL is where a pool's machines claim their assignment: the
+// manager's handoff URL (its webhook listener as they reach it), "" for
+// none.
+func DeskURL(handoff, pool string) string {
+	if handoff == "" {
+		return ""
+	}
+	return strings.TrimRight(handoff, "/") + "/handoff/" + url.PathEscape(pool)
+}
+
+// Handoff is the plan's handoff to this desk by the cloud's source; nil
+// for no desk.
+func (d *Desk) Handoff(source string, wait time.Duration) *bootstrap.Handoff {
+	if d == nil {
+		return nil
+	}
+	return &bootstrap.Handoff{Source: source, Wait: wait, Params: map[string]string{"url": d.URL}}
+}
+
+// Handler is the desk as the manager serves it; nil for no desk.
+func (d *Desk) Handler() http.Handler {
+	if d == nil {
+		return nil
+	}
+	return d
 }
 
 // Hold keeps an instance's assignment until it is taken or until.

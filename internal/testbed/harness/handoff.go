@@ -3,7 +3,6 @@ package harness
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/runfleet/runfleet/bootstrap"
+	"github.com/runfleet/runfleet/internal/testbed/vmboot"
 	"github.com/runfleet/runfleet/provider/vm"
 )
 
@@ -64,11 +63,8 @@ func checkClaimed(t testing.TB, what, id, workdir, public, boot string, md http.
 
 // handoffURL is the desk a boot script's plan names.
 func handoffURL(script string) string {
-	_, b64, _ := strings.Cut(script, vm.PlanPath+" <<'RUNFLEET_EOF'\n")
-	b64, _, _ = strings.Cut(b64, "RUNFLEET_EOF")
-	pj, _ := base64.StdEncoding.DecodeString(strings.ReplaceAll(b64, "\n", ""))
-	var plan bootstrap.Plan
-	if json.Unmarshal(pj, &plan) != nil || plan.Handoff == nil {
+	plan, err := vmboot.PlanOf(script)
+	if err != nil || plan.Handoff == nil {
 		return ""
 	}
 	return plan.Handoff.Params["url"]
