@@ -137,6 +137,9 @@ func GCPHandoff(t testing.TB, sim *gcesim.Server) (top, section string) {
 // claim made with an identity token from the instance's metadata server.
 func (f *Fleet) CheckCredentialClaimedOnce(workdir string) {
 	f.T.Helper()
+	if f.GCE.Identities() == 0 {
+		f.T.Fatal("no instance asked for its identity token: none claimed its assignment")
+	}
 	checked := 0
 	for _, in := range f.GCE.Instances() {
 		if !in.Deleted.IsZero() || in.Status != "RUNNING" {
@@ -155,4 +158,5 @@ func (f *Fleet) CheckCredentialClaimedOnce(workdir string) {
 	if checked == 0 {
 		f.T.Fatal("no running instance to look inside")
 	}
+	f.T.Logf("checked %d instances: each runner's credential in no metadata or process, a second claim refused (%d identity tokens asked for)", checked, f.GCE.Identities())
 }
