@@ -251,9 +251,7 @@ func (p *Provider) insert(ctx context.Context, spec provider.Spec, script, typ, 
 			return provider.Instance{}, err
 		}
 		p.book.Failed(name)
-		if p.desk != nil {
-			p.desk.Drop(strconv.FormatUint(id, 10))
-		}
+		p.desk.Drop(strconv.FormatUint(id, 10))
 		return provider.Instance{}, err
 	}
 	p.opt.Logger.Info("instance inserted", "runner", spec.Name, "instance", name, "type", typ, "zone", zone, "market", market(spot))

@@ -120,6 +120,9 @@ func (d *Desk) Hold(instance string, a bootstrap.Assignment, until time.Time) {
 
 // Drop forgets an instance's assignment: its instance failed or is gone.
 func (d *Desk) Drop(instance string) {
+	if d == nil {
+		return
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.held, instance)
