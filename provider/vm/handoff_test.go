@@ -78,3 +78,32 @@ func TestDeskHandsEachOnce(t *testing.T) {
 		t.Errorf("a token that does not verify: %v, want refused for good (403)", err)
 	}
 }
+
+// Claims that race for one instance's assignment: one gets it, every
+// other is told it was taken.
+func TestDeskHandsOnceUnderRace(t *testing.T) {
+	d, srv, now := testDesk(t)
+	d.Hold("1", bootstrap.Assignment{Runner: "gpu-1", Command: "run"}, now.Add(time.Minute))
+	const n = 20
+	got := make(chan error, n)
+	for range n {
+		go func() {
+			_, err := ClaimFrom(context.Background(), srv.Client(), srv.URL, identityOf("1"))
+			got <- err
+		}()
+	}
+	won, taken := 0, 0
+	for range n {
+		switch err := <-got; {
+		case err == nil:
+			won++
+		case errors.Is(err, ErrTaken):
+			taken++
+		default:
+			t.Error(err)
+		}
+	}
+	if won != 1 || taken != n-1 {
+		t.Errorf("%d claims got the assignment and %d were told it was taken, want 1 and %d", won, taken, n-1)
+	}
+}
