@@ -128,8 +128,8 @@ func (d *Desk) Drop(instance string) {
 	delete(d.held, instance)
 }
 
-// Holds says whether an instance's assignment waits to be taken.
-func (d *Desk) Holds(instance string) bool {
+// holds says whether an instance's assignment waits to be taken.
+func (d *Desk) holds(instance string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	_, ok := d.held[instance]

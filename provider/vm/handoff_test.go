@@ -51,7 +51,7 @@ func TestDeskHandsEachOnce(t *testing.T) {
 	if _, err := ClaimFrom(ctx, srv.Client(), srv.URL, identityOf("1")); !errors.Is(err, ErrTaken) {
 		t.Fatalf("again: %v, want ErrTaken", err)
 	}
-	if d.Holds("1") {
+	if d.holds("1") {
 		t.Error("the desk still holds a taken assignment")
 	}
 
@@ -62,7 +62,7 @@ func TestDeskHandsEachOnce(t *testing.T) {
 	}
 	d.Hold("3", bootstrap.Assignment{Runner: "gpu-3", Command: "run"}, now.Add(time.Minute))
 	d.Drop("3")
-	if d.Holds("3") {
+	if d.holds("3") {
 		t.Error("a dropped assignment is held")
 	}
 
