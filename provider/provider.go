@@ -294,7 +294,8 @@ type Handoffer interface {
 // Sweeper is implemented by providers whose machines come with resources
 // of their own that outlive a machine deleted by anything but the
 // provider (a cloud that evicted it, a person, a crash mid-deletion), or
-// that outlive any machine: an Azure VM's auto-shutdown schedule, an EBS
+// that outlive any machine: an Azure VM's auto-shutdown schedule (of
+// an earlier version), an EBS
 // volume kept after its instance. `runfleet gc` lists them and, after the
 // machines, removes them.
 type Sweeper interface {

@@ -52,7 +52,7 @@ func gcCmd() *cobra.Command {
 		Long: `gc finds everything a manager id left on every configured provider and forge:
 instances, pods, containers and processes carrying its id, registrations
 named like its pools' runners, and what machines leave behind (an Azure
-VM's auto-shutdown schedule, an EBS volume or a Compute Engine disk kept
+VM's auto-shutdown schedule left by an earlier version, an EBS volume or a Compute Engine disk kept
 after its instance). It lists them; with --yes it removes them,
 registrations first, then machines, then what machines left. A runner that
 is running a job is left, with its machine. Run it when that manager is stopped (after a crash, or

@@ -3,23 +3,30 @@ package azure
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/arm"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/to"
 	"github.com/Azure/azure-sdk-for-go/sdk/azidentity"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/devtestlabs/armdevtestlabs"
+	"github.com/google/uuid"
 )
 
 // API is what the provider calls of Azure Resource Manager.
 type API interface {
-	// Create asks for a VM and waits until Azure has made it or says
-	// why it cannot: allocation failures come from the long-running
-	// operation, not from the request. It returns the VM's vmId.
+	// Create asks for a VM and returns once Azure has taken the request,
+	// with the VM's vmId from that first answer: whether Azure can place
+	// it shows later, in its provisioning state (an allocation failure
+	// is not refused at the request). Its long-running operation is not
+	// polled: the subscription's listing, shared, says how it ended.
 	Create(ctx context.Context, group, name string, vm armcompute.VirtualMachine) (string, error)
 	// Delete starts the deletion of a VM (and of its NIC, public address
 	// and OS disk, marked deleteOption Delete); it does not wait.
@@ -27,48 +34,50 @@ type API interface {
 	// List lists every VM of the subscription with its power state, in
 	// one call a page.
 	List(ctx context.Context) ([]*armcompute.VirtualMachine, error)
-	// Schedule makes or replaces a VM's auto-shutdown schedule
-	// (shutdown-computevm-<vm>), which deallocates it each day at a
-	// time; Unschedule deletes it (none there is no error); Schedules
-	// lists the subscription's.
-	Schedule(ctx context.Context, group, vm string, s armdevtestlabs.Schedule) error
+	// Get reads one VM with its instance view: Compute meters it as a
+	// cheap read, where it meters the listing as a costly one.
+	Get(ctx context.Context, group, name string) (*armcompute.VirtualMachine, error)
+	// Deallocate submits the deallocation of VMs (resource IDs, of one
+	// location) at a time, to Compute Schedule, in one call; it returns
+	// the error codes of the VMs it would not take, by resource ID.
+	Deallocate(ctx context.Context, location string, at time.Time, ids []string) (map[string]string, error)
+	// Unschedule deletes an auto-shutdown schedule (made by runfleet
+	// before Compute Schedule: gc sweeps them; none there is no error);
+	// Schedules lists the subscription's.
 	Unschedule(ctx context.Context, group, vm string) error
 	Schedules(ctx context.Context) ([]*armdevtestlabs.Schedule, error)
 }
 
-// PollInterval is how often a VM's creation is polled when Azure does
-// not say (Retry-After): a VM takes a minute or two to make, and 100
-// being made at once then stay far under the subscription's 25 reads a
-// second.
+// PollInterval is how often a VM being made is looked for in the
+// subscription's listing, which the VMs being made share: a VM takes a
+// minute or two to make.
 var PollInterval = 5 * time.Second
 
-// sdkAPI is API on armcompute's VirtualMachinesClient and DevTest Labs'
-// GlobalSchedulesClient (auto-shutdown of VMs outside a lab).
+// sdkAPI is API on armcompute's VirtualMachinesClient, DevTest Labs'
+// GlobalSchedulesClient (the auto-shutdown schedules of earlier
+// versions) and Compute Schedule's REST API, hand-written on azcore's
+// pipeline: no Go module of Compute Schedule is served.
 type sdkAPI struct {
 	vms   *armcompute.VirtualMachinesClient
 	sched *armdevtestlabs.GlobalSchedulesClient
+	arm   *arm.Client
+	sub   string
 }
 
 func (a sdkAPI) Create(ctx context.Context, group, name string, vm armcompute.VirtualMachine) (string, error) {
-	poller, err := a.vms.BeginCreateOrUpdate(ctx, group, name, vm, nil)
-	if err != nil {
+	var first *http.Response
+	if _, err := a.vms.BeginCreateOrUpdate(policy.WithCaptureResponse(ctx, &first), group, name, vm, nil); err != nil {
 		return "", err
 	}
-	made, err := poller.PollUntilDone(ctx, &runtime.PollUntilDoneOptions{Frequency: PollInterval})
-	if err != nil {
-		return "", &madeFailed{err}
+	var made armcompute.VirtualMachine
+	if first == nil {
+		return "", nil
 	}
-	if made.Properties == nil || made.Properties.VMID == nil {
+	if err := runtime.UnmarshalAsJSON(first, &made); err != nil || made.Properties == nil || made.Properties.VMID == nil {
 		return "", nil
 	}
 	return *made.Properties.VMID, nil
 }
-
-// madeFailed is a creation that failed after Azure took the request: the
-// VM's resource may be there, failed, until deleted.
-type madeFailed struct{ error }
-
-func (e *madeFailed) Unwrap() error { return e.error }
 
 func (a sdkAPI) Delete(ctx context.Context, group, name string) error {
 	_, err := a.vms.BeginDelete(ctx, group, name, nil)
@@ -78,6 +87,65 @@ func (a sdkAPI) Delete(ctx context.Context, group, name string) error {
 func (a sdkAPI) List(ctx context.Context) ([]*armcompute.VirtualMachine, error) {
 	pager := a.vms.NewListAllPager(&armcompute.VirtualMachinesClientListAllOptions{StatusOnly: to.Ptr("true")})
 	return all(ctx, pager, func(p armcompute.VirtualMachinesClientListAllResponse) []*armcompute.VirtualMachine { return p.Value })
+}
+
+func (a sdkAPI) Get(ctx context.Context, group, name string) (*armcompute.VirtualMachine, error) {
+	r, err := a.vms.Get(ctx, group, name, &armcompute.VirtualMachinesClientGetOptions{Expand: to.Ptr(armcompute.InstanceViewTypesInstanceView)})
+	if err != nil {
+		return nil, err
+	}
+	return &r.VirtualMachine, nil
+}
+
+// ScheduleAPIVersion is Compute Schedule's api-version (its first
+// stable one).
+const ScheduleAPIVersion = "2024-10-01"
+
+// Deallocate is Compute Schedule's virtualMachinesSubmitDeallocate
+// (azure-rest-api-specs, specification/computeschedule/resource-manager/
+// Microsoft.ComputeSchedule/stable/2024-10-01/computeschedule.json).
+func (a sdkAPI) Deallocate(ctx context.Context, location string, at time.Time, ids []string) (map[string]string, error) {
+	u := runtime.JoinPaths(a.arm.Endpoint(), "subscriptions", url.PathEscape(a.sub), "providers/Microsoft.ComputeSchedule/locations",
+		url.PathEscape(location), "virtualMachinesSubmitDeallocate")
+	req, err := runtime.NewRequest(ctx, http.MethodPost, u)
+	if err != nil {
+		return nil, err
+	}
+	req.Raw().URL.RawQuery = "api-version=" + ScheduleAPIVersion
+	req.Raw().Header.Set("Accept", "application/json")
+	body := map[string]any{
+		"schedule":            map[string]string{"deadline": at.UTC().Format(time.RFC3339), "timezone": "UTC", "deadlineType": "InitiateAt"},
+		"executionParameters": map[string]any{"retryPolicy": map[string]int{"retryCount": 3, "retryWindowInMinutes": 30}},
+		"resources":           map[string][]string{"ids": ids},
+		"correlationid":       uuid.NewString(),
+	}
+	if err := runtime.MarshalAsJSON(req, body); err != nil {
+		return nil, err
+	}
+	resp, err := a.arm.Pipeline().Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if !runtime.HasStatusCode(resp, http.StatusOK) {
+		return nil, runtime.NewResponseError(resp)
+	}
+	var out struct {
+		Results []struct {
+			ResourceID string `json:"resourceId"`
+			ErrorCode  string `json:"errorCode"`
+		} `json:"results"`
+	}
+	if err := runtime.UnmarshalAsJSON(resp, &out); err != nil {
+		return nil, fmt.Errorf("virtualMachinesSubmitDeallocate's answer: %w", err)
+	}
+	refused := map[string]string{}
+	for _, r := range out.Results {
+		// Azure's own example writes no error as the string "null".
+		if r.ErrorCode != "" && r.ErrorCode != "null" {
+			refused[r.ResourceID] = r.ErrorCode
+		}
+	}
+	return refused, nil
 }
 
 // all reads every page of a pager.
@@ -96,11 +164,6 @@ func all[T, P any](ctx context.Context, pager *runtime.Pager[P], values func(P) 
 // ScheduleName is the name Azure requires of a VM's auto-shutdown
 // schedule.
 func ScheduleName(vm string) string { return "shutdown-computevm-" + vm }
-
-func (a sdkAPI) Schedule(ctx context.Context, group, vm string, s armdevtestlabs.Schedule) error {
-	_, err := a.sched.CreateOrUpdate(ctx, group, ScheduleName(vm), s, nil)
-	return err
-}
 
 func (a sdkAPI) Unschedule(ctx context.Context, group, vm string) error {
 	_, err := a.sched.Delete(ctx, group, ScheduleName(vm), nil)
@@ -170,6 +233,17 @@ func kindOf(err error) (errKind, string) {
 	var held *heldError
 	if errors.As(err, &held) {
 		return errThrottle, held.policy
+	}
+	var pf *provisionFailed
+	if errors.As(err, &pf) {
+		// The creation's own error, from the VM's status.
+		if k, ok := codes[pf.code]; ok && (pf.code != "OperationNotAllowed" || strings.Contains(strings.ToLower(pf.message), "quota")) {
+			if pf.code == "OperationNotAllowed" {
+				k = errCapacity
+			}
+			return k, pf.code
+		}
+		return errOther, or(pf.code, "ProvisioningFailed")
 	}
 	var re *azcore.ResponseError
 	if !errors.As(err, &re) {

@@ -6,8 +6,9 @@
 // bootstrap), and powers itself off when the agent ends, when no job came
 // within the idle timeout, or at its deadline, also when the manager is
 // gone. A VM powered off from inside is still allocated (and billed)
-// until deleted: the manager deletes it when it sees it stopped, and
-// `runfleet gc` after a crash.
+// until deleted: the manager deletes it when it sees it stopped, Compute
+// Schedule deallocates it at its deadline when no manager did, and
+// `runfleet gc` deletes it after a crash.
 //
 // The subscription's VMs are listed every poll interval in one call with
 // their power state; a Spot VM deleted without being deleted here was
@@ -33,7 +34,6 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/to"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7"
-	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/devtestlabs/armdevtestlabs"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/runfleet/runfleet/provider"
@@ -47,8 +47,8 @@ const (
 	TagRunner  = "runfleet-runner"
 )
 
-// CallTimeout bounds each request to Azure but a creation's, which
-// CreateTimeout bounds, polls included.
+// CallTimeout bounds each request to Azure; CreateTimeout the wait for a
+// VM to be made (made).
 var (
 	CallTimeout   = 30 * time.Second
 	CreateTimeout = 15 * time.Minute
@@ -83,6 +83,8 @@ type Provider struct {
 	fresh sync.Mutex // one list at a time
 	book  vm.Book[where]
 	desk  *vm.Desk // assignments waiting for their VMs; nil without handoff_url
+	// deadlines submits the VMs' deallocations at their deadlines.
+	deadlines *deadlines
 
 	mu      sync.Mutex
 	evicted map[string]string // spot VMs deleted by Azure: name → runner
@@ -129,10 +131,11 @@ func New(o Options) (*Provider, error) {
 		}
 		key = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sk)))
 	}
-	if o.Lifetime > MaxScheduled { // Provider.scheduled
-		o.Logger.Warn("max_lifetime is over a day: the VMs get no auto-shutdown schedule (it is daily), so a VM whose manager is gone is billed while stopped until it is deleted (runfleet gc)", "max_lifetime", o.Lifetime)
-	}
 	p := &Provider{opt: o, image: img, key: key, evicted: map[string]string{}}
+	if !p.scheduled() {
+		o.Logger.Warn("max_lifetime is over 13 days: the VMs get no deallocation at their deadline (Compute Schedule takes one at most 14 days ahead), so a VM whose manager is gone is billed while stopped until it is deleted (runfleet gc)", "max_lifetime", o.Lifetime)
+	}
+	p.deadlines = newDeadlines(o.API, o.Logger)
 	if u := vm.DeskURL(o.Section.HandoffURL, o.Pool); u != "" {
 		a, err := newAttestation(o.Subscription, o.Section.AttestedRoots, o.now)
 		if err != nil {
@@ -167,9 +170,11 @@ func (p *Provider) Honours() []string { return vm.Honours(p.opt.Section.Spot) }
 
 func (p *Provider) Calls() int64 { return p.opt.Calls.Load() }
 
-// Close stops the poller. VMs keep running.
+// Close stops the poller and sends the deallocations not yet sent. VMs
+// keep running.
 func (p *Provider) Close() error {
 	p.watch.Stop()
+	p.deadlines.close()
 	return nil
 }
 
@@ -257,18 +262,22 @@ func market(spot bool) string {
 	return "regular"
 }
 
-// create asks for one VM and waits for its creation: a VM Azure cannot
-// place fails there, not at the request.
+// create asks for one VM and waits until the subscription's listing
+// says how its creation ended: a VM Azure cannot place fails there, not
+// at the request. The creation's own operation is not polled, so a VM
+// costs its creation, its deallocation's share of a batch, and its
+// deletion (and its share of listings the pools make anyway).
 func (p *Provider) create(ctx context.Context, spec provider.Spec, script []byte, size, loc string, spot bool) (provider.Instance, error) {
 	name := vmName(spec.Name)
 	res := p.vmResource(spec, name, script, size, loc, spot)
 	now := p.opt.now()
+	group := p.opt.Section.ResourceGroup
 	inst := provider.Instance{ID: name, Name: spec.Name, Manager: spec.Manager, Pool: spec.Pool, State: provider.StateCreated, Created: now}
 	// Listed as coming up while it is made, so that a pass in the
 	// meantime neither starts another nor deletes it.
-	p.book.Launched(seenVM{Inst: inst, Data: where{group: p.opt.Section.ResourceGroup, spot: spot}})
-	cctx, cancel := context.WithTimeout(ctx, CreateTimeout)
-	vmID, err := p.opt.API.Create(cctx, p.opt.Section.ResourceGroup, name, res)
+	p.book.Launched(seenVM{Inst: inst, Data: where{group: group, spot: spot}})
+	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	id, err := p.opt.API.Create(cctx, group, name, res)
 	cancel()
 	if err != nil {
 		if kind, _ := kindOf(err); kind == errOther {
@@ -277,76 +286,129 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, script []byte
 			return provider.Instance{}, err
 		}
 		p.book.Failed(name)
-		// A VM refused after its resource was made (an allocation
-		// failure) stays, failed, until deleted; if this deletion
-		// fails, the listing shows it and the pool deletes it.
-		var made *madeFailed
-		if errors.As(err, &made) {
-			_ = p.deleteVM(ctx, p.opt.Section.ResourceGroup, name, spec.Name)
-		}
 		return provider.Instance{}, err
 	}
-	if err := p.hold(vmID, spec); err != nil {
+	// Held before the VM is made: it may ask as soon as it boots.
+	if err := p.hold(id, spec); err != nil {
 		// A VM that could never take its runner's assignment.
-		if derr := p.deleteVM(ctx, p.opt.Section.ResourceGroup, name, spec.Name); derr != nil {
+		if derr := p.deleteVM(ctx, group, name, spec.Name); derr != nil {
 			err = fmt.Errorf("%w; and deleting VM %s failed: %w", err, name, derr)
 		}
 		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
 	}
+	if err := p.made(ctx, group, name); err != nil {
+		p.desk.Drop(strings.ToLower(id))
+		if kind, _ := kindOf(err); kind == errOther && ctx.Err() != nil {
+			return provider.Instance{}, err // the listing will tell
+		}
+		p.book.Failed(name)
+		// A VM that failed stays, failed, until deleted; if this
+		// deletion fails, the listing shows it and the pool deletes it.
+		_ = p.deleteVM(ctx, group, name, spec.Name)
+		return provider.Instance{}, err
+	}
 	p.opt.Logger.Info("VM created", "runner", spec.Name, "vm", name, "size", size, "location", loc, "market", market(spot))
-	p.schedule(ctx, name, loc, res.Tags, now.Add(p.opt.Lifetime))
+	if p.scheduled() {
+		p.deadlines.add(loc, vmID(p.opt.Subscription, group, name), now.Add(p.opt.Lifetime))
+	}
 	return inst, nil
 }
 
-// MaxScheduled is the longest lifetime an auto-shutdown schedule ends a
-// VM at: the schedule is daily, so a later deadline would come first on
-// an earlier day.
-const MaxScheduled = 24 * time.Hour
-
-// schedule gives a VM an auto-shutdown schedule at its deadline: a VM
-// that powers itself off from inside is Stopped, still allocated and
-// billed, and only deallocation (or deletion) ends that; with the
-// manager gone, nothing else would. The schedule is Azure's own and
-// needs no credential on the VM: the alternative, an identity on the VM
-// allowed to deallocate it, would be a token a job step could read and
-// use on other VMs. A schedule that cannot be made leaves the VM, said
-// in the log: the manager still deletes it.
-func (p *Provider) schedule(ctx context.Context, name, loc string, tags map[string]*string, deadline time.Time) {
-	if !p.scheduled() {
-		return // said once, in New
+// made waits until the subscription's listing, which the VMs being made
+// share (one listing a PollInterval, however many wait), shows a VM
+// made, or failed: then its error code and message say why
+// (ProvisioningState/failed/<code>). A listing that fails is asked again
+// later and later; while Compute throttles listings (a policy of their
+// own, whose Retry-After can be twenty minutes), the VM is read by
+// itself, a cheap read of another policy.
+func (p *Provider) made(ctx context.Context, group, name string) error {
+	ctx, cancel := context.WithTimeout(ctx, CreateTimeout)
+	defer cancel()
+	wait := PollInterval
+	for {
+		lctx, cancel := context.WithTimeout(ctx, CallTimeout)
+		all, _, err := p.opt.Listing.Get(lctx, PollInterval, p.opt.now, p.opt.API.List)
+		cancel()
+		if k, _ := kindOf(err); k == errThrottle {
+			cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+			v, gerr := p.opt.API.Get(cctx, group, name)
+			cancel()
+			if gerr == nil {
+				all, err = []*armcompute.VirtualMachine{v}, nil
+			}
+		}
+		if err == nil {
+			wait = PollInterval
+			for _, v := range all {
+				if !strings.EqualFold(deref(v.Name), name) || !strings.EqualFold(groupOf(deref(v.ID)), group) {
+					continue
+				}
+				if done, err := outcome(v); done {
+					return err
+				}
+			}
+		} else {
+			wait = min(2*wait, time.Minute)
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				err = fmt.Errorf("VM %s was not made within %s", name, CreateTimeout)
+			}
+			return fmt.Errorf("%w (%w)", ctx.Err(), briefError{err})
+		case <-time.After(wait):
+		}
 	}
-	at := shutdownTime(p.opt.now(), deadline)
-	sc := armdevtestlabs.Schedule{Location: to.Ptr(loc), Tags: tags, Properties: &armdevtestlabs.ScheduleProperties{
-		Status: to.Ptr(armdevtestlabs.EnableStatusEnabled), TaskType: to.Ptr("ComputeVmShutdownTask"),
-		DailyRecurrence: &armdevtestlabs.DayDetails{Time: to.Ptr(at.Format("1504"))}, TimeZoneID: to.Ptr("UTC"),
-		TargetResourceID:     to.Ptr(vmID(p.opt.Subscription, p.opt.Section.ResourceGroup, name)),
-		NotificationSettings: &armdevtestlabs.NotificationSettings{Status: to.Ptr(armdevtestlabs.EnableStatusDisabled)},
-	}}
-	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
-	err := p.opt.API.Schedule(cctx, p.opt.Section.ResourceGroup, name, sc)
-	cancel()
-	if err != nil {
-		p.opt.Logger.Warn("VM has no auto-shutdown schedule: should this manager be gone, nothing deallocates it after its deadline, and it is billed while stopped until it is deleted (runfleet gc)",
-			"vm", name, "err", brief(err))
-		return
-	}
-	p.opt.Logger.Debug("VM's auto-shutdown scheduled", "vm", name, "at", at.Format("15:04 UTC"))
 }
 
-// scheduled says whether the pool's VMs get auto-shutdown schedules.
-func (p *Provider) scheduled() bool { return p.opt.Lifetime <= MaxScheduled }
-
-// shutdownTime is the time of day (UTC, whole minutes, as Azure takes it)
-// at which a VM made at now is deallocated: the first such time after
-// now must be its deadline or the minute before it. The minute after the
-// deadline is taken where it still comes first, within a day of now.
-func shutdownTime(now, deadline time.Time) time.Time {
-	at := deadline.UTC().Truncate(time.Minute)
-	if next := at.Add(time.Minute); at.Before(deadline) && next.Sub(now) < 24*time.Hour {
-		at = next
+// outcome says whether a VM's creation has ended, and how: made
+// (provisioning succeeded, or it runs), or failed.
+func outcome(v *armcompute.VirtualMachine) (bool, error) {
+	props := v.Properties
+	if props == nil {
+		return false, nil
 	}
-	return at
+	if iv := props.InstanceView; iv != nil {
+		for _, st := range iv.Statuses {
+			code := deref(st.Code)
+			if c, ok := strings.CutPrefix(code, "ProvisioningState/failed"); ok {
+				return true, &provisionFailed{code: strings.TrimPrefix(c, "/"), message: deref(st.Message)}
+			}
+			if strings.EqualFold(code, "ProvisioningState/succeeded") || strings.EqualFold(code, "PowerState/running") {
+				return true, nil
+			}
+		}
+	}
+	switch strings.ToLower(deref(props.ProvisioningState)) {
+	case "succeeded":
+		return true, nil
+	case "failed":
+		return true, &provisionFailed{}
+	}
+	return false, nil
 }
+
+// provisionFailed is a creation Azure took and then failed: the VM's
+// resource is there, failed, until deleted.
+type provisionFailed struct{ code, message string }
+
+func (e *provisionFailed) Error() string {
+	switch {
+	case e.code == "":
+		return "provisioning failed"
+	case e.message == "":
+		return e.code
+	}
+	return e.code + ": " + e.message
+}
+
+// MaxScheduled is the furthest ahead Compute Schedule deallocates a VM
+// (14 days: Azure/azure-cli-extensions, src/computeschedule/README.md).
+const MaxScheduled = 14 * 24 * time.Hour
+
+// scheduled says whether the pool's VMs get a deallocation at their
+// deadline.
+func (p *Provider) scheduled() bool { return p.opt.Lifetime <= MaxScheduled-time.Hour }
 
 func vmID(sub, group, name string) string {
 	return "/subscriptions/" + sub + "/resourceGroups/" + group + "/providers/Microsoft.Compute/virtualMachines/" + name
@@ -452,18 +514,9 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 }
 
 // deleteVM starts a VM's deletion and hides it from List. Its
-// auto-shutdown schedule goes first: nothing deletes it with the VM. A
-// schedule that cannot be deleted does not keep the VM, which costs: gc
-// sweeps the schedule.
+// deallocation, submitted for its deadline, is left: at that time it
+// finds no VM, which costs nothing.
 func (p *Provider) deleteVM(ctx context.Context, group, id, runner string) error {
-	if p.scheduled() {
-		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
-		err := p.opt.API.Unschedule(cctx, group, id)
-		cancel()
-		if err != nil {
-			p.opt.Logger.Warn("could not delete a VM's auto-shutdown schedule; deleting the VM all the same (runfleet gc deletes the schedule)", "vm", id, "err", brief(err))
-		}
-	}
 	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	err := p.opt.API.Delete(cctx, group, id)
 	cancel()

@@ -29,7 +29,8 @@ import (
 
 const image = "Canonical:ubuntu-24_04-lts:server:latest"
 
-func init() { PollInterval = 100 * time.Millisecond }
+// Shorter than Azure's minutes: the stand-in makes a VM in 200 ms.
+func init() { PollInterval, DeallocateGather = 100*time.Millisecond, 200*time.Millisecond }
 
 // newProvider is a pool's provider on armcompute's fake server (the
 // stand-in's), wired in-process through the client's options.
@@ -66,7 +67,11 @@ func simAPI(t *testing.T, sim *armsim.Server) sdkAPI {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return sdkAPI{vms: vms, sched: sched}
+	armc, err := arm.NewClient("computeschedule.ScheduledActionsClient", "v1.0.0", &azfake.TokenCredential{}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sdkAPI{vms: vms, sched: sched, arm: armc, sub: armsim.Subscription}
 }
 
 func mustJSON(t *testing.T, y string) json.RawMessage {
@@ -169,8 +174,8 @@ func TestCapacityFallsBack(t *testing.T) {
 		t.Fatalf("live VMs: %+v, want one regular in westus2", live)
 	}
 	time.Sleep(time.Second)
-	if left := sim.Leftovers(); len(left) != 4 {
-		t.Errorf("left: %v, want only the live VM's disk, NIC, address and auto-shutdown schedule", left)
+	if left := sim.Leftovers(); len(left) != 3 {
+		t.Errorf("left: %v, want only the live VM's disk, NIC and address", left)
 	}
 
 	sim.NoQuota("westus2")
@@ -292,12 +297,12 @@ func TestPoolsShareTheListing(t *testing.T) {
 	}
 }
 
-// A VM gets an auto-shutdown schedule at its deadline (Azure's own, no
-// credential on the VM): with no manager left to delete it, Azure
-// deallocates it then, which ends its compute cost, where a VM powered
-// off from inside stays allocated and billed. The schedule goes with the
-// VM's deletion, and an evicted VM's too.
-func TestAutoShutdownAtTheDeadline(t *testing.T) {
+// A VM's deallocation at its deadline is submitted to Compute Schedule
+// once it is made (Azure's own, no credential on the VM): with no manager
+// left to delete it, Azure deallocates it then, which ends its compute
+// cost, where a VM powered off from inside stays allocated and billed.
+// Its creation is one call: its operation is not polled.
+func TestDeallocatedAtTheDeadline(t *testing.T) {
 	p, sim := newProvider(t, subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n")
 	ctx := context.Background()
 	made := time.Now()
@@ -305,18 +310,14 @@ func TestAutoShutdownAtTheDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	scheds := sim.Schedules()
-	if len(scheds) != 1 {
-		t.Fatalf("schedules: %+v, want the VM's one", scheds)
+	d := waitDeallocations(t, sim, 1)[0]
+	want := made.Add(time.Hour).UTC().Truncate(time.Minute).Add(time.Minute)
+	if !strings.HasSuffix(d.VM, "/virtualMachines/"+inst.ID) || d.Location != "eastus" || !d.Deadline.Equal(want) || d.State != "Scheduled" {
+		t.Errorf("deallocation %+v, want %s's at %s", d, inst.ID, want)
 	}
-	sc := scheds[0]
-	deadline := made.Add(time.Hour)
-	if sc.Name != "shutdown-computevm-"+inst.ID || sc.TimeZone != "UTC" || !sc.Enabled || !strings.HasSuffix(sc.Target, "/virtualMachines/"+inst.ID) ||
-		sc.Tags[TagManager] != "m1" || sc.Tags[TagRunner] != "gpu-1" {
-		t.Errorf("schedule %+v", sc)
-	}
-	if want := shutdownTime(made, deadline).Format("1504"); sc.Time != want {
-		t.Errorf("schedule at %s, want %s (the deadline %s)", sc.Time, want, deadline.UTC().Format("15:04:05"))
+	calls := sim.Calls()
+	if calls["VirtualMachinesClient.BeginCreateOrUpdate"] != 1 || calls["VirtualMachinesClient.BeginCreateOrUpdate poll"] != 0 {
+		t.Errorf("calls %v: want one creation, its operation not polled", calls)
 	}
 	time.Sleep(300 * time.Millisecond) // the VM is running
 	sim.Advance(58 * time.Minute)
@@ -330,34 +331,61 @@ func TestAutoShutdownAtTheDeadline(t *testing.T) {
 	if err := p.Delete(ctx, "gpu-1"); err != nil {
 		t.Fatal(err)
 	}
-	if s := sim.Schedules(); len(s) != 0 {
-		t.Errorf("schedules left after the VM's deletion: %+v", s)
-	}
 }
 
-// The first time the schedule fires after the VM is made is its
-// deadline's minute, or the minute before it, never a day early or late,
-// for every lifetime up to a day.
-func TestShutdownTime(t *testing.T) {
-	now := time.Date(2026, 11, 27, 10, 15, 30, 0, time.UTC)
-	for _, life := range []time.Duration{2 * time.Minute, 40 * time.Minute, 12 * time.Hour, 23*time.Hour + 59*time.Minute, 23*time.Hour + 59*time.Minute + 45*time.Second, 24 * time.Hour} {
-		deadline := now.Add(life)
-		at := shutdownTime(now, deadline)
-		// The schedule's first firing after now: its time of day, today
-		// or tomorrow.
-		first := time.Date(now.Year(), now.Month(), now.Day(), at.Hour(), at.Minute(), 0, 0, time.UTC)
-		if !first.After(now) {
-			first = first.AddDate(0, 0, 1)
+func waitDeallocations(t *testing.T, sim *armsim.Server, n int) []armsim.Deallocation {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if d := sim.Deallocations(); len(d) >= n {
+			return d
 		}
-		if d := first.Sub(deadline); d <= -time.Minute || d >= time.Minute {
-			t.Errorf("lifetime %s: fires first at %s, %s from the deadline %s", life, first.Format("Jan 2 15:04"), d, deadline.Format("Jan 2 15:04:05"))
+		if time.Now().After(deadline) {
+			t.Fatalf("deallocations submitted: %+v, want %d", sim.Deallocations(), n)
 		}
 	}
 }
 
-// A lifetime over a day gets no schedule (it is daily, and would end the
-// VM on its first day), and the log says what that costs.
-func TestNoScheduleOverADay(t *testing.T) {
+// A burst's VMs share their deallocations' calls: 30 VMs made at once
+// cost 30 creations, a listing or so a PollInterval while they are made,
+// and a deallocation call or two (their deadlines may straddle a
+// minute), no creation polled.
+func TestBurstSharesItsCalls(t *testing.T) {
+	p, sim := newProvider(t, subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n")
+	// Longer than the burst takes here, under the race detector too.
+	p.deadlines.gather = 5 * time.Second
+	var wg sync.WaitGroup
+	for i := range 30 {
+		wg.Go(func() {
+			if _, err := p.Create(context.Background(), spec(fmt.Sprintf("gpu-%d", i))); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	for deadline := time.Now().Add(10 * time.Second); len(sim.Deallocations()) < 30 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	ds := waitDeallocations(t, sim, 30)
+	calls := sim.Calls()
+	t.Logf("30 VMs: %v", calls)
+	if n := calls["ScheduledActionsClient.VirtualMachinesSubmitDeallocate"]; n > 2 {
+		t.Errorf("%d deallocation calls for 30 VMs made at once, want 1 or 2", n)
+	}
+	if calls["VirtualMachinesClient.BeginCreateOrUpdate poll"] != 0 || calls["VirtualMachinesClient.NewListAllPager"] > 10 {
+		t.Errorf("calls %v: want no creation polled, and the VMs to share their listings", calls)
+	}
+	seen := map[string]bool{}
+	for _, d := range ds {
+		seen[d.VM] = true
+	}
+	if len(seen) != 30 {
+		t.Errorf("%d VMs' deallocations, want 30", len(seen))
+	}
+}
+
+// A lifetime past what Compute Schedule takes (14 days) gets no
+// deallocation, and the log says what that costs.
+func TestNoDeallocationPast14Days(t *testing.T) {
 	sim, err := armsim.New(armsim.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -370,63 +398,128 @@ func TestNoScheduleOverADay(t *testing.T) {
 	}
 	var log bytes.Buffer // written by this goroutine only: New and Create
 	p, err := New(Options{API: simAPI(t, sim), Subscription: armsim.Subscription, Manager: "m1", Pool: "gpu", Section: s,
-		IdleTimeout: time.Minute, Lifetime: 48 * time.Hour, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+		IdleTimeout: time.Minute, Lifetime: 15 * 24 * time.Hour, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := p.Create(context.Background(), spec("gpu-1")); err != nil {
 		t.Fatal(err)
 	}
-	if s := sim.Schedules(); len(s) != 0 {
-		t.Errorf("schedules: %+v", s)
+	p.Close()
+	if d := sim.Deallocations(); len(d) != 0 {
+		t.Errorf("deallocations: %+v", d)
 	}
-	if !strings.Contains(log.String(), "no auto-shutdown schedule") {
+	if !strings.Contains(log.String(), "no deallocation at their deadline") {
 		t.Errorf("the log does not say it:\n%s", log.String())
 	}
 }
 
-// The stand-in refuses a schedule as Azure does: a name other than
-// shutdown-computevm-<VM>, another task type, a time that is not HHmm, a
-// target that is not there.
-func TestScheduleRefused(t *testing.T) {
-	p, _ := newProvider(t, subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n")
+// The stand-in refuses a submission as Azure's spec has it: another
+// api-version, a deadline past or more than 14 days ahead, no VMs; a VM
+// that is not there (or not in the location) is refused on its own.
+func TestDeallocationRefused(t *testing.T) {
+	p, sim := newProvider(t, subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n")
 	inst, err := p.Create(context.Background(), spec("gpu-1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	good := func() armdevtestlabs.Schedule {
-		return armdevtestlabs.Schedule{Location: to.Ptr("eastus"), Properties: &armdevtestlabs.ScheduleProperties{
-			Status: to.Ptr(armdevtestlabs.EnableStatusEnabled), TaskType: to.Ptr("ComputeVmShutdownTask"),
-			DailyRecurrence: &armdevtestlabs.DayDetails{Time: to.Ptr("1900")}, TimeZoneID: to.Ptr("UTC"),
-			TargetResourceID: to.Ptr(vmID(armsim.Subscription, armsim.Group, inst.ID))}}
-	}
+	id := vmID(armsim.Subscription, armsim.Group, inst.ID)
+	api := p.opt.API
+	ctx := context.Background()
 	for name, tc := range map[string]struct {
-		vm     string
-		change func(*armdevtestlabs.Schedule)
+		at  time.Time
+		ids []string
 	}{
-		"another VM's name": {"other", func(*armdevtestlabs.Schedule) {}},
-		"task type":         {inst.ID, func(s *armdevtestlabs.Schedule) { s.Properties.TaskType = to.Ptr("LabVmsShutdownTask") }},
-		"time":              {inst.ID, func(s *armdevtestlabs.Schedule) { s.Properties.DailyRecurrence.Time = to.Ptr("7pm") }},
-		"target": {"gone", func(s *armdevtestlabs.Schedule) {
-			s.Properties.TargetResourceID = to.Ptr(vmID(armsim.Subscription, armsim.Group, "gone"))
-		}},
+		"a deadline past":    {time.Now().Add(-time.Minute), []string{id}},
+		"a deadline too far": {time.Now().Add(15 * 24 * time.Hour), []string{id}},
+		"no VMs":             {time.Now().Add(time.Hour), nil},
 	} {
-		s := good()
-		tc.change(&s)
-		err := p.opt.API.Schedule(context.Background(), armsim.Group, tc.vm, s)
+		_, err := api.Deallocate(ctx, "eastus", tc.at, tc.ids)
 		if k, _ := kindOf(err); k != errFatal {
 			t.Errorf("%s: %v, want a 400", name, err)
 		}
 	}
-	if err := p.opt.API.Schedule(context.Background(), armsim.Group, inst.ID, good()); err != nil {
-		t.Errorf("a good schedule: %v", err)
+	refused, err := api.Deallocate(ctx, "eastus", time.Now().Add(time.Hour), []string{id, vmID(armsim.Subscription, armsim.Group, "gone")})
+	if err != nil || len(refused) != 1 || refused[vmID(armsim.Subscription, armsim.Group, "gone")] != "ResourceNotFound" {
+		t.Errorf("a VM gone: %v, %v", refused, err)
+	}
+	if refused, err := api.Deallocate(ctx, "westus2", time.Now().Add(time.Hour), []string{id}); err != nil || len(refused) != 1 {
+		t.Errorf("a VM of another location: %v, %v", refused, err)
+	}
+	_ = sim
+}
+
+// A submission that fails for a while is sent again, backing off; one
+// Azure refuses for good (a role without Compute Schedule's action) is
+// not, and the log says what it costs and what to check. Neither keeps
+// the VM from being made.
+func TestDeallocationRetriedOrReported(t *testing.T) {
+	sim, err := armsim.New(armsim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	sim.AddImage(image, "")
+	s, err := DecodeSection(mustJSON(t, "resource_group: "+armsim.Group+"\nimage: "+image+"\n"+subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log syncBuffer
+	p, err := New(Options{API: simAPI(t, sim), Subscription: armsim.Subscription, Manager: "m1", Pool: "gpu", Section: s,
+		IdleTimeout: time.Minute, Lifetime: time.Hour, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	const api = "ScheduledActionsClient.VirtualMachinesSubmitDeallocate"
+	sim.Fail(api, 2, http.StatusServiceUnavailable, "ServiceUnavailable")
+	if _, err := p.Create(context.Background(), spec("gpu-1")); err != nil {
+		t.Fatal(err)
+	}
+	waitDeallocations(t, sim, 1)
+	if n := sim.Calls()[api]; n != 3 {
+		t.Errorf("%d submissions, want 2 failed and 1 taken", n)
+	}
+	sim.Fail(api, 1, http.StatusForbidden, "AuthorizationFailed")
+	if _, err := p.Create(context.Background(), spec("gpu-2")); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(log.String(), "could not submit"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no error logged:\n%s", log.String())
+		}
+	}
+	time.Sleep(3 * p.deadlines.gather)
+	if n := sim.Calls()[api]; n != 4 {
+		t.Errorf("%d submissions, want the refused one sent once", n)
+	}
+	if !strings.Contains(log.String(), "AuthorizationFailed") || !strings.Contains(log.String(), "Microsoft.ComputeSchedule") {
+		t.Errorf("the log does not say why, or what to check:\n%s", log.String())
 	}
 }
 
-// A VM deleted by Azure (an eviction) leaves its auto-shutdown schedule;
-// a manager that saw it go deletes it, and gc (Leftovers, Sweep) finds and
-// deletes one whose VM went while no manager ran.
-func TestEvictedVMsScheduleSwept(t *testing.T) {
+// syncBuffer is a log written by several goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// An auto-shutdown schedule that an earlier runfleet made for a VM now
+// gone (nothing deletes one with its VM) is found and deleted by gc
+// (Leftovers, Sweep); a live VM's is left.
+func TestEarlierSchedulesSwept(t *testing.T) {
 	p, sim := newProvider(t, subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\nspot: true\n")
 	ctx := context.Background()
 	inst, err := p.Create(ctx, spec("gpu-1"))
@@ -436,6 +529,20 @@ func TestEvictedVMsScheduleSwept(t *testing.T) {
 	other, err := p.Create(ctx, spec("gpu-2"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	opts := &arm.ClientOptions{ClientOptions: policy.ClientOptions{Transport: sim.Transport()}}
+	sched, err := armdevtestlabs.NewGlobalSchedulesClient(armsim.Subscription, &azfake.TokenCredential{}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []provider.Instance{inst, other} {
+		sc := armdevtestlabs.Schedule{Location: to.Ptr("eastus"), Tags: map[string]*string{TagManager: to.Ptr("m1"), TagPool: to.Ptr("gpu"), TagRunner: to.Ptr(v.Name)},
+			Properties: &armdevtestlabs.ScheduleProperties{Status: to.Ptr(armdevtestlabs.EnableStatusEnabled), TaskType: to.Ptr("ComputeVmShutdownTask"),
+				DailyRecurrence: &armdevtestlabs.DayDetails{Time: to.Ptr("1900")}, TimeZoneID: to.Ptr("UTC"),
+				TargetResourceID: to.Ptr(vmID(armsim.Subscription, armsim.Group, v.ID))}}
+		if _, err := sched.CreateOrUpdate(ctx, armsim.Group, ScheduleName(v.ID), sc, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	time.Sleep(300 * time.Millisecond)
 	if err := sim.Evict(inst.ID, 0); err != nil {
@@ -455,21 +562,6 @@ func TestEvictedVMsScheduleSwept(t *testing.T) {
 	if left, err := p.Leftovers(ctx, "m1"); err != nil || len(left) != 0 {
 		t.Errorf("leftovers after the sweep: %+v, %v", left, err)
 	}
-	// A manager that sees the eviction deletes the schedule itself.
-	if err := p.poll(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := sim.Evict(other.ID, 0); err != nil {
-		t.Fatal(err)
-	}
-	waitEvicted(t, sim, other.ID)
-	time.Sleep(time.Second) // the poll interval
-	if err := p.poll(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if s := sim.Schedules(); len(s) != 0 {
-		t.Errorf("schedules after the manager saw the eviction: %+v", s)
-	}
 	if err := p.Sweep(ctx, provider.Resource{Kind: ScheduleKind, ID: "/subscriptions/x/resourceGroups/g/providers/Microsoft.Compute/virtualMachines/v"}); err == nil {
 		t.Error("Sweep took an ID that is not a schedule's")
 	}
@@ -484,28 +576,5 @@ func waitEvicted(t *testing.T, sim *armsim.Server, name string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("VM %s was not evicted", name)
 		}
-	}
-}
-
-// A schedule the manager may not delete (a role without
-// Microsoft.DevTestLab/schedules/delete) does not keep its VM, which is
-// what costs: the VM goes, the schedule is left for gc.
-func TestVMGoesWhenItsScheduleCannot(t *testing.T) {
-	p, sim := newProvider(t, subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n")
-	ctx := context.Background()
-	inst, err := p.Create(ctx, spec("gpu-1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sim.Fail("GlobalSchedulesClient.Delete", 1, http.StatusForbidden, "AuthorizationFailed")
-	if err := p.Delete(ctx, "gpu-1"); err != nil {
-		t.Fatalf("delete with the schedule refused: %v", err)
-	}
-	time.Sleep(time.Second)
-	if v := sim.VMs()[0]; v.Deleted.IsZero() {
-		t.Errorf("VM %s kept because its schedule could not be deleted", inst.ID)
-	}
-	if left, err := p.Leftovers(ctx, "m1"); err != nil || len(left) != 1 {
-		t.Errorf("gc's leftovers: %+v, %v, want the schedule", left, err)
 	}
 }

@@ -125,7 +125,13 @@ func Client(s Section, calls *atomic.Int64, limits *Limits) (API, string, error)
 	if err != nil {
 		return nil, "", fmt.Errorf("azure: %w", err)
 	}
-	return sdkAPI{vms: vms, sched: sched}, sub, nil
+	// Compute Schedule's calls are hand-written (sdkAPI.Deallocate) on
+	// the pipeline an SDK client would have.
+	armc, err := arm.NewClient("computeschedule.ScheduledActionsClient", "v1.0.0", cred, opts)
+	if err != nil {
+		return nil, "", fmt.Errorf("azure: %w", err)
+	}
+	return sdkAPI{vms: vms, sched: sched, arm: armc, sub: sub}, sub, nil
 }
 
 // applicationID is runfleet/<version> for the SDK's User-Agent, which

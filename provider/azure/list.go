@@ -184,17 +184,6 @@ func (p *Provider) poll(ctx context.Context) error {
 	for name, runner := range evicted {
 		p.watch.Notify(provider.Notice{Name: runner, ID: name, At: p.opt.now(), Reason: "spot eviction: Azure deleted the Spot VM " + name}, "spot eviction")
 	}
-	for name := range evicted {
-		// Azure deleted the VM; its auto-shutdown schedule stays.
-		if !p.scheduled() {
-			break
-		}
-		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
-		if err := p.opt.API.Unschedule(cctx, p.opt.Section.ResourceGroup, name); err != nil {
-			p.opt.Logger.Warn("could not delete an evicted VM's auto-shutdown schedule; runfleet gc will", "vm", name, "err", brief(err))
-		}
-		cancel()
-	}
 	return nil
 }
 
@@ -204,7 +193,8 @@ var _ provider.Sweeper = (*Provider)(nil)
 const ScheduleKind = "auto-shutdown schedule"
 
 // Leftovers lists the manager's auto-shutdown schedules, of this pool,
-// whose VM is gone (Azure evicted it, or it was deleted elsewhere).
+// whose VM is gone: runfleet made one per VM before Compute Schedule
+// deallocated them, and nothing deletes one with its VM.
 func (p *Provider) Leftovers(ctx context.Context, manager string) ([]provider.Resource, error) {
 	vms, _, err := p.list(ctx, manager, p.opt.Pool, "", 0)
 	if err != nil {

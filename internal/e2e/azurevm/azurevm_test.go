@@ -194,15 +194,18 @@ func TestAzureCapacityFallsBack(t *testing.T) {
 
 // A manager killed with -9 and not restarted: its VMs power themselves
 // off by their deadline (stopped, still allocated and billed, their NICs
-// and disks kept, as on Azure), and their auto-shutdown schedules
-// deallocate them within the minute after it, which ends their compute
-// cost with no manager; `runfleet gc --yes` deletes them with their
-// NICs, addresses, disks and schedules, and the registrations left.
+// and disks kept, as on Azure), and the deallocations it submitted to
+// Compute Schedule for their deadlines deallocate them within the minute
+// after it, which ends their compute cost with no manager; `runfleet gc
+// --yes` deletes them with their NICs, addresses and disks, and the
+// registrations left.
 func TestAzureCrashDeadlineAndGC(t *testing.T) {
 	sim := harness.NeedARM(t)
 	f := harness.NewFleet(t, "azgc", harness.FleetOptions{Size: 2, ARM: sim, Azure: "      idle_timeout: 30m\n", Extra: "    max_lifetime: 40s\n"})
 	f.Start()
 	harness.Eventually(t, 2*time.Minute, "2 idle runners", func() bool { return f.IdleOnline() == 2 })
+	// Submitted within DeallocateGather (10 s) of each VM being made.
+	harness.Eventually(t, 30*time.Second, "both VMs' deallocations submitted", func() bool { return len(sim.Deallocations()) == 2 })
 	f.Kill9()
 	killed := time.Now()
 	listed := f.Runfleet("gc", "-c", f.Config)
@@ -219,21 +222,21 @@ func TestAzureCrashDeadlineAndGC(t *testing.T) {
 			t.Errorf("VM %s ran past its deadline: stopped %s after it", v.Name, v.Ended.Sub(deadline))
 		}
 	}
-	// The schedules fire at their deadline's minute, or the minute after:
-	// the stand-in's clock is moved on a minute rather than waited for.
+	// Deallocations are due within the minute after the deadline: the
+	// stand-in's clock is moved on a minute rather than waited for.
 	sim.Advance(time.Minute)
 	harness.Eventually(t, 30*time.Second, "every VM deallocated", func() bool {
 		return !slices.ContainsFunc(sim.VMs(), func(v armsim.VM) bool { return v.Power != "deallocated" })
 	})
 	for _, v := range sim.VMs() {
 		late := v.Deallocated.Sub(v.Created.Add(40 * time.Second))
-		t.Logf("VM %s deallocated by its auto-shutdown schedule %s after its deadline", v.Name, late.Round(time.Second))
+		t.Logf("VM %s deallocated by Compute Schedule %s after its deadline", v.Name, late.Round(time.Second))
 		if late < -time.Minute || late > time.Minute {
 			t.Errorf("VM %s deallocated %s after its deadline, want within the minute around it", v.Name, late)
 		}
 	}
-	if left := sim.Leftovers(); len(left) != 8 {
-		t.Errorf("%d NICs, addresses, disks and schedules after the power-off, want the 2 deallocated VMs' 8: %v", len(left), left)
+	if left := sim.Leftovers(); len(left) != 6 {
+		t.Errorf("%d NICs, addresses and disks after the power-off, want the 2 deallocated VMs' 6: %v", len(left), left)
 	}
 	removed := f.Runfleet("gc", "-c", f.Config, "--yes")
 	t.Logf("gc --yes:\n%s", removed)

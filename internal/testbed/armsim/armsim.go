@@ -30,6 +30,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -100,6 +101,7 @@ type Server struct {
 	calls        map[string]int
 	lro          map[string]string        // path → the API whose operation it polls
 	scheds       map[string]*Schedule     // by group/name
+	deallocs     []*Deallocation          // submitted to Compute Schedule
 	compute      map[string]*rate.Limiter // Compute's policies: by name, and "<name> <vm>"
 	offset       atomic.Int64             // Advance's, in nanoseconds
 	quit         chan struct{}
@@ -159,6 +161,7 @@ func New(o Options) (*Server, error) {
 				return
 			case <-t.C:
 				s.fireSchedules()
+				s.fireDeallocations()
 			}
 		}
 	})
@@ -198,7 +201,27 @@ func (u uncancelled) Do(r *http.Request) (*http.Response, error) {
 		resp.Request = r
 		return resp, nil
 	}
-	return u.t.Do(r.WithContext(context.WithoutCancel(r.Context())))
+	if api, _ := computeScheduleRoute(r); api != "" {
+		// Nor has Compute Schedule (no Go module of it is served).
+		rec := httptest.NewRecorder()
+		u.s.count(api)
+		u.s.submitDeallocations(rec, r, api)
+		resp := rec.Result()
+		resp.Request = r
+		return resp, nil
+	}
+	// Counted here, in-process as over HTTP (Calls).
+	if api, _ := u.s.route(r); api != "" {
+		if strings.HasSuffix(r.URL.Path, "/get/fake/status") {
+			api += " poll"
+		}
+		u.s.count(api)
+	}
+	resp, err := u.t.Do(r.WithContext(context.WithoutCancel(r.Context())))
+	if err == nil {
+		u.s.created(r, resp)
+	}
+	return resp, err
 }
 
 // Close stops the API and ends every VM still up.

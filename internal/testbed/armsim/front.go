@@ -126,6 +126,11 @@ func (s *Server) arm(w http.ResponseWriter, r *http.Request) {
 		s.schedules(w, r, api)
 		return
 	}
+	if strings.HasPrefix(api, "ScheduledActionsClient.") {
+		s.count(api)
+		s.submitDeallocations(w, r, api)
+		return
+	}
 	poll := strings.HasSuffix(r.URL.Path, "/get/fake/status")
 	vm := ""
 	if m := vmPath.FindStringSubmatch(r.URL.Path); m != nil {
@@ -133,11 +138,6 @@ func (s *Server) arm(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.computeThrottle(w, api, poll, vm) {
 		return
-	}
-	if poll {
-		s.count(api + " poll")
-	} else {
-		s.count(api)
 	}
 	r.URL.Scheme, r.URL.Host = "https", r.Host
 	ctx := context.WithValue(r.Context(), runtime.CtxAPINameKey{}, api)
@@ -173,6 +173,9 @@ func (s *Server) arm(w http.ResponseWriter, r *http.Request) {
 // subscription. An operation's poll is the API whose operation it is.
 func (s *Server) route(r *http.Request) (api, sub string) {
 	if api, sub := scheduleRoute(r); api != "" {
+		return api, sub
+	}
+	if api, sub := computeScheduleRoute(r); api != "" {
 		return api, sub
 	}
 	p := r.URL.Path

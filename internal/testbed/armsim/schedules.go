@@ -218,12 +218,20 @@ func (sc *Schedule) next(after time.Time) time.Time {
 // now is the stand-in's clock: the time, moved on by Advance.
 func (s *Server) now() time.Time { return time.Now().Add(time.Duration(s.offset.Load())) }
 
-// Advance moves the stand-in's clock on, for its schedules: what a test
+// Advance moves the stand-in's clock on, for its schedules and
+// submitted deallocations: what a test
 // cannot wait for (a deadline hours away) comes at once. The VMs' own
 // clocks do not move.
 func (s *Server) Advance(d time.Duration) {
 	s.offset.Add(int64(d))
 	s.fireSchedules()
+	s.fireDeallocations()
+}
+
+// firing is a VM to deallocate, and the time it was due.
+type firing struct {
+	vm *VM
+	at time.Time
 }
 
 // fireSchedules shuts down and deallocates the VMs whose schedule's time
@@ -231,10 +239,6 @@ func (s *Server) Advance(d time.Duration) {
 func (s *Server) fireSchedules() {
 	now := s.now()
 	s.mu.Lock()
-	type firing struct {
-		vm *VM
-		at time.Time
-	}
 	var due []firing
 	for _, sc := range s.scheds {
 		last := sc.Fired

@@ -1,10 +1,12 @@
 package armsim
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"slices"
@@ -31,7 +33,9 @@ type VM struct {
 	// starting, running, stopped (powered off from inside: still
 	// allocated, and billed) or deallocated (by its auto-shutdown
 	// schedule: its compute cost ended).
-	Provisioning, Power     string
+	Provisioning, Power string
+	// Failure is the error code of a creation that failed (AllocationFailed).
+	Failure                 string
 	Created, Ended, Deleted time.Time
 	Deallocated             time.Time
 	// Evicted is when Azure began to evict it (its Preempt event's time
@@ -145,6 +149,13 @@ func (v *VM) resource(view bool) armcompute.VirtualMachine {
 	}
 	if view {
 		statuses := []*armcompute.InstanceViewStatus{{Code: to.Ptr("ProvisioningState/" + strings.ToLower(v.Provisioning))}}
+		if v.Failure != "" {
+			// A failed VM's status names the error and says it
+			// (learn.microsoft.com/azure/virtual-machines/states-billing,
+			// "Provisioning states": ProvisioningState/failed/<code>).
+			statuses[0] = &armcompute.InstanceViewStatus{Code: to.Ptr("ProvisioningState/failed/" + v.Failure),
+				Level: to.Ptr(armcompute.StatusLevelTypesError), DisplayStatus: to.Ptr("Provisioning failed"), Message: to.Ptr(messages[v.Failure])}
+		}
 		if v.Power != "" {
 			statuses = append(statuses, &armcompute.InstanceViewStatus{Code: to.Ptr("PowerState/" + v.Power)})
 		}
@@ -206,7 +217,7 @@ func (s *Server) create(_ context.Context, group, name string, in armcompute.Vir
 		resp.AddNonTerminalResponse(http.StatusOK, nil)
 	}
 	if s.noCap[priority+" "+size+" "+loc] || s.noCap[priority+" "+size+" "] || s.noCap[priority+"  "+loc] || s.noCap[priority+"  "] {
-		v.Provisioning = "Failed"
+		v.Provisioning, v.Failure = "Failed", "AllocationFailed"
 		resp.SetTerminalError(http.StatusConflict, "AllocationFailed")
 		return
 	}
@@ -220,6 +231,36 @@ func (s *Server) create(_ context.Context, group, name string, in armcompute.Vir
 		s.boot(v, image)
 	}()
 	return
+}
+
+// created gives a creation's first answer (201) the VM as made so far,
+// as Azure's does: its vmId and provisioningState Creating, before the
+// operation ends (azure-rest-api-specs, specification/compute/
+// resource-manager/Microsoft.Compute/ComputeRP/stable/*/examples/
+// virtualMachineExamples/VirtualMachine_Create_*.json, response 201).
+// The fake poller answers it with no body.
+func (s *Server) created(r *http.Request, resp *http.Response) {
+	m := vmPath.FindStringSubmatch(r.URL.Path)
+	if r.Method != http.MethodPut || m == nil || m[4] != "" || resp.StatusCode != http.StatusCreated {
+		return
+	}
+	s.mu.Lock()
+	v := s.vms[key(m[2], m[3])]
+	var body []byte
+	if v != nil {
+		res := v.resource(false)
+		res.Properties.ProvisioningState = to.Ptr("Creating")
+		body, _ = json.Marshal(res)
+	}
+	s.mu.Unlock()
+	if body == nil {
+		return
+	}
+	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.ContentLength = int64(len(body))
+	resp.Header.Set("Content-Type", "application/json; charset=utf-8")
+	resp.Header.Del("Content-Length")
 }
 
 // refuse checks a creation as Azure does before it takes it. Called
