@@ -75,7 +75,7 @@ func TestCMLExampleBitbucketAWS(t *testing.T) {
 	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	harness.WaitExit(t, cmd, 2*time.Minute)
-	if c := consoleOf(sim, in.ID); !strings.Contains(c, "Updating runner status to \"ONLINE\"") {
+	if c := consoleOf(t, sim, in.ID); !strings.Contains(c, "Updating runner status to \"ONLINE\"") {
 		t.Errorf("the instance's console does not show the runner's log:\n%s", c)
 	}
 	if ud := string(in.UserData); !strings.Contains(ud, "apt-get install -y -q docker.io") || !strings.Contains(ud, "/runfleet-") {

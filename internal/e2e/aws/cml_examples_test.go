@@ -5,8 +5,6 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"encoding/pem"
-	"fmt"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -129,13 +127,7 @@ func runCMLExample(t *testing.T, sim *ec2sim.Server, rel *harness.Releases, gh *
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	harness.WaitExit(t, cmd, 2*time.Minute)
 	if ex.console != "" {
-		// ec2sim keeps an instance's console once its machine is gone,
-		// and only then lists it terminated (as EC2 does): the console
-		// is read after that, not as the termination is asked for.
-		harness.Eventually(t, time.Minute, "the instance terminated", func() bool {
-			return slices.ContainsFunc(sim.Instances(), func(i ec2sim.Instance) bool { return i.ID == in.ID && i.State == "terminated" })
-		})
-		if c := consoleOf(sim, in.ID); !strings.Contains(c, ex.console) {
+		if c := consoleOf(t, sim, in.ID); !strings.Contains(c, ex.console) {
 			t.Errorf("the instance's console does not show %q:\n%s", ex.console, c)
 		}
 	}
@@ -155,14 +147,23 @@ func runCMLExample(t *testing.T, sim *ec2sim.Server, rel *harness.Releases, gh *
 	}
 }
 
-// consoleOf is what an instance printed.
-func consoleOf(sim *ec2sim.Server, id string) string {
-	for _, in := range sim.Instances() {
-		if in.ID == id {
-			return in.Console
+// consoleOf is what an instance printed, once it is terminated: ec2sim
+// keeps an instance's console once its machine is gone, and only then
+// lists it terminated (as EC2 does); meanwhile, its runner seen gone, it
+// is shutting-down, which takes seconds on loaded cores.
+func consoleOf(t *testing.T, sim *ec2sim.Server, id string) string {
+	t.Helper()
+	var console, state string
+	harness.Eventually(t, time.Minute, "instance "+id+" terminated", func() bool {
+		state = ""
+		for _, in := range sim.Instances() {
+			if in.ID == id {
+				console, state = in.Console, in.State
+			}
 		}
-	}
-	return fmt.Sprintf("(no instance %s)", id)
+		return state == "terminated"
+	})
+	return console
 }
 
 // rsaPEM is a private key as `ssh-keygen -t rsa -m pem` writes one.
