@@ -386,22 +386,8 @@ func TestBurstSharesItsCalls(t *testing.T) {
 // A lifetime past what Compute Schedule takes (14 days) gets no
 // deallocation, and the log says what that costs.
 func TestNoDeallocationPast14Days(t *testing.T) {
-	sim, err := armsim.New(armsim.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sim.Close)
-	sim.AddImage(image, "")
-	s, err := DecodeSection(mustJSON(t, "resource_group: "+armsim.Group+"\nimage: "+image+"\n"+subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var log bytes.Buffer // written by this goroutine only: New and Create
-	p, err := New(Options{API: simAPI(t, sim), Subscription: armsim.Subscription, Manager: "m1", Pool: "gpu", Section: s,
-		IdleTimeout: time.Minute, Lifetime: 15 * 24 * time.Hour, Logger: slog.New(slog.NewTextHandler(&log, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	var log syncBuffer
+	p, sim := loggedProvider(t, 15*24*time.Hour, &log)
 	if _, err := p.Create(context.Background(), spec("gpu-1")); err != nil {
 		t.Fatal(err)
 	}
@@ -454,23 +440,8 @@ func TestDeallocationRefused(t *testing.T) {
 // not, and the log says what it costs and what to check. Neither keeps
 // the VM from being made.
 func TestDeallocationRetriedOrReported(t *testing.T) {
-	sim, err := armsim.New(armsim.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sim.Close)
-	sim.AddImage(image, "")
-	s, err := DecodeSection(mustJSON(t, "resource_group: "+armsim.Group+"\nimage: "+image+"\n"+subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var log syncBuffer
-	p, err := New(Options{API: simAPI(t, sim), Subscription: armsim.Subscription, Manager: "m1", Pool: "gpu", Section: s,
-		IdleTimeout: time.Minute, Lifetime: time.Hour, Logger: slog.New(slog.NewTextHandler(&log, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p, sim := loggedProvider(t, time.Hour, &log)
 	const api = "ScheduledActionsClient.VirtualMachinesSubmitDeallocate"
 	sim.Fail(api, 2, http.StatusServiceUnavailable, "ServiceUnavailable")
 	if _, err := p.Create(context.Background(), spec("gpu-1")); err != nil {
@@ -496,6 +467,29 @@ func TestDeallocationRetriedOrReported(t *testing.T) {
 	if !strings.Contains(log.String(), "AuthorizationFailed") || !strings.Contains(log.String(), "Microsoft.ComputeSchedule") {
 		t.Errorf("the log does not say why, or what to check:\n%s", log.String())
 	}
+}
+
+// loggedProvider is a pool's provider, its VMs living lifetime, its log
+// written to log.
+func loggedProvider(t *testing.T, lifetime time.Duration, log *syncBuffer) (*Provider, *armsim.Server) {
+	t.Helper()
+	sim, err := armsim.New(armsim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sim.Close)
+	sim.AddImage(image, "")
+	s, err := DecodeSection(mustJSON(t, "resource_group: "+armsim.Group+"\nimage: "+image+"\n"+subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Options{API: simAPI(t, sim), Subscription: armsim.Subscription, Manager: "m1", Pool: "gpu", Section: s,
+		IdleTimeout: time.Minute, Lifetime: lifetime, Logger: slog.New(slog.NewTextHandler(log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p, sim
 }
 
 // syncBuffer is a log written by several goroutines.

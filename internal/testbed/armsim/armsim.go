@@ -191,24 +191,21 @@ type uncancelled struct {
 }
 
 func (u uncancelled) Do(r *http.Request) (*http.Response, error) {
-	if api, _ := scheduleRoute(r); api != "" {
-		// Auto-shutdown schedules have no fake server (armdevtestlabs
-		// v1.0.0 predates them): the stand-in's own handler answers.
-		rec := httptest.NewRecorder()
-		u.s.count(api)
-		u.s.schedules(rec, r, api)
-		resp := rec.Result()
-		resp.Request = r
-		return resp, nil
-	}
-	if api, _ := computeScheduleRoute(r); api != "" {
-		// Nor has Compute Schedule (no Go module of it is served).
-		rec := httptest.NewRecorder()
-		u.s.count(api)
-		u.s.submitDeallocations(rec, r, api)
-		resp := rec.Result()
-		resp.Request = r
-		return resp, nil
+	// Auto-shutdown schedules have no fake server (armdevtestlabs v1.0.0
+	// predates them), nor has Compute Schedule (no Go module of it is
+	// served): the stand-in's own handlers answer.
+	for _, h := range []struct {
+		route func(*http.Request) (string, string)
+		serve func(http.ResponseWriter, *http.Request, string)
+	}{{scheduleRoute, u.s.schedules}, {computeScheduleRoute, u.s.submitDeallocations}} {
+		if api, _ := h.route(r); api != "" {
+			rec := httptest.NewRecorder()
+			u.s.count(api)
+			h.serve(rec, r, api)
+			resp := rec.Result()
+			resp.Request = r
+			return resp, nil
+		}
 	}
 	// Counted here, in-process as over HTTP (Calls).
 	if api, _ := u.s.route(r); api != "" {
