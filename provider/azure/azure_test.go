@@ -32,9 +32,8 @@ const image = "Canonical:ubuntu-24_04-lts:server:latest"
 // Shorter than Azure's minutes: the stand-in makes a VM in 200 ms.
 func init() { PollInterval, DeallocateGather = 100*time.Millisecond, 200*time.Millisecond }
 
-// newProvider is a pool's provider on armcompute's fake server (the
-// stand-in's), wired in-process through the client's options.
-func newProvider(t *testing.T, section string) (*Provider, *armsim.Server) {
+// newSim is the stand-in, with the test image.
+func newSim(t *testing.T) *armsim.Server {
 	t.Helper()
 	sim, err := armsim.New(armsim.Options{})
 	if err != nil {
@@ -42,6 +41,14 @@ func newProvider(t *testing.T, section string) (*Provider, *armsim.Server) {
 	}
 	t.Cleanup(sim.Close)
 	sim.AddImage(image, "")
+	return sim
+}
+
+// newProvider is a pool's provider on armcompute's fake server (the
+// stand-in's), wired in-process through the client's options.
+func newProvider(t *testing.T, section string) (*Provider, *armsim.Server) {
+	t.Helper()
+	sim := newSim(t)
 	s, err := DecodeSection(mustJSON(t, "resource_group: "+armsim.Group+"\nimage: "+image+"\npoll_interval: 1s\n"+section))
 	if err != nil {
 		t.Fatal(err)
@@ -250,12 +257,7 @@ func TestErrorKinds(t *testing.T) {
 // interval list the subscription about once an interval, not four times,
 // and each still sees its own VMs.
 func TestPoolsShareTheListing(t *testing.T) {
-	sim, err := armsim.New(armsim.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sim.Close)
-	sim.AddImage(image, "")
+	sim := newSim(t)
 	listing := &Listing{}
 	var pools []*Provider
 	for i := range 4 {
@@ -473,12 +475,7 @@ func TestDeallocationRetriedOrReported(t *testing.T) {
 // written to log.
 func loggedProvider(t *testing.T, lifetime time.Duration, log *syncBuffer) (*Provider, *armsim.Server) {
 	t.Helper()
-	sim, err := armsim.New(armsim.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sim.Close)
-	sim.AddImage(image, "")
+	sim := newSim(t)
 	s, err := DecodeSection(mustJSON(t, "resource_group: "+armsim.Group+"\nimage: "+image+"\n"+subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n"))
 	if err != nil {
 		t.Fatal(err)
