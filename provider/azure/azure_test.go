@@ -406,7 +406,7 @@ func TestNoDeallocationPast14Days(t *testing.T) {
 // api-version, a deadline past or more than 14 days ahead, no VMs; a VM
 // that is not there (or not in the location) is refused on its own.
 func TestDeallocationRefused(t *testing.T) {
-	p, sim := newProvider(t, subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n")
+	p, _ := newProvider(t, subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n")
 	inst, err := p.Create(context.Background(), spec("gpu-1"))
 	if err != nil {
 		t.Fatal(err)
@@ -434,7 +434,6 @@ func TestDeallocationRefused(t *testing.T) {
 	if refused, err := api.Deallocate(ctx, "westus2", time.Now().Add(time.Hour), []string{id}); err != nil || len(refused) != 1 {
 		t.Errorf("a VM of another location: %v, %v", refused, err)
 	}
-	_ = sim
 }
 
 // A submission that fails for a while is sent again, backing off; one

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"regexp"
-	"slices"
 	"strings"
 	"time"
 
@@ -176,5 +175,5 @@ func (s *Server) Deallocations() []Deallocation {
 	for _, d := range s.deallocs {
 		out = append(out, *d)
 	}
-	return slices.Clip(out)
+	return out
 }
