@@ -138,6 +138,10 @@ var reasons = map[string]errKind{
 
 // kindOf classifies an HTTP error of a call.
 func kindOf(err error) (errKind, string) {
+	var held *QuotaHeldError
+	if errors.As(err, &held) {
+		return errThrottle, "rateLimitExceeded"
+	}
 	var ge *googleapi.Error
 	if !errors.As(err, &ge) {
 		return errOther, ""

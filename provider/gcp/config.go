@@ -93,6 +93,11 @@ type Section struct {
 	IdleTimeout config.Duration `json:"idle_timeout"`
 	// PollInterval is how often the pool's instances are listed (5s).
 	PollInterval config.Duration `json:"poll_interval"`
+	// RequestQuotas are the project's rate quotas, requests a minute by
+	// group (reads_per_region, writes_per_region, global_reads,
+	// global_writes), where they are not 1,500: as the console's Quotas
+	// page shows them. Every pool of a project should give the same.
+	RequestQuotas map[string]int `json:"request_quotas"`
 }
 
 // Accelerator is the GPUs each instance gets: nvidia-tesla-t4,
@@ -235,6 +240,7 @@ func (s Section) check() error {
 	if len(s.Scopes) > 0 && s.ServiceAccount == "" {
 		add("scopes", "are set, but service_account is not")
 	}
+	errs = append(errs, checkQuotas(s.RequestQuotas))
 	switch s.SpotFallback {
 	case "", "none":
 	case FallbackOnDemand:

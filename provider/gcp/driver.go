@@ -11,13 +11,13 @@ import (
 	"regexp"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"cloud.google.com/go/auth"
 	"cloud.google.com/go/auth/credentials"
 	"cloud.google.com/go/auth/httptransport"
 	compute "cloud.google.com/go/compute/apiv1"
 	"cloud.google.com/go/compute/apiv1/computepb"
-	"golang.org/x/time/rate"
 	"google.golang.org/api/option"
 
 	"github.com/runfleet/runfleet/provider"
@@ -102,7 +102,9 @@ func Client(ctx context.Context, s Section, calls *atomic.Int64, limits *Limits)
 		return nil, "", errors.New("gcp.project: not set, and neither the credentials nor GOOGLE_CLOUD_PROJECT give one")
 	}
 	if limits == nil {
-		limits = sharedLimits.Get(project + " " + s.Endpoint)
+		limits = sharedLimits.Make(project+" "+s.Endpoint+" "+fmt.Sprint(s.RequestQuotas), func() *Limits {
+			return newLimits(s.RequestQuotas, time.Now)
+		})
 	}
 	base := http.DefaultTransport.(*http.Transport).Clone()
 	hc, err := httptransport.NewClient(&httptransport.Options{
@@ -171,27 +173,6 @@ func findCredentials(s Section) (*auth.Credentials, error) {
 	return credentials.NewCredentialsFromJSON(typ, b, opts)
 }
 
-// Limits keeps a manager's requests within Compute Engine's rate quotas
-// ("Compute Engine rate quotas"), which hold per project and minute: the
-// documented default of 1,500 requests a minute for mutations (Queries,
-// compute.googleapis.com/default) and 1,500 for reads
-// (compute.googleapis.com/read_requests); the regional groups are no
-// smaller. A quota refills at each minute's start, so a bucket of 75
-// refilled at 1,425 a minute never sends more than 1,500 in any one
-// minute. Pools of one project share them.
-type Limits struct {
-	read, mutate *rate.Limiter
-}
-
-// QuotaPerMinute is the documented default for each group.
-const QuotaPerMinute = 1500
-
-// NewLimits is Compute Engine's default quotas.
-func NewLimits() *Limits {
-	per := rate.Limit(float64(QuotaPerMinute-75) / 60)
-	return &Limits{read: rate.NewLimiter(per, 75), mutate: rate.NewLimiter(per, 75)}
-}
-
 // Listing is a manager's instances in a project as last listed (one
 // aggregated call, a heavy-weight read), shared by the manager's pools
 // there.
@@ -214,11 +195,8 @@ type meter struct {
 }
 
 func (m *meter) RoundTrip(r *http.Request) (*http.Response, error) {
-	lim := m.limits.mutate
-	if r.Method == http.MethodGet || strings.HasSuffix(r.URL.Path, "/wait") {
-		lim = m.limits.read
-	}
-	if err := lim.Wait(r.Context()); err != nil {
+	q := quotaOf(r)
+	if err := m.limits.wait(r.Context(), q); err != nil {
 		return nil, err
 	}
 	if m.calls != nil {
@@ -228,7 +206,11 @@ func (m *meter) RoundTrip(r *http.Request) (*http.Response, error) {
 	// clients take no User-Agent option with a client of our own.
 	r = r.Clone(r.Context())
 	r.Header.Set("User-Agent", strings.TrimSpace(version.UserAgent()+" "+r.Header.Get("User-Agent")))
-	return m.base.RoundTrip(r)
+	res, err := m.base.RoundTrip(r)
+	if err == nil && rateLimited(res) {
+		m.limits.hold(q)
+	}
+	return res, err
 }
 
 // cmlTables are CML's aliases on GCP, from the iterative provider's

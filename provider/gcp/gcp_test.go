@@ -184,11 +184,8 @@ func TestRateLimitBacksOff(t *testing.T) {
 	if n := sim.Calls()["instances.insert"]; n != 1 {
 		t.Errorf("%d inserts, want 1: the pool backs off, the next zone is not tried", n)
 	}
-	if _, err := p.Create(context.Background(), spec("gpu-1")); err != nil {
-		t.Fatal(err)
-	}
-	if p.Calls() < 3 {
-		t.Errorf("counted %d calls", p.Calls())
+	if p.Calls() != 1 {
+		t.Errorf("counted %d calls, want 1", p.Calls())
 	}
 }
 
@@ -375,5 +372,50 @@ func TestKeptDiskIsSwept(t *testing.T) {
 	}
 	if err := p.Sweep(ctx, provider.Resource{Kind: gcp.DiskKind, ID: "zones/us-central1-a/instances/x"}); err == nil {
 		t.Error("a sweep of what is not a disk was taken")
+	}
+}
+
+// A project's quota spent by another client is answered 403
+// rateLimitExceeded until the minute ends; runfleet sends no more of that
+// group's requests before then (each would be refused and counted), while
+// the other groups and regions go on: a region's inserts, the listings.
+func TestSpentQuotaHoldsOnlyItsGroup(t *testing.T) {
+	if left := time.Until(time.Now().Truncate(time.Minute).Add(time.Minute)); left < 5*time.Second {
+		time.Sleep(left + 100*time.Millisecond) // the test's few seconds within one minute
+	}
+	central, sim := newProvider(t, "zones: [us-central1-a]\nmachine_types: [n1-standard-8]\n")
+	europe := open(t, "m1", sim, "zones: [europe-west1-d]\nmachine_types: [n1-standard-8]\n")
+	sim.SpendQuota(gcesim.QuotaWritesPerRegion, "us-central1")
+	ctx := context.Background()
+	if _, err := central.Create(ctx, spec("gpu-1")); err == nil || !strings.Contains(err.Error(), "request quota") {
+		t.Fatalf("err = %v, want the request quota", err)
+	}
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err := central.Create(short, spec("gpu-1"))
+	var held *gcp.QuotaHeldError
+	if !errors.As(err, &held) || held.Quota != "writes_per_region in us-central1" {
+		t.Errorf("a second insert in us-central1: %v, want it held until the minute ends", err)
+	}
+	if n := sim.Calls()["instances.insert"]; n != 1 {
+		t.Errorf("%d inserts sent, want 1: the one refused", n)
+	}
+	if _, err := europe.Create(ctx, spec("gpu-2")); err != nil {
+		t.Errorf("an insert in europe-west1 while us-central1's writes are spent: %v", err)
+	}
+	if _, err := central.List(ctx, "m1"); err != nil {
+		t.Errorf("listing while us-central1's writes are spent: %v", err)
+	}
+}
+
+func TestRequestQuotasChecked(t *testing.T) {
+	_, err := gcp.DecodeSection(mustJSON(t, "zones: [us-central1-a]\nimage: "+image+"\nmachine_types: [n1-standard-8]\nrequest_quotas: {reads_per_region: 3000, writes: 10, global_reads: 0}\n"))
+	for _, want := range []string{`"writes" is not a quota group`, "global_reads: 0 requests a minute"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("err = %v, want it to say %s", err, want)
+		}
+	}
+	if _, err := gcp.DecodeSection(mustJSON(t, "zones: [us-central1-a]\nimage: "+image+"\nmachine_types: [n1-standard-8]\nrequest_quotas: {reads_per_region: 3000}\n")); err != nil {
+		t.Error(err)
 	}
 }

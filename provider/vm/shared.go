@@ -11,8 +11,12 @@ type Shared[T any] struct {
 	m  map[string]T
 }
 
-// Get returns the key's value, making it the first time.
-func (s *Shared[T]) Get(key string) T {
+// Get returns the key's value, making it with New the first time.
+func (s *Shared[T]) Get(key string) T { return s.Make(key, s.New) }
+
+// Make returns the key's value, making it with make the first time: a
+// value built from the pool's config (which is part of the key).
+func (s *Shared[T]) Make(key string, make func() T) T {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if v, ok := s.m[key]; ok {
@@ -21,7 +25,7 @@ func (s *Shared[T]) Get(key string) T {
 	if s.m == nil {
 		s.m = map[string]T{}
 	}
-	v := s.New()
+	v := make()
 	s.m[key] = v
 	return v
 }

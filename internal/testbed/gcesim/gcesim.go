@@ -3,7 +3,7 @@
 // with filter, maxResults and pageToken, delete; zone operations get and
 // wait, aggregated operations with a filter) as the API reference
 // documents them, their error bodies and reasons, the per-minute rate
-// quotas (403 rateLimitExceeded), and OAuth: a service account's key
+// quotas by group and region (quota.go; 403 rateLimitExceeded), and OAuth: a service account's key
 // (Credentials) whose JWT is exchanged at the stand-in's token URI for
 // the bearer token every call must carry. Instances boot: with a Docker
 // engine, each is a container of the image its source image maps to,
@@ -58,9 +58,9 @@ type Options struct {
 	HostAddr string
 	// Latency is added to every API answer.
 	Latency time.Duration
-	// QuotaPerMinute is each quota group's requests a minute (reads,
-	// mutations): Compute Engine's default 1,500 when 0.
-	QuotaPerMinute int
+	// Quotas are the project's rate quotas, requests a minute by group
+	// (QuotaReadsPerRegion, ...): 1,500 for a group not given.
+	Quotas map[string]int
 	// WaitMax is how long an operation's wait holds (2 minutes).
 	WaitMax time.Duration
 	Logger  *slog.Logger
@@ -89,8 +89,8 @@ type Server struct {
 	noQuota    map[string]bool // regions
 	faults     map[string][]fault
 	calls      map[string]int
-	window     time.Time
-	used       map[string]int // quota group -> requests this minute
+	minute     time.Time
+	used       map[quota]int // requests this minute
 	down       bool
 	closing    bool
 	wg         sync.WaitGroup
@@ -112,9 +112,6 @@ func New(o Options) (*Server, error) {
 	if o.HostAddr == "" {
 		o.HostAddr = "host.docker.internal"
 	}
-	if o.QuotaPerMinute == 0 {
-		o.QuotaPerMinute = 1500
-	}
 	if o.WaitMax == 0 {
 		o.WaitMax = 2 * time.Minute
 	}
@@ -129,7 +126,7 @@ func New(o Options) (*Server, error) {
 	s := &Server{opt: o, key: key, keyID: randHex(20), id: id, tokens: map[string]time.Time{},
 		instances: map[string]*Instance{}, disks: map[string]*Disk{}, ops: map[string]*op{}, requests: map[string]*op{},
 		images: map[string]string{}, noCap: map[string]bool{}, noQuota: map[string]bool{}, faults: map[string][]fault{},
-		calls: map[string]int{}, used: map[string]int{}, projectNum: "424242424242"}
+		calls: map[string]int{}, used: map[quota]int{}, projectNum: "424242424242"}
 	s.changed = sync.NewCond(&s.mu)
 	s.latency.Store(int64(o.Latency))
 	var url string
@@ -300,14 +297,6 @@ func invalid(format string, a ...any) *apiError {
 	return &apiError{http.StatusBadRequest, "invalid", fmt.Sprintf(format, a...)}
 }
 
-// quotaGroup is a method's rate quota group.
-func quotaGroup(r *http.Request) string {
-	if r.Method == http.MethodGet || strings.HasSuffix(r.URL.Path, "/wait") {
-		return "read"
-	}
-	return "mutation"
-}
-
 // admit counts a call and applies the outage, injected faults and the
 // per-minute quotas, which refill at each minute's start.
 func (s *Server) admit(method string, r *http.Request) *apiError {
@@ -325,16 +314,39 @@ func (s *Server) admit(method string, r *http.Request) *apiError {
 		s.faults[method] = q[1:]
 		return &apiError{f.status, f.reason, "injected by the test"}
 	}
-	if minute := time.Now().Truncate(time.Minute); !minute.Equal(s.window) {
-		s.window = minute
+	s.window()
+	q := quotaOf(r)
+	limit := s.opt.Quotas[q.group]
+	if limit == 0 {
+		limit = DefaultQuota
+	}
+	if s.used[q] >= limit {
+		return &apiError{http.StatusForbidden, "rateLimitExceeded", fmt.Sprintf("Quota exceeded for quota metric '%s' and limit '%s per project' of service 'compute.googleapis.com' for consumer 'project_number:%s'.", q.metric(), q.metric(), s.projectNum)}
+	}
+	s.used[q]++
+	return nil
+}
+
+// window starts a new minute's count when the minute has changed.
+// Called with s.mu held.
+func (s *Server) window() {
+	if minute := time.Now().Truncate(time.Minute); !minute.Equal(s.minute) {
+		s.minute = minute
 		clear(s.used)
 	}
-	g := quotaGroup(r)
-	if s.used[g] >= s.opt.QuotaPerMinute {
-		return &apiError{http.StatusForbidden, "rateLimitExceeded", fmt.Sprintf("Quota exceeded for quota metric '%s requests' and limit '%s requests per minute' of service 'compute.googleapis.com' for consumer 'project_number:%s'.", g, g, s.projectNum)}
+}
+
+// SpendQuota spends a group's quota (in region, for a regional group)
+// for the rest of the minute, as another client of the project would.
+func (s *Server) SpendQuota(group, region string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.window()
+	limit := s.opt.Quotas[group]
+	if limit == 0 {
+		limit = DefaultQuota
 	}
-	s.used[g]++
-	return nil
+	s.used[quota{group, region}] = limit
 }
 
 func randHex(n int) string {
