@@ -36,17 +36,22 @@ TEST_PARALLEL ?= 3
 # overlaps with the end-to-end packages' waiting.
 SLOWEST_FIRST = ./internal/e2e/aws ./internal/e2e/release ./internal/e2e/kube ./internal/e2e/chaoscloud ./internal/e2e/chaos ./internal/e2e/slurm ./internal/e2e/gitlab
 TEST_JSON ?= /dev/null
+# Go's build cache keys a package built without -trimpath by its directory,
+# so each clean clone (CI's) compiled every package of the module again,
+# with -race and without: 2.5 s against 0.4 s for one package from a
+# second clone. With it a clone reuses what the last one built.
+TRIM = -trimpath
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
 test: deps
-	CGO_ENABLED=0 go vet ./...
-	go vet -tags nvml ./gpu
-	go test -race -tags nvml ./gpu
-	go build -o bin/testsum ./internal/testbed/testsum
-	CGO_ENABLED=0 go build -o bin/runfleet-e2e ./cmd/runfleet
+	CGO_ENABLED=0 go vet $(TRIM) ./...
+	go vet $(TRIM) -tags nvml ./gpu
+	go test $(TRIM) -race -tags nvml ./gpu
+	go build $(TRIM) -o bin/testsum ./internal/testbed/testsum
+	CGO_ENABLED=0 go build $(TRIM) -o bin/runfleet-e2e ./cmd/runfleet
 	RUNFLEET_E2E_BINARY=$(CURDIR)/bin/runfleet-e2e \
-		go test -race -count=1 -timeout 50m -p $(TEST_PARALLEL) -json $(SLOWEST_FIRST) ./... | tee $(TEST_JSON) | bin/testsum
+		go test $(TRIM) -race -count=1 -timeout 50m -p $(TEST_PARALLEL) -json $(SLOWEST_FIRST) ./... | tee $(TEST_JSON) | bin/testsum
 
 # Test images are built FROM scratch (no registry is needed) out of static
 # binaries from Debian's bash-static and busybox-static packages; the status

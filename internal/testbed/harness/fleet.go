@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -104,10 +103,24 @@ func startGitea() {
 	Gitea, setupErr = peers.StartGitea(context.Background(), peers.GiteaOptions{Progress: os.Stderr, ListenAddr: "0.0.0.0"})
 }
 
-// RepoRoot is the module's root, where deploy/ and gpu/testdata are.
+// RepoRoot is the module's root, where deploy/ and gpu/testdata are: the
+// nearest directory above the test's own (go test runs a test in its
+// package's) with a go.mod. Not found from the source's path, which
+// -trimpath (make test's, so that Go's build cache serves every clone)
+// leaves relative.
 func RepoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "..") // internal/testbed/harness
+	dir, err := os.Getwd()
+	if err != nil {
+		panic(err)
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+		if filepath.Dir(d) == d {
+			panic("no go.mod above " + dir)
+		}
+	}
 }
 
 // Need skips a test when the real peers are not available, and fails it
