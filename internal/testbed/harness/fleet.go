@@ -165,6 +165,9 @@ type Fleet struct {
 	// default one (the GPU engine), and env what the manager needs to
 	// reach it.
 	engine *client.Client
+	// engineDir is that engine's directory, whose dockerd.log a failed
+	// test shows.
+	engineDir string
 	Env    []string
 	EC2    *ec2sim.Server // an EC2 fleet's stand-in
 	GCE    *gcesim.Server // a Compute Engine fleet's stand-in
@@ -259,6 +262,7 @@ forges:
 		if opt.Engine != nil {
 			runnerURL = Gitea.URL // host networking
 			f.engine, f.Env = opt.Engine.cli, []string{"DOCKER_HOST=" + opt.Engine.host}
+			f.engineDir = opt.Engine.dir
 		}
 		cfg = strings.Replace(cfg, "    repo: ", "    runner_url: "+runnerURL+"\n    repo: ", 1)
 		cfg += "    docker:\n" + opt.Docker
@@ -500,6 +504,12 @@ func (f *Fleet) dumpLogs() {
 	for _, l := range logs[max(0, len(logs)-4):] {
 		b, _ := os.ReadFile(l)
 		f.T.Logf("agent log %s:\n%s", filepath.Base(l), TailString(string(b), 1500))
+	}
+	if f.engineDir != "" {
+		// What the private engine did with the containers (a removal
+		// that did not end, ...).
+		b, _ := os.ReadFile(filepath.Join(f.engineDir, "dockerd.log"))
+		f.T.Logf("the private engine's log:\n%s", TailString(string(b), 6000))
 	}
 }
 
