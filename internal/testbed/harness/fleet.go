@@ -168,12 +168,12 @@ type Fleet struct {
 	// engineDir is that engine's directory, whose dockerd.log a failed
 	// test shows.
 	engineDir string
-	Env    []string
-	EC2    *ec2sim.Server // an EC2 fleet's stand-in
-	GCE    *gcesim.Server // a Compute Engine fleet's stand-in
-	ARM    *armsim.Server // an Azure VM fleet's stand-in
-	AZ     *azsim.Server  // an Azure Pipelines fleet's simulator
-	BB     *bbsim.Server  // a Bitbucket fleet's simulator
+	Env       []string
+	EC2       *ec2sim.Server // an EC2 fleet's stand-in
+	GCE       *gcesim.Server // a Compute Engine fleet's stand-in
+	ARM       *armsim.Server // an Azure VM fleet's stand-in
+	AZ        *azsim.Server  // an Azure Pipelines fleet's simulator
+	BB        *bbsim.Server  // a Bitbucket fleet's simulator
 	// Killed counts the runners a test killed mid-job on purpose: their
 	// registrations may go while the forge still counts them busy.
 	Killed int
