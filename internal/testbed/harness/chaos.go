@@ -251,7 +251,7 @@ func (f *Fleet) waitAllJobs(n int, timeout time.Duration) []*sdk.ActionWorkflowJ
 			done, deadline = d, time.Now().Add(timeout)
 		}
 		switch {
-		case len(open) > 0:
+		case len(open) > 0 || f.rerunsPending() > 0:
 			settled = time.Time{}
 		case len(jobs) >= n:
 			return jobs

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -669,7 +670,7 @@ func (f *Fleet) WaitJobs(n int, timeout time.Duration) []*sdk.ActionWorkflowJob 
 	for deadline := time.Now().Add(timeout); ; time.Sleep(100 * time.Millisecond) {
 		jobs := f.Jobs()
 		open := openJobs(jobs)
-		if len(jobs) >= n && len(jobs)-len(open) >= n {
+		if len(jobs) >= n && len(jobs)-len(open) >= n && f.rerunsPending() == 0 {
 			return jobs
 		}
 		if time.Now().After(deadline) {
@@ -678,6 +679,31 @@ func (f *Fleet) WaitJobs(n int, timeout time.Duration) []*sdk.ActionWorkflowJob 
 		}
 	}
 }
+
+// rerunsPending counts the runners the current manager found lost
+// mid-job and whose run it has yet to re-run: a job Gitea handed to a
+// runner that never got it (a fetch Gitea answered after the runner had
+// given up on it) or that died with it fails, and the manager re-runs it
+// once its run ends; until then the job reads as completed, failed. A
+// killed manager's intentions are not counted: what it left, the next
+// one finds or the test fails.
+func (f *Fleet) rerunsPending() int {
+	lost := map[string]bool{}
+	for _, l := range LogLines(f.LogPath, "gitea: runner lost mid-job", "gitea: re-ran the failed jobs", "gitea: could not re-run") {
+		if id := rerunID.FindStringSubmatch(l); id != nil {
+			lost[id[1]] = strings.Contains(l, "runner lost mid-job")
+		}
+	}
+	n := 0
+	for _, pending := range lost {
+		if pending {
+			n++
+		}
+	}
+	return n
+}
+
+var rerunID = regexp.MustCompile(` id=(\d+)`)
 
 // openJobs names the jobs not completed, with their status and runner.
 func openJobs(jobs []*sdk.ActionWorkflowJob) []string {
