@@ -74,11 +74,16 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 // machine and a registration, and that this one lists neither of, though
 // the pool removed neither: a fast job's, whose machine ended after it
 // and whose ephemeral registration the forge deleted, between two passes.
-// Such a runner served. Called with p.mu held, before remember.
+// Such a runner served. A runner whose start ended after this pass began
+// listing is not one: the listing predates it. Called with p.mu held,
+// before remember.
 func (p *Pool) endedUnseen(snap snapshot) {
 	for _, r := range p.view {
 		_, listed := snap.slots[r.Name]
 		if listed || p.pending[r.Name] == opRemove || p.done[r.Name].op == opRemove {
+			continue
+		}
+		if _, starting := p.inflight(r.Name, snap.since); starting {
 			continue
 		}
 		reg, machine := cmp.Or(r.RunnerID, p.registered[r.Name]), cmp.Or(r.Machine, p.last[r.Name].ID)

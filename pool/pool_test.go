@@ -1,11 +1,14 @@
 package pool
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -376,6 +379,57 @@ func TestStaleSnapshotDoesNotDuplicate(t *testing.T) {
 	if h.forge.nextID != 1 {
 		t.Fatalf("made %d registrations, want 1", h.forge.nextID)
 	}
+}
+
+// A create that completes while another pass is listing is not taken
+// for a runner that ended between passes: the listing predates it. (Seen
+// in CI: three runners reported "its machine ended and the forge deleted
+// its registration" 2 ms after they started, and ran their jobs on.)
+func TestRunnerStartedDuringListingIsNotEnded(t *testing.T) {
+	h := newHarness(t, Config{Size: 1})
+	var log syncBuffer
+	h.pool = New(h.pool.cfg, h.forge, h.prov, fakeAgent{}, WithClock(h.clk.Now), WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+	release := make(chan struct{})
+	h.forge.beforeRegister = func() { <-release }
+	if err := h.pool.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.forge.afterRunners = func() {
+		h.forge.afterRunners = nil
+		close(release)
+		h.pool.Wait()
+	}
+	if err := h.pool.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.pool.Wait()
+	h.forge.beforeRegister = nil
+	h.settle()
+	if strings.Contains(log.String(), "runner removed") {
+		t.Errorf("a runner that had just started was reported gone:\n%s", log.String())
+	}
+	if n := len(h.prov.running()); n != 1 {
+		t.Errorf("%d runners running, want 1", n)
+	}
+}
+
+// syncBuffer is a bytes.Buffer for a logger that passes and creates
+// write from their own goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // A create cut short because the pool stops (its context cancelled
