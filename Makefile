@@ -13,9 +13,11 @@ demo:
 # empty, cached in ~/.cache/runfleet afterwards, one build at a time under
 # a lock), hence the long timeout. The end-to-end packages
 # (internal/e2e/*) mostly wait on jobs, so up to TEST_PARALLEL test
-# packages run side by side (four: at three the run's last ten minutes
-# ran at a load of 1-2 with a core idle, 25 minutes in all warm; at six,
-# two cores ran at a load of 20 and container starts took 20 s); testsum
+# packages run side by side (three: at four a warm run was a minute
+# shorter, 23m37s against 24m39s, but ran at a load of 10-15, where a
+# forge answered task fetches after the runners gave up on them and a
+# drain of pods outlived its minute; at six, two cores ran at a load of
+# 20 and container starts took 20 s); testsum
 # shows each package's output as it ends, then the wall time of every
 # package and the ten slowest tests.
 # TEST_JSON keeps go test's own record. -count=1: go test's cache cannot
@@ -30,7 +32,7 @@ demo:
 # The NVML reader is behind the nvml build tag (cgo); its tests run over
 # go-nvml's DGX H200 mock. NVML's header marks some calls deprecated.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
-TEST_PARALLEL ?= 4
+TEST_PARALLEL ?= 3
 # go test starts packages in the order they are named: the longest first
 # (by testsum's summary of a warm run), so that none of them starts last
 # and runs on alone. release is short with Go's build cache warm, but
