@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -58,8 +59,8 @@ func TestCredentialNotInBootData(t *testing.T) {
 	if len(all) != 2 {
 		t.Fatalf("%d instances, want 2", len(all))
 	}
-	if !bytes.Equal(all[0].UserData, all[1].UserData) {
-		t.Error("two runners' user data differ: it is not the pool's alone")
+	if a, b := poolPart(t, all[0].UserData), poolPart(t, all[1].UserData); a != b {
+		t.Errorf("two runners' user data differ: it is not the pool's alone:\n%s\n%s", a, b)
 	}
 	ec2c := ec2.New(ec2.Options{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider(ec2sim.AccessKey, ec2sim.SecretKey, ""),
 		BaseEndpoint: awssdk.String(sim.URL)})
@@ -126,6 +127,22 @@ func decodedPlan(t *testing.T, ud []byte) string {
 		t.Fatalf("the plan has no handoff: %s", plan)
 	}
 	return string(plan)
+}
+
+// poolPart is user data less what differs with the second it was made
+// in: its plan's deadline (the launch's time and the pool's lifetime).
+func poolPart(t *testing.T, ud []byte) string {
+	t.Helper()
+	var plan map[string]any
+	if err := json.Unmarshal([]byte(decodedPlan(t, ud)), &plan); err != nil {
+		t.Fatal(err)
+	}
+	delete(plan, "deadline")
+	b, _ := json.Marshal(plan)
+	s := string(ud)
+	i := strings.Index(s, "<<'RUNFLEET_EOF'\n")
+	j := strings.LastIndex(s, "RUNFLEET_EOF")
+	return s[:i] + string(b) + s[j:]
 }
 
 // onInstance plays an instance's side in this process: its metadata
