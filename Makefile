@@ -13,11 +13,11 @@ demo:
 # empty, cached in ~/.cache/runfleet afterwards, one build at a time under
 # a lock), hence the long timeout. The end-to-end packages
 # (internal/e2e/*) mostly wait on jobs, so up to TEST_PARALLEL test
-# packages run side by side (three: at four a warm run was a minute
-# shorter, 23m37s against 24m39s, but ran at a load of 10-15, where a
-# forge answered task fetches after the runners gave up on them and a
-# drain of pods outlived its minute; at six, two cores ran at a load of
-# 20 and container starts took 20 s); testsum
+# packages run side by side (three: 21m24s of tests warm; four took
+# 17m43s but ran at a load of 10-15, where Gitea answered task fetches
+# after the runners had given up on them and a drain of pods outlived its
+# minute; at six, two cores ran at a load of 20 and container starts took
+# 20 s); testsum
 # shows each package's output as it ends, then the wall time of every
 # package and the ten slowest tests.
 # TEST_JSON keeps go test's own record. -count=1: go test's cache cannot
