@@ -353,18 +353,17 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-// A create that completes while another pass is between listing and
-// deciding must not make that pass register the same name again.
-func TestStaleSnapshotDoesNotDuplicate(t *testing.T) {
-	h := newHarness(t, Config{Size: 1})
+// createDuringListing makes a create complete while a pass lists: pass 1
+// starts creating gpu-1 and its Register blocks; pass 2 lists (nothing
+// yet), and before it decides the create completes. Then the pool
+// settles.
+func createDuringListing(t *testing.T, h *harness) {
+	t.Helper()
 	release := make(chan struct{})
 	h.forge.beforeRegister = func() { <-release }
-	// Pass 1 starts creating gpu-1; its Register blocks.
 	if err := h.pool.Reconcile(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	// Pass 2 lists (nothing yet), then, before it decides, the create
-	// completes.
 	h.forge.afterRunners = func() {
 		h.forge.afterRunners = nil
 		close(release)
@@ -376,6 +375,13 @@ func TestStaleSnapshotDoesNotDuplicate(t *testing.T) {
 	h.pool.Wait()
 	h.forge.beforeRegister = nil
 	h.settle()
+}
+
+// A create that completes while another pass is between listing and
+// deciding must not make that pass register the same name again.
+func TestStaleSnapshotDoesNotDuplicate(t *testing.T) {
+	h := newHarness(t, Config{Size: 1})
+	createDuringListing(t, h)
 	if h.forge.nextID != 1 {
 		t.Fatalf("made %d registrations, want 1", h.forge.nextID)
 	}
@@ -389,22 +395,7 @@ func TestRunnerStartedDuringListingIsNotEnded(t *testing.T) {
 	h := newHarness(t, Config{Size: 1})
 	var log syncBuffer
 	h.pool = New(h.pool.cfg, h.forge, h.prov, fakeAgent{}, WithClock(h.clk.Now), WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
-	release := make(chan struct{})
-	h.forge.beforeRegister = func() { <-release }
-	if err := h.pool.Reconcile(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	h.forge.afterRunners = func() {
-		h.forge.afterRunners = nil
-		close(release)
-		h.pool.Wait()
-	}
-	if err := h.pool.Reconcile(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	h.pool.Wait()
-	h.forge.beforeRegister = nil
-	h.settle()
+	createDuringListing(t, h)
 	if strings.Contains(log.String(), "runner removed") {
 		t.Errorf("a runner that had just started was reported gone:\n%s", log.String())
 	}
