@@ -59,6 +59,13 @@ func (f *Fleet) handoff(pool string) http.Handler {
 	return nil
 }
 
+// refusalLister is a pool's handoff desk (vm.Desk) telling the claims it
+// refused: the only sign, at the manager, of machines that powered off
+// without their runner because their proof did not verify.
+type refusalLister interface {
+	Refusals(since time.Time) []string
+}
+
 // unhealthyAfter is how long every pool's passes must have failed before
 // /healthz says so: a forge that blinks (a deploy, a 503 or two) is ridden
 // out on what the manager already knows, and a probe that restarts a
@@ -126,6 +133,9 @@ func (f *Fleet) Page(ctx context.Context) server.Page {
 			pv.Refused = append(pv.Refused, "jobs asking "+shape+" get no runner: "+why)
 		}
 		slices.Sort(pv.Refused)
+		if d, ok := f.handoff(p.Name()).(refusalLister); ok {
+			pv.Refused = append(pv.Refused, d.Refusals(now.Add(-time.Hour))...)
+		}
 		for _, r := range p.Runners() {
 			row := server.RunnerRow{Name: r.Name, State: string(r.State), Age: "-", GPUs: strings.Join(r.GPUs, ", "), Reason: r.Reason}
 			if !r.Created.IsZero() {

@@ -56,7 +56,17 @@ func (p *toyProvider) HandoffHandler() http.Handler {
 	if p.flavour != "handoff" {
 		return nil
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) })
+	return toyDesk{}
+}
+
+// toyDesk answers every claim with a teapot, and has refused one, as
+// vm.Desk tells it.
+type toyDesk struct{}
+
+func (toyDesk) ServeHTTP(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) }
+
+func (toyDesk) Refusals(time.Time) []string {
+	return []string{"1 machine claims refused at http://m/handoff/toys: the proof does not verify"}
 }
 
 type toyMachine struct {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -169,5 +170,10 @@ func TestHandoffNeedsTheWebhookListener(t *testing.T) {
 	fleet.WebhookHandler().ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/handoff/toys", strings.NewReader("{}")))
 	if w.Code != http.StatusTeapot {
 		t.Errorf("POST /handoff/toys: %d, want the pool's desk", w.Code)
+	}
+	// What the desk refused is on the status page, with the pool.
+	page := fleet.Page(context.Background())
+	if len(page.Pools) != 1 || !slices.Contains(page.Pools[0].Refused, "1 machine claims refused at http://m/handoff/toys: the proof does not verify") {
+		t.Errorf("the page's pools: %+v, want the desk's refusals told", page.Pools)
 	}
 }

@@ -13,6 +13,7 @@ package aws
 
 import (
 	"context"
+	"crypto/rsa"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -74,8 +75,11 @@ type Options struct {
 	// after it was asked for whatever it runs.
 	IdleTimeout, Lifetime time.Duration
 	Calls                 *atomic.Int64 // requests sent, when counted
-	Logger                *slog.Logger
-	now                   func() time.Time
+	// IdentityKeys check the identity documents of instances claiming
+	// their assignment (Section.HandoffURL): AWS's, from identity_certs.
+	IdentityKeys []*rsa.PublicKey
+	Logger       *slog.Logger
+	now          func() time.Time
 }
 
 // Provider is one pool's instances.
@@ -92,6 +96,7 @@ type Provider struct {
 	names    map[string]string            // by id: the runner of a batch's instance, until its tag is described
 
 	batch launcher
+	desk  *vm.Desk // assignments waiting for their instances; nil without handoff_url
 }
 
 type seenInstance struct {
@@ -112,6 +117,11 @@ func New(o Options) *Provider {
 		o.Calls = new(atomic.Int64)
 	}
 	p := &Provider{opt: o, seen: map[string]seenInstance{}, launched: map[string]provider.Instance{}, gone: map[string]time.Time{}, names: map[string]string{}}
+	if u := vm.DeskURL(o.Section.HandoffURL, o.Pool); u != "" {
+		p.desk = &vm.Desk{URL: u, Logger: o.Logger, Verify: func(_ context.Context, token, _ string) (string, error) {
+			return verifyIdentity(o.IdentityKeys, o.Region, token)
+		}}
+	}
 	p.watch = vm.Poller{Interval: o.Section.PollInterval.Duration, What: "describing instances", Logger: o.Logger, Poll: p.poll}
 	return p
 }
@@ -122,6 +132,7 @@ var (
 	_ provider.Preempter   = (*Provider)(nil)
 	_ provider.Describer   = (*Provider)(nil)
 	_ provider.CallCounter = (*Provider)(nil)
+	_ provider.Handoffer   = (*Provider)(nil)
 )
 
 func (p *Provider) Traits() provider.Traits {
@@ -153,7 +164,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
 	}
 	if h != nil {
-		if err := checkAssignment(s, spec); err != nil {
+		if err := p.checkAssignment(spec); err != nil {
 			return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
 		}
 		return p.launch(ctx, spec)

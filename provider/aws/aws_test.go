@@ -23,6 +23,13 @@ const ami = "ami-0123456789abcdef0"
 // run nothing.
 func newProvider(t *testing.T, section string) (*aws.Provider, *ec2sim.Server) {
 	t.Helper()
+	sim := newSim(t)
+	return providerOn(t, sim, section), sim
+}
+
+// newSim starts a stand-in with the test's AMI, and makes the SDK use it.
+func newSim(t *testing.T) *ec2sim.Server {
+	t.Helper()
 	sim, err := ec2sim.New(ec2sim.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -34,8 +41,15 @@ func newProvider(t *testing.T, section string) (*aws.Provider, *ec2sim.Server) {
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	t.Setenv("AWS_CONFIG_FILE", "/nonexistent")
 	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+	return sim
+}
+
+// providerOn opens a pool on the stand-in, its section's keys added to
+// the stand-in's endpoints.
+func providerOn(t *testing.T, sim *ec2sim.Server, section string) *aws.Provider {
+	t.Helper()
 	raw := mustJSON(t, "region: us-east-1\nendpoint: "+sim.URL+"\nssm_endpoint: "+sim.SSMURL()+"\nimage: "+ami+"\npoll_interval: 1s\n"+section)
-	return open(t, provider.PoolConfig{Manager: "m1", Pool: "gpu", Section: raw, MaxLifetime: time.Hour}), sim
+	return open(t, provider.PoolConfig{Manager: "m1", Pool: "gpu", Section: raw, MaxLifetime: time.Hour})
 }
 
 // open opens a pool's provider through the registry, as the daemon does.

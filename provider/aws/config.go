@@ -48,6 +48,19 @@ type Section struct {
 	KeyName         string            `json:"key_name"`
 	RootVolume      RootVolume        `json:"root_volume"`
 	Tags            map[string]string `json:"tags"`
+	// HandoffURL is the manager's webhook listener as the instances
+	// reach it (https://10.0.0.5:8443). With it an instance takes its
+	// runner's assignment from the manager, once, proving who it is
+	// with its signed instance identity document (identity.go), and no
+	// instance profile is needed; without it, an instance profile's
+	// pool takes it from Parameter Store (handoff.go).
+	HandoffURL string `json:"handoff_url"`
+	// IdentityCerts is a PEM file with AWS's "RSA" certificate for the
+	// pool's region, which the identity documents' signatures are
+	// checked with (EC2 User Guide, "AWS public certificates for
+	// instance identity document signatures"). Required with
+	// HandoffURL: AWS publishes them in its documentation only.
+	IdentityCerts string `json:"identity_certs"`
 
 	// Spot asks for spot capacity, at most SpotMaxPrice (USD an hour;
 	// the on-demand price when empty). SpotFallback "on_demand" starts
@@ -157,6 +170,7 @@ func (s Section) check() error {
 			add("ssm_endpoint", "%q is not an http(s) URL", s.SSMEndpoint)
 		}
 	}
+	s.checkHandoff(add)
 	if s.Endpoint != "" {
 		if u, err := url.Parse(s.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			add("endpoint", "%q is not an http(s) URL", s.Endpoint)
@@ -240,4 +254,25 @@ func (s Section) check() error {
 		add("poll_interval", "%s is under a second", s.PollInterval.Duration)
 	}
 	return errors.Join(errs...)
+}
+
+// checkHandoff checks handoff_url and identity_certs, whose file is read
+// here so that a pool whose instances could never be verified does not
+// start.
+func (s Section) checkHandoff(add func(field, format string, a ...any)) {
+	if h := s.HandoffURL; h != "" {
+		if u, err := url.Parse(h); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			add("handoff_url", "%q is not an http(s) URL without a query (the manager's listen address as the instances reach it)", h)
+		}
+		if s.IdentityCerts == "" {
+			add("handoff_url", "needs identity_certs: a PEM file with AWS's RSA certificate for the pool's region, which signs the instances' identity documents (%s)", CertsDoc)
+		}
+	}
+	if c := s.IdentityCerts; c != "" {
+		if s.HandoffURL == "" {
+			add("identity_certs", "is set, but handoff_url is not")
+		} else if _, err := LoadIdentityCerts(c); err != nil {
+			add("identity_certs", "%v", err)
+		}
+	}
 }

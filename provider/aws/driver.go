@@ -2,6 +2,7 @@ package aws
 
 import (
 	"context"
+	"crypto/rsa"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -52,6 +53,12 @@ func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	var keys []*rsa.PublicKey
+	if s.HandoffURL != "" {
+		if keys, err = LoadIdentityCerts(s.IdentityCerts); err != nil {
+			return nil, fmt.Errorf("aws.identity_certs: %w", err)
+		}
+	}
 	idle := vm.InstanceIdle(s.IdleTimeout.Duration, c.IdleTimeout, DefaultIdleTimeout)
 	life := c.MaxLifetime
 	if life == 0 {
@@ -59,7 +66,7 @@ func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 	}
 	return New(Options{
 		API: client, SSM: params, SSMEndpoint: awssdk.ToString(params.Options().BaseEndpoint), Region: region, Manager: c.Manager, Pool: c.Pool, Section: s,
-		IdleTimeout: idle, Lifetime: life, Calls: calls,
+		IdleTimeout: idle, Lifetime: life, Calls: calls, IdentityKeys: keys,
 		Logger: log.With("provider", "aws", "pool", c.Pool, "region", region),
 	}), nil
 }

@@ -50,10 +50,14 @@ type SSMAPI interface {
 	PutParameter(context.Context, *ssm.PutParameterInput, ...func(*ssm.Options)) (*ssm.PutParameterOutput, error)
 }
 
-// handoff is the plan's handoff, nil where the pool's instances have no
-// instance profile to read Parameter Store with.
+// handoff is the plan's handoff: the manager's desk where the pool has
+// handoff_url (identity.go), Parameter Store where its instances have an
+// instance profile to read it with, nil otherwise.
 func (p *Provider) handoff() *bootstrap.Handoff {
 	s := p.opt.Section
+	if p.desk != nil {
+		return p.desk.Handoff(SourceIdentity, HandoffWait)
+	}
 	if s.InstanceProfile == "" {
 		return nil
 	}
@@ -92,8 +96,11 @@ const MaxAssignment = 8 << 10
 
 // checkAssignment refuses, before any instance is asked for, a runner
 // whose assignment would not fit a parameter.
-func checkAssignment(s Section, spec provider.Spec) error {
-	v, err := bootstrap.EncodeAssignment(boot(s, nil, 0, 0).Assign(spec))
+func (p *Provider) checkAssignment(spec provider.Spec) error {
+	if p.desk != nil {
+		return nil
+	}
+	v, err := bootstrap.EncodeAssignment(boot(p.opt.Section, nil, 0, 0).Assign(spec))
 	if err != nil {
 		return err
 	}
@@ -104,10 +111,15 @@ func checkAssignment(s Section, spec provider.Spec) error {
 }
 
 // handOver stores the runner's assignment for the instance just
-// launched; where that fails the instance, which could never start its
+// launched, at the desk or in Parameter Store; where that fails the instance, which could never start its
 // agent, is terminated.
 func (p *Provider) handOver(ctx context.Context, inst provider.Instance, account string, spec provider.Spec) error {
-	err := p.hand(ctx, inst.ID, account, boot(p.opt.Section, nil, 0, 0).Assign(spec))
+	var err error
+	if p.desk != nil {
+		err = p.hold(inst, account, spec)
+	} else {
+		err = p.hand(ctx, inst.ID, account, boot(p.opt.Section, nil, 0, 0).Assign(spec))
+	}
 	if err == nil {
 		return nil
 	}

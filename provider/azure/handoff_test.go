@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,15 +26,7 @@ import (
 // serves it, and the stand-in's root as Microsoft's.
 func handoffPool(t *testing.T) (*Provider, *armsim.Server, string) {
 	t.Helper()
-	var desk atomic.Pointer[http.Handler]
-	manager := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if h := desk.Load(); h != nil && r.URL.Path == "/handoff/gpu" {
-			(*h).ServeHTTP(w, r)
-			return
-		}
-		http.NotFound(w, r)
-	}))
-	t.Cleanup(manager.Close)
+	manager := vmboot.NewManager(t, "gpu")
 	sim, err := armsim.New(armsim.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -52,8 +43,7 @@ func handoffPool(t *testing.T) (*Provider, *armsim.Server, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	h := p.HandoffHandler()
-	desk.Store(&h)
+	manager.Serve(t, p.HandoffHandler())
 	return p, sim, manager.URL + "/handoff/gpu"
 }
 

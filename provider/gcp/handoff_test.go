@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,15 +28,7 @@ import (
 // serves it, and the stand-in's keys as Google's.
 func handoffPool(t *testing.T) (*gcp.Provider, *gcesim.Server, string) {
 	t.Helper()
-	var desk atomic.Pointer[http.Handler]
-	manager := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if h := desk.Load(); h != nil && r.URL.Path == "/handoff/gpu" {
-			(*h).ServeHTTP(w, r)
-			return
-		}
-		http.NotFound(w, r)
-	}))
-	t.Cleanup(manager.Close)
+	manager := vmboot.NewManager(t, "gpu")
 	sim, err := gcesim.New(gcesim.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -47,11 +38,7 @@ func handoffPool(t *testing.T) (*gcp.Provider, *gcesim.Server, string) {
 	t.Setenv(gcp.CredentialsDataEnv, string(sim.Credentials()))
 	p := open(t, "m1", sim, "zones: [us-central1-a]\nmachine_types: [n1-standard-8]\nservice_account: runner@runfleet-e2e.iam.gserviceaccount.com\n"+
 		"handoff_url: "+manager.URL+"\nidentity_certs: "+sim.CertsURL()+"\n")
-	h := p.HandoffHandler()
-	if h == nil {
-		t.Fatal("a pool with handoff_url has no desk")
-	}
-	desk.Store(&h)
+	manager.Serve(t, p.HandoffHandler())
 	return p, sim, manager.URL + "/handoff/gpu"
 }
 

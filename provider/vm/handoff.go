@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -45,10 +46,22 @@ type Desk struct {
 	Logger *slog.Logger
 	now    func() time.Time
 
-	mu    sync.Mutex
-	held  map[string]held      // by instance id
-	taken map[string]time.Time // instance id → when its assignment was taken
+	mu      sync.Mutex
+	held    map[string]held      // by instance id
+	taken   map[string]time.Time // instance id → when its assignment was taken
+	refused []refusal            // the latest claims refused, oldest first
 }
+
+// refusal is a claim the desk refused: a proof that did not verify (a
+// machine that powers off without its runner: wrong certificates, another
+// project) or a second claim (a job step asking again).
+type refusal struct {
+	at        time.Time
+	from, why string
+}
+
+// maxRefusals is how many refused claims a desk remembers.
+const maxRefusals = 50
 
 type held struct {
 	a     bootstrap.Assignment
@@ -187,6 +200,7 @@ func (d *Desk) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The reason stays in the manager's log: the caller may be
 		// anyone.
 		log.Warn("handoff refused: the identity token does not verify", "from", r.RemoteAddr, "err", err)
+		d.refuse(r.RemoteAddr, "the proof does not verify: "+err.Error())
 		http.Error(w, "the identity token does not verify for this audience", http.StatusForbidden)
 		return
 	}
@@ -202,6 +216,7 @@ func (d *Desk) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case was:
 		log.Warn("handoff refused: the assignment was taken already", "instance", instance, "from", r.RemoteAddr)
+		d.refuse(r.RemoteAddr, "a second claim for "+instance+", whose assignment was taken already")
 		http.Error(w, "this instance's assignment was taken already", http.StatusGone)
 		return
 	case !ok:
@@ -218,6 +233,42 @@ func (d *Desk) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	_ = json.NewEncoder(w).Encode(map[string]string{"sealed": base64.StdEncoding.EncodeToString(sealed)})
+}
+
+// refuse remembers a refused claim for Refusals.
+func (d *Desk) refuse(from, why string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.refused) == maxRefusals {
+		d.refused = d.refused[1:]
+	}
+	d.refused = append(d.refused, refusal{at: d.clock(), from: from, why: why})
+}
+
+// Refusals says, for the status page, how many claims the desk refused
+// since a time and why the last one was: a machine whose claim is refused
+// powers off without its runner, which the pool sees only as a runner
+// that never came online. Nil when none was.
+func (d *Desk) Refusals(since time.Time) []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var n int
+	var last refusal
+	for _, r := range d.refused {
+		if !r.at.Before(since) {
+			n++
+			last = r
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	count := strconv.Itoa(n)
+	if n == maxRefusals && d.refused[0].at.After(since) {
+		count = "at least " + count // the older ones are forgotten
+	}
+	return []string{fmt.Sprintf("%s machine claims refused at %s since %s; the last at %s from %s: %s",
+		count, d.URL, since.Format("15:04"), last.at.Format("15:04:05"), last.from, last.why)}
 }
 
 func seal(pub hpke.PublicKey, a bootstrap.Assignment) ([]byte, error) {

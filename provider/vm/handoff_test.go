@@ -107,3 +107,37 @@ func TestDeskHandsOnceUnderRace(t *testing.T) {
 		t.Errorf("%d claims got the assignment and %d were told it was taken, want 1 and %d", won, taken, n-1)
 	}
 }
+
+// The claims a desk refused are told, for the status page, with the last
+// one's reason: a machine whose proof does not verify powers off, and the
+// pool sees only a runner that never came online.
+func TestDeskTellsWhatItRefused(t *testing.T) {
+	d, srv, now := testDesk(t)
+	ctx := context.Background()
+	start := *now
+	if got := d.Refusals(start); got != nil {
+		t.Fatalf("refusals before any claim: %q", got)
+	}
+	_, _ = ClaimFrom(ctx, srv.Client(), srv.URL, func(context.Context, string) (string, error) { return "forged", nil })
+	got := d.Refusals(start)
+	if len(got) != 1 || !strings.Contains(got[0], "1 machine claims refused") || !strings.Contains(got[0], "the proof does not verify: bad token") {
+		t.Fatalf("after a forged claim: %q", got)
+	}
+	d.Hold("1", bootstrap.Assignment{Runner: "gpu-1", Command: "run"}, now.Add(time.Minute))
+	_, _ = ClaimFrom(ctx, srv.Client(), srv.URL, identityOf("1"))
+	*now = now.Add(time.Second)
+	_, _ = ClaimFrom(ctx, srv.Client(), srv.URL, identityOf("1"))
+	got = d.Refusals(start)
+	if len(got) != 1 || !strings.Contains(got[0], "2 machine claims refused") || !strings.Contains(got[0], "a second claim for 1, whose assignment was taken already") {
+		t.Fatalf("after a second claim: %q", got)
+	}
+	if got := d.Refusals(now.Add(time.Second)); got != nil {
+		t.Errorf("refusals since after the last: %q", got)
+	}
+	for range maxRefusals + 5 {
+		_, _ = ClaimFrom(ctx, srv.Client(), srv.URL, identityOf("1"))
+	}
+	if got := d.Refusals(start); len(got) != 1 || !strings.Contains(got[0], "at least 50 machine claims") {
+		t.Errorf("after many: %q, want the last %d remembered", got, maxRefusals)
+	}
+}

@@ -65,12 +65,17 @@ func TestAWSSpotRunsJobs(t *testing.T) {
 // A spot interruption notice mid-job: the instance's agent stops the
 // job (Gitea records it failed), the manager reads the notice from the
 // spot request, reports the job lost, and starts a replacement; the run's
-// failed job is re-run once and succeeds on a new instance.
+// failed job is re-run once and succeeds on a new instance. The pool has
+// no instance profile and hands off through the manager: each instance
+// claims its runner's assignment with its identity document, once, and
+// its user data holds no credential.
 func TestAWSSpotInterruptionRerunsJob(t *testing.T) {
 	sim := harness.NeedEC2(t)
-	f := harness.NewFleet(t, "awsint", harness.FleetOptions{Size: 1, Max: 2, EC2: sim, AWS: "      instance_types: [t3.medium]\n      spot: true\n"})
+	top, handoff := harness.AWSHandoff(t, sim)
+	f := harness.NewFleet(t, "awsint", harness.FleetOptions{Size: 1, Max: 2, EC2: sim, AWS: "      instance_types: [t3.medium]\n      spot: true\n" + handoff, Top: top})
 	f.Start()
 	harness.Eventually(t, 2*time.Minute, "1 idle runner", func() bool { return f.IdleOnline() == 1 })
+	f.CheckCredentialClaimedOnceAWS("/var/lib/runfleet/work")
 	// The first attempt is interrupted; the re-run finds the marker
 	// its first attempt cannot leave (a fresh instance) and succeeds.
 	f.Push(harness.Matrix("awsint", 1, "echo \"host=$(hostname) attempt=${GITHUB_RUN_ATTEMPT:-?}\"\nsleep 20\necho finished"))

@@ -288,6 +288,13 @@ func (s *Server) metadataAnswer(in *Instance, md *metadata, w http.ResponseWrite
 			body, found = s.roleCredentials(in)
 		}
 	}
+	if p == "dynamic/instance-identity/signature" {
+		s.mu.Lock()
+		doc := in.identityDocument()
+		s.identities++
+		s.mu.Unlock()
+		body, found = s.SignIdentity([]byte(doc)), true
+	}
 	if !found {
 		http.Error(w, "", http.StatusNotFound)
 		return
@@ -311,6 +318,8 @@ func (in *Instance) metadataPath(p string) (string, bool) {
 		return "on-demand", true
 	case "user-data":
 		return string(in.UserData), len(in.UserData) > 0
+	case "dynamic/instance-identity/document":
+		return in.identityDocument(), true
 	case "meta-data/placement/region":
 		return "us-east-1", true
 	case "meta-data/iam/security-credentials/":

@@ -78,27 +78,29 @@ type Server struct {
 	id      string
 	latency atomic.Int64
 
-	mu        sync.Mutex
-	instances map[string]*Instance
-	order     []string
-	volumes   map[string]*Volume
-	devices   map[string][]BlockDevice // AMI -> its block device mapping
-	tokens    map[string]string        // client token -> instance id
-	images    map[string]string        // AMI -> Docker image ("" boots nothing)
-	params    map[string]string        // Systems Manager parameter -> the AMI it names
-	subnets   map[string]string        // subnet -> zone
-	noCap     map[string]bool          // "<market> <type> <zone>", "<market> <type>", "<market>"
-	capacity  map[string]int           // "<market> <type>": instances left to launch, where limited
-	spotPrice map[string]float64       // by instance type; DefaultSpotPrice otherwise
-	faults    map[string][]string
-	calls     map[string]int
-	buckets   map[string]*rate.Limiter
-	resources map[string]*rate.Limiter // resource token buckets
-	ssm       *ssmState
-	ssmURL    string
-	wg        sync.WaitGroup
-	closing   bool
-	down      bool // every API call answers 503 Unavailable
+	mu         sync.Mutex
+	instances  map[string]*Instance
+	order      []string
+	volumes    map[string]*Volume
+	devices    map[string][]BlockDevice // AMI -> its block device mapping
+	tokens     map[string]string        // client token -> instance id
+	images     map[string]string        // AMI -> Docker image ("" boots nothing)
+	params     map[string]string        // Systems Manager parameter -> the AMI it names
+	subnets    map[string]string        // subnet -> zone
+	noCap      map[string]bool          // "<market> <type> <zone>", "<market> <type>", "<market>"
+	capacity   map[string]int           // "<market> <type>": instances left to launch, where limited
+	spotPrice  map[string]float64       // by instance type; DefaultSpotPrice otherwise
+	faults     map[string][]string
+	calls      map[string]int
+	buckets    map[string]*rate.Limiter
+	resources  map[string]*rate.Limiter // resource token buckets
+	ssm        *ssmState
+	ssmURL     string
+	ident      identity // signs instance identity documents
+	identities int      // identity document signatures read
+	wg         sync.WaitGroup
+	closing    bool
+	down       bool // every API call answers 503 Unavailable
 }
 
 // New starts the stand-in on a free port of all addresses.
@@ -125,6 +127,10 @@ func New(o Options) (*Server, error) {
 		},
 	}
 	s.latency.Store(int64(o.Latency))
+	if s.ident, err = newIdentity(); err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
 	if err := s.startSSM(); err != nil {
 		_ = ln.Close()
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path"
@@ -407,4 +408,69 @@ func RunnerContainers(t testing.TB, made time.Time) []string {
 		}
 	}
 	return ids
+}
+
+// AWSHandoff is what a pool needs for its instances to claim their
+// assignment from the manager with their identity documents: the
+// manager's webhook listener on Docker's bridge, where the instances'
+// containers reach it (Top), and the pool's handoff_url and the
+// stand-in's certificate as AWS's (for FleetOptions.AWS).
+func AWSHandoff(t testing.TB, sim *ec2sim.Server) (top, section string) {
+	t.Helper()
+	addr := bridgeListen(t)
+	certs := filepath.Join(t.TempDir(), "aws-rsa.pem")
+	if err := os.WriteFile(certs, sim.IdentityCert(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return "listen: " + addr + "\n", "      handoff_url: http://" + addr + "\n      identity_certs: " + certs + "\n"
+}
+
+// CheckCredentialClaimedOnceAWS checks the handoff of a pool with
+// handoff_url on its running instances (checkClaimed), a job step's
+// second claim made with the instance's identity document and signature
+// from its metadata service.
+func (f *Fleet) CheckCredentialClaimedOnceAWS(workdir string) {
+	f.T.Helper()
+	if f.EC2.IdentityDocuments() == 0 {
+		f.T.Fatal("no instance read its identity document: none claimed its assignment")
+	}
+	checked := 0
+	for _, in := range f.EC2.Instances() {
+		id := f.EC2.Container(in.ID)
+		if id == "" {
+			continue
+		}
+		checkClaimed(f.T, "instance "+in.ID, id, workdir, string(in.UserData), string(in.UserData), f.EC2.MetadataHandler(in.ID),
+			func(ctx context.Context, md, _ string) (string, error) {
+				return identityClaim(ctx, md)
+			})
+		checked++
+	}
+	if checked == 0 {
+		f.T.Fatal("no running instance to look inside")
+	}
+	f.T.Logf("checked %d instances: each runner's credential in no user data or process, a second claim refused (%d identity documents read)", checked, f.EC2.IdentityDocuments())
+}
+
+// identityClaim reads an instance's identity document and its signature
+// as a job step on it can (IMDSv2), in the shape the desk takes.
+func identityClaim(ctx context.Context, md string) (string, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, md+"/latest/api/token", nil)
+	req.Header.Set("X-aws-ec2-metadata-token-ttl-seconds", "60")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	tok, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	doc, err := getMetadata(ctx, md, "latest/dynamic/instance-identity/document", "X-aws-ec2-metadata-token", string(tok))
+	if err != nil {
+		return "", err
+	}
+	sig, err := getMetadata(ctx, md, "latest/dynamic/instance-identity/signature", "X-aws-ec2-metadata-token", string(tok))
+	if err != nil {
+		return "", err
+	}
+	b, _ := json.Marshal(map[string]string{"document": doc, "signature": sig})
+	return string(b), nil
 }
