@@ -187,22 +187,14 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	}
 	s := p.opt.Section
 	h := p.desk.Handoff(SourceAttested, HandoffWait)
-	script, err := customData(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
-	if err != nil {
-		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
-	}
 	var made provider.Instance
 	spot, fallback := vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)
-	err = vm.Placement{
+	err := vm.TryBoot(vm.Placement{
 		Spot: spot, Fallback: fallback, Types: s.VMSizes, Places: s.Locations,
 		What: "create VM", Standard: "regular", Limit: "Azure Resource Manager's request limit", Judge: judge, Logger: p.opt.Logger,
-	}.Try(spec.Name, func(spot bool, size, loc string) (err error) {
-		if spec.Record != nil {
-			vm.Placed(spec, s.Image, size, loc, spot)
-			if script, err = customData(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime); err != nil {
-				return fmt.Errorf("%w: %w", provider.ErrRejected, err)
-			}
-		}
+	}, spec, s.Image, func() ([]byte, error) {
+		return customData(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
+	}, func(spot bool, size, loc string, script []byte) (err error) {
 		made, err = p.create(ctx, spec, script, size, loc, spot)
 		return err
 	})

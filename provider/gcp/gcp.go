@@ -166,22 +166,14 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	}
 	s := p.opt.Section
 	h := p.desk.Handoff(SourceIdentity, HandoffWait)
-	script, err := startupScript(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
-	if err != nil {
-		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
-	}
 	var made provider.Instance
 	spot, fallback := vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)
-	err = vm.Placement{
+	err := vm.TryBoot(vm.Placement{
 		Spot: spot, Fallback: fallback, Types: s.MachineTypes, Places: s.Zones,
 		What: "insert instance", Standard: "standard", Limit: "Compute Engine's request quota", Judge: judge, Logger: p.opt.Logger,
-	}.Try(spec.Name, func(spot bool, typ, zone string) (err error) {
-		if spec.Record != nil {
-			vm.Placed(spec, s.Image, typ, zone, spot)
-			if script, err = startupScript(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime); err != nil {
-				return fmt.Errorf("%w: %w", provider.ErrRejected, err)
-			}
-		}
+	}, spec, s.Image, func() (string, error) {
+		return startupScript(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
+	}, func(spot bool, typ, zone, script string) (err error) {
 		made, err = p.insert(ctx, spec, script, typ, zone, spot)
 		return err
 	})

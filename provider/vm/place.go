@@ -93,3 +93,24 @@ func (pl Placement) market(spot bool) string {
 	}
 	return pl.Standard
 }
+
+// TryBoot is Try for a runner whose boot data (made by boot) names where
+// its machine was placed, when the runner keeps a record (spec.Record):
+// the boot data is made again at each choice, the record's image, type,
+// place and market set first (Placed). Boot data that cannot be made is
+// refused: no choice would take it.
+func TryBoot[B any](pl Placement, spec provider.Spec, image string, boot func() (B, error), try func(spot bool, typ, place string, boot B) error) error {
+	b, err := boot()
+	if err != nil {
+		return fmt.Errorf("%w: %w", provider.ErrRejected, err)
+	}
+	return pl.Try(spec.Name, func(spot bool, typ, place string) error {
+		if spec.Record != nil {
+			Placed(spec, image, typ, place, spot)
+			if b, err = boot(); err != nil {
+				return fmt.Errorf("%w: %w", provider.ErrRejected, err)
+			}
+		}
+		return try(spot, typ, place, b)
+	})
+}

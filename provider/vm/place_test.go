@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/record"
 )
 
 var (
@@ -113,5 +114,34 @@ func TestShared(t *testing.T) {
 	s := Shared[*int]{New: func() *int { made++; return new(int) }}
 	if a, b, c := s.Get("p"), s.Get("p"), s.Get("q"); a != b || a == c || made != 2 {
 		t.Errorf("same key: %v, other key: %v, made %d", a == b, a == c, made)
+	}
+}
+
+// With a record, the boot data is made again at each choice, naming
+// where that choice places the machine; boot data that cannot be made is
+// refused before any choice.
+func TestTryBootRecordsEachChoice(t *testing.T) {
+	pl := Placement{Spot: true, Types: []string{"a"}, Places: []string{"x", "y"}, What: "make", Standard: "regular",
+		Limit: "the cloud's request limit", Judge: judgeTest, Logger: slog.New(slog.DiscardHandler)}
+	spec := provider.Spec{Name: "r", Record: &record.Record{}}
+	var boots []string
+	err := TryBoot(pl, spec, "img", func() (string, error) {
+		return "zone=" + spec.Record.Machine.Zone, nil
+	}, func(_ bool, _, place, boot string) error {
+		boots = append(boots, boot)
+		if place == "x" {
+			return errFull
+		}
+		return nil
+	})
+	if err != nil || strings.Join(boots, ",") != "zone=x,zone=y" || spec.Record.Machine.Image != "img" || !spec.Record.Machine.Spot {
+		t.Errorf("boots %v, record %+v (%v): want each choice's own", boots, spec.Record.Machine, err)
+	}
+	err = TryBoot(pl, provider.Spec{Name: "r"}, "img", func() (string, error) { return "", errBroken }, func(bool, string, string, string) error {
+		t.Error("tried with no boot data")
+		return nil
+	})
+	if !errors.Is(err, provider.ErrRejected) || !errors.Is(err, errBroken) {
+		t.Errorf("boot data that cannot be made: %v, want rejected", err)
 	}
 }

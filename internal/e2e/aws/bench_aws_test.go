@@ -3,6 +3,7 @@ package aws
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,15 +21,30 @@ import (
 // EC2's documented request rate for RunInstances (a bucket of 5, refilled
 // 2 a second) bounds the burst at about 48 s; with one (handoff) the user
 // data is the pool's and the runners asked for together go out in one
-// call. The stand-in enforces both.
+// call. The stand-in enforces both. With handoff_url (desk) the same,
+// the assignments held at the manager's desk rather than stored in
+// Parameter Store (the instances, which boot nothing, never claim them).
 //
 //	go test ./internal/e2e/aws -run '^$' -bench AWSBurst -benchtime 1x
 func BenchmarkAWSBurst(b *testing.B) {
-	b.Run("user-data", func(b *testing.B) { awsBurst(b, "") })
-	b.Run("handoff", func(b *testing.B) { awsBurst(b, "      instance_profile: runfleet-runner\n") })
+	b.Run("user-data", func(b *testing.B) { awsBurst(b, nil) })
+	b.Run("handoff", func(b *testing.B) {
+		awsBurst(b, func(*ec2sim.Server, string) string { return "      instance_profile: runfleet-runner\n" })
+	})
+	b.Run("desk", func(b *testing.B) {
+		awsBurst(b, func(sim *ec2sim.Server, hooks string) string {
+			certs := filepath.Join(b.TempDir(), "aws-rsa.pem")
+			if err := os.WriteFile(certs, sim.IdentityCert(), 0o600); err != nil {
+				b.Fatal(err)
+			}
+			return "      handoff_url: " + hooks + "\n      identity_certs: " + certs + "\n"
+		})
+	})
 }
 
-func awsBurst(b *testing.B, extra string) {
+// awsBurst runs the burst with the pool's keys that keys gives for the
+// stand-in and the manager's webhook listener (none when nil).
+func awsBurst(b *testing.B, keys func(sim *ec2sim.Server, hooks string) string) {
 	const runners = 100
 	for i := range b.N {
 		sim, err := ec2sim.New(ec2sim.Options{Latency: 200 * time.Millisecond})
@@ -37,8 +53,12 @@ func awsBurst(b *testing.B, extra string) {
 		}
 		b.Cleanup(sim.Close)
 		sim.AddImage(harness.EC2AMI, "")
+		top, hooks, status := harness.Listeners(b)
+		extra := ""
+		if keys != nil {
+			extra = keys(sim, hooks)
+		}
 		name := fmt.Sprintf("awsburst%d%d", i, len(extra))
-		top, _, status := harness.Listeners(b)
 		f := harness.NewGitHubFleet(b, name, harness.GitHubOptions{Size: runners, Max: runners, Top: top,
 			Forge: "    calls_per_hour: 10000000\n    call_burst: 5000\n",
 			Pool:  harness.AWSSection(sim, "      instance_types: [t3.medium]\n      spot: true\n      poll_interval: 5s\n"+extra)})
