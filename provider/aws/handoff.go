@@ -111,8 +111,8 @@ func (p *Provider) checkAssignment(spec provider.Spec) error {
 }
 
 // handOver stores the runner's assignment for the instance just
-// launched, at the desk or in Parameter Store; where that fails the instance, which could never start its
-// agent, is terminated.
+// launched, at the desk or in Parameter Store; where that fails the
+// instance, which could never start its agent, is terminated.
 func (p *Provider) handOver(ctx context.Context, inst provider.Instance, account string, spec provider.Spec) error {
 	var err error
 	if p.desk != nil {
