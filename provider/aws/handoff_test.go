@@ -150,10 +150,7 @@ func poolPart(t *testing.T, ud []byte) string {
 // pool's handoff, whose power-off writes a file.
 func onInstance(t *testing.T, sim *ec2sim.Server, id string) (bootstrap.Plan, string) {
 	t.Helper()
-	md := httptest.NewServer(sim.MetadataHandler(id))
-	t.Cleanup(md.Close)
-	t.Setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", md.URL)
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "false")
+	useMetadataOf(t, sim, id)
 	dir := t.TempDir()
 	off := filepath.Join(dir, "off")
 	return bootstrap.Plan{
@@ -161,6 +158,16 @@ func onInstance(t *testing.T, sim *ec2sim.Server, id string) (bootstrap.Plan, st
 			"region": "us-east-1", "endpoint": sim.SSMURL(), "prefix": aws.ParameterPrefix("m1")}},
 		Workdir: filepath.Join(dir, "work"), Deadline: time.Now().Add(time.Hour), Poweroff: []string{"/bin/sh", "-c", "touch " + off},
 	}, off
+}
+
+// useMetadataOf points this process's metadata client at the stand-in's
+// metadata service for the instance.
+func useMetadataOf(t *testing.T, sim *ec2sim.Server, id string) {
+	t.Helper()
+	md := httptest.NewServer(sim.MetadataHandler(id))
+	t.Cleanup(md.Close)
+	t.Setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", md.URL)
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "false")
 }
 
 // The instance takes its assignment with its role's credentials, runs

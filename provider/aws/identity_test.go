@@ -14,7 +14,6 @@ import (
 	"io"
 	"math/big"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -60,10 +59,7 @@ func certsFile(t *testing.T, pem []byte) string {
 // the one its user data holds, with a power-off that leaves a mark.
 func onIdentityInstance(t *testing.T, sim *ec2sim.Server, id string) (bootstrap.Plan, string) {
 	t.Helper()
-	md := httptest.NewServer(sim.MetadataHandler(id))
-	t.Cleanup(md.Close)
-	t.Setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", md.URL)
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "false")
+	useMetadataOf(t, sim, id)
 	var ud []byte
 	for _, in := range sim.Instances() {
 		if in.ID == id {
