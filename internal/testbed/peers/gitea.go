@@ -340,14 +340,25 @@ func (g *Gitea) ScopedToken(ctx context.Context, name string, scopes ...string) 
 		return "", err
 	}
 	env := append(os.Environ(), "GITEA_WORK_DIR="+g.Dir, "GITEA_CUSTOM="+filepath.Join(g.Dir, "custom"), "HOME="+g.Dir)
-	out, err := g.run(ctx, bin, env, filepath.Join(g.Dir, "custom", "conf", "app.ini"),
-		"admin", "user", "generate-access-token", "--username", g.User, "--token-name", name, "--scopes", strings.Join(scopes, ","), "--raw")
+	// Only stdout: with --raw the command prints the token there and
+	// nothing else; Gitea's own log goes to stderr. Taking the last line of
+	// both gave a CI run a token Gitea never issued (401 "token is
+	// required") whenever a log line came after the token.
+	cmd := exec.CommandContext(ctx, bin, "admin", "user", "generate-access-token", "--username", g.User,
+		"--token-name", name, "--scopes", strings.Join(scopes, ","), "--raw",
+		"--config", filepath.Join(g.Dir, "custom", "conf", "app.ini"))
+	cmd.Dir, cmd.Env = g.Dir, env
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("gitea admin user generate-access-token: %w\n%s", err, redactTokens(out))
+		return "", fmt.Errorf("gitea admin user generate-access-token: %w\n%s%s", err, redactTokens(out), redactTokens(stderr.Bytes()))
 	}
-	tok := strings.TrimSpace(string(out))
-	if i := strings.LastIndexByte(tok, '\n'); i >= 0 {
-		tok = tok[i+1:] // the token is the last line
+	tok := string(bytes.TrimSpace(out))
+	if !rawTokenRE.MatchString(tok) {
+		return "", fmt.Errorf("gitea admin user generate-access-token: its output is not one token: %q", redactTokens(out))
 	}
 	return tok, nil
 }
+
+var rawTokenRE = regexp.MustCompile(`^[0-9a-f]{40}$`)
