@@ -95,7 +95,7 @@ type Provider struct {
 	gone     map[string]time.Time         // ids terminated here, hidden from List
 	names    map[string]string            // by id: the runner of a batch's instance, until its tag is described
 
-	batch launcher
+	batch vm.Batcher
 	desk  *vm.Desk // assignments waiting for their instances; nil without handoff_url
 }
 
@@ -122,6 +122,9 @@ func New(o Options) *Provider {
 			return verifyIdentity(o.IdentityKeys, o.Region, token)
 		}}
 	}
+	p.batch = vm.Batcher{Max: MaxBatch, Launch: p.launchBatch, Market: func(spec provider.Spec) (bool, bool) {
+		return vm.Market(o.Section.Spot, o.Section.SpotFallback == FallbackOnDemand, spec.Request.Spot)
+	}}
 	p.watch = vm.Poller{Interval: o.Section.PollInterval.Duration, What: "describing instances", Logger: o.Logger, Poll: p.poll}
 	return p
 }
@@ -167,7 +170,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		if err := p.checkAssignment(spec); err != nil {
 			return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
 		}
-		return p.launch(ctx, spec)
+		return p.batch.Do(ctx, spec)
 	}
 	spot, fallback := vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)
 	markets := []bool{spot}

@@ -15,106 +15,30 @@ import (
 	"github.com/runfleet/runfleet/provider/vm"
 )
 
-// Bursts in one call. Where the handoff keeps every runner's credential
-// out of the user data, the user data is the pool's, and the runners the
-// pool asks for together go out in one RunInstances (MinCount 1, MaxCount
-// N): EC2 meters RunInstances by a bucket of 5 requests refilled 2 a
-// second, so a hundred calls take some 48 s where one takes one request
-// token and a hundred of the resource bucket's 1,000 (EC2 API reference,
-// "Request throttling"). The pool calls Create for each runner at once;
-// the Creates that arrive while a launch is under way (or waits its
-// turn) form the next one. One request's tags are every instance's, so
-// each instance gets its runner's name with a CreateTags of its own, and
-// until then the provider knows it by what it launched (names).
+// Bursts in one call (vm.Batcher): EC2 meters RunInstances by a bucket
+// of 5 requests refilled 2 a second, so a hundred calls take some 48 s
+// where one RunInstances (MinCount 1, MaxCount N) takes one request token
+// and a hundred of the resource bucket's 1,000 (EC2 API reference,
+// "Request throttling"). One request's tags are every instance's, so each
+// instance gets its runner's name with a CreateTags of its own, and until
+// then the provider knows it by what it launched (names).
 
 // MaxBatch is the most instances one RunInstances asks for.
 const MaxBatch = 100
 
-// launcher gathers the Creates that wait for a launch.
-type launcher struct {
-	mu      sync.Mutex
-	waiting []*launchReq
-	busy    bool
-}
-
-type launchReq struct {
-	ctx  context.Context
-	spec provider.Spec
-	done chan launchResult
-}
-
-type launchResult struct {
-	inst provider.Instance
-	err  error
-}
-
-// launch starts the runner's instance with the others asked for at the
-// same time.
-func (p *Provider) launch(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
-	r := &launchReq{ctx: ctx, spec: spec, done: make(chan launchResult, 1)}
-	l := &p.batch
-	l.mu.Lock()
-	l.waiting = append(l.waiting, r)
-	start := !l.busy
-	l.busy = true
-	l.mu.Unlock()
-	if start {
-		go p.launchWaiting()
-	}
-	res := <-r.done
-	return res.inst, res.err
-}
-
-// launchWaiting launches what waits, a batch at a time, until nothing
-// does.
-func (p *Provider) launchWaiting() {
-	l := &p.batch
-	for {
-		l.mu.Lock()
-		batch := l.waiting[:min(len(l.waiting), MaxBatch)]
-		l.waiting = l.waiting[len(batch):]
-		if len(batch) == 0 {
-			l.busy = false
-			l.mu.Unlock()
-			return
-		}
-		l.mu.Unlock()
-		// A runner's market is the pool's or its job's (spot=): one
-		// launch per market.
-		groups := map[[2]bool][]*launchReq{}
-		var order [][2]bool
-		for _, r := range batch {
-			if err := r.ctx.Err(); err != nil {
-				r.done <- launchResult{err: err}
-				continue
-			}
-			s := p.opt.Section
-			spot, fallback := vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, r.spec.Request.Spot)
-			k := [2]bool{spot, fallback}
-			if groups[k] == nil {
-				order = append(order, k)
-			}
-			groups[k] = append(groups[k], r)
-		}
-		for _, k := range order {
-			p.launchBatch(groups[k], k[0], k[1])
-		}
-	}
-}
-
 // launchBatch asks for the batch's instances, placement by placement:
 // what one type and subnet could not hold is asked of the next, and what
 // none could is answered with why.
-func (p *Provider) launchBatch(batch []*launchReq, spot, fallback bool) {
+func (p *Provider) launchBatch(batch []*vm.Request, spot, fallback bool) {
 	s := p.opt.Section
 	// The batch's callers wait for it; each call has its own deadline.
 	ctx := context.Background()
-	fail := func(rest []*launchReq, err error) {
+	fail := func(rest []*vm.Request, err error) {
 		for _, r := range rest {
-			r.done <- launchResult{err: err}
+			r.Done(provider.Instance{}, err)
 		}
 	}
-	ud, err := userData(s, p.handoff(), batch[0].spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
+	ud, err := userData(s, p.handoff(), batch[0].Spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
 	if err != nil {
 		fail(batch, fmt.Errorf("%w: %w", provider.ErrRejected, err))
 		return
@@ -129,9 +53,9 @@ func (p *Provider) launchBatch(batch []*launchReq, spot, fallback bool) {
 		for _, typ := range orEmpty(s.InstanceTypes) {
 			for _, subnet := range orEmpty(s.Subnets) {
 				for _, r := range rest {
-					vm.Placed(r.spec, s.Image, typ, "", spot)
+					vm.Placed(r.Spec, s.Image, typ, "", spot)
 				}
-				in := p.runInput(rest[0].spec, ud, typ, subnet, spot)
+				in := p.runInput(rest[0].Spec, ud, typ, subnet, spot)
 				in.MaxCount, in.TagSpecifications = awssdk.Int32(int32(len(rest))), poolTags(in.TagSpecifications)
 				out, err := p.opt.API.RunInstances(ctx, in)
 				if err != nil {
@@ -156,12 +80,12 @@ func (p *Provider) launchBatch(batch []*launchReq, spot, fallback bool) {
 				for i, ei := range got {
 					r := rest[i]
 					inst := p.instance(ei)
-					inst.Name, inst.Manager, inst.Pool = r.spec.Name, r.spec.Manager, r.spec.Pool
+					inst.Name, inst.Manager, inst.Pool = r.Spec.Name, r.Spec.Manager, r.Spec.Pool
 					p.mu.Lock()
 					p.launched[inst.ID] = inst
-					p.names[inst.ID] = r.spec.Name
+					p.names[inst.ID] = r.Spec.Name
 					p.mu.Unlock()
-					wg.Go(func() { r.done <- launchResult{inst, p.name(ctx, inst, awssdk.ToString(out.OwnerId), r.spec)} })
+					wg.Go(func() { r.Done(inst, p.name(ctx, inst, awssdk.ToString(out.OwnerId), r.Spec)) })
 				}
 				wg.Wait()
 				if rest = rest[len(got):]; len(rest) == 0 {

@@ -20,6 +20,9 @@ import (
 type API interface {
 	// Insert asks for an instance; the operation says when it is made.
 	Insert(ctx context.Context, project, zone string, inst *computepb.Instance, requestID string) (*computepb.Operation, error)
+	// BulkInsert asks for instances alike but for their names, in one
+	// request; the operation says how many were made.
+	BulkInsert(ctx context.Context, project, zone string, req *computepb.BulkInsertInstanceResource, requestID string) (*computepb.Operation, error)
 	// Wait waits for a zone operation, at most about 2 minutes a call
 	// (zoneOperations.wait): it returns the operation, done or not.
 	Wait(ctx context.Context, project, zone, op string) (*computepb.Operation, error)
@@ -45,6 +48,14 @@ type restAPI struct {
 
 func (a restAPI) Insert(ctx context.Context, project, zone string, inst *computepb.Instance, requestID string) (*computepb.Operation, error) {
 	op, err := a.instances.Insert(ctx, &computepb.InsertInstanceRequest{Project: project, Zone: zone, InstanceResource: inst, RequestId: proto.String(requestID)})
+	if err != nil {
+		return nil, err
+	}
+	return op.Proto(), nil
+}
+
+func (a restAPI) BulkInsert(ctx context.Context, project, zone string, req *computepb.BulkInsertInstanceResource, requestID string) (*computepb.Operation, error) {
+	op, err := a.instances.BulkInsert(ctx, &computepb.BulkInsertInstanceRequest{Project: project, Zone: zone, BulkInsertInstanceResourceResource: req, RequestId: proto.String(requestID)})
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,6 @@ import (
 	"log/slog"
 	"maps"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -83,6 +82,7 @@ type Provider struct {
 	fresh sync.Mutex // one list at a time
 	book  vm.Book[where]
 	desk  *vm.Desk // assignments waiting for their instances; nil without handoff_url
+	batch vm.Batcher
 
 	mu      sync.Mutex
 	suspect map[string]string // spot instances stopping or vanished: name → runner
@@ -112,6 +112,7 @@ func New(o Options) *Provider {
 		o.Listing = &Listing{}
 	}
 	p := &Provider{opt: o, suspect: map[string]string{}}
+	p.batch = vm.Batcher{Max: MaxBulk, Market: p.market, Launch: p.launchBatch}
 	if u := vm.DeskURL(o.Section.HandoffURL, o.Pool); u != "" {
 		verifier := sync.OnceValues(func() (Verifier, error) {
 			if o.Verifier != nil {
@@ -157,21 +158,22 @@ func (p *Provider) Close() error {
 
 // Create starts the runner's instance: the first machine type and zone
 // with capacity, Spot first when the pool asks for it, then standard when
-// its fallback says so. Without handoff_url, bulk insert would not save
-// calls here: each runner's instance carries its own credential in its
-// metadata, which bulkInsert's per-instance properties cannot hold.
+// its fallback says so. With handoff_url the runners asked for together
+// go out in one bulk insert (bulk.go); without it each runner's instance
+// carries its own credential in its metadata, which bulkInsert's
+// per-instance properties cannot hold, and is inserted alone.
 func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
 	if inst, ok := p.book.Live(spec.Name); ok {
 		return inst, nil
 	}
 	s := p.opt.Section
 	h := p.desk.Handoff(SourceIdentity, HandoffWait)
+	if h != nil && bulkable.MatchString(spec.Name) {
+		return p.batch.Do(ctx, spec)
+	}
 	var made provider.Instance
-	spot, fallback := vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)
-	err := vm.TryBoot(vm.Placement{
-		Spot: spot, Fallback: fallback, Types: s.MachineTypes, Places: s.Zones,
-		What: "insert instance", Standard: "standard", Limit: "Compute Engine's request quota", Judge: judge, Logger: p.opt.Logger,
-	}, spec, s.Image, func() (string, error) {
+	spot, fallback := p.market(spec)
+	err := vm.TryBoot(p.placement(spot, fallback, "insert instance"), spec, s.Image, func() (string, error) {
 		return startupScript(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
 	}, func(spot bool, typ, zone, script string) (err error) {
 		made, err = p.insert(ctx, spec, script, typ, zone, spot)
@@ -180,9 +182,27 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	return made, err
 }
 
+// market is the runner's: the pool's, or its job's (spot=).
+func (p *Provider) market(spec provider.Spec) (spot, fallback bool) {
+	s := p.opt.Section
+	return vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)
+}
+
+// placement is where a runner's instance is tried, in order.
+func (p *Provider) placement(spot, fallback bool, what string) vm.Placement {
+	s := p.opt.Section
+	return vm.Placement{
+		Spot: spot, Fallback: fallback, Types: s.MachineTypes, Places: s.Zones,
+		What: what, Standard: "standard", Limit: "Compute Engine's request quota", Judge: judge, Logger: p.opt.Logger,
+	}
+}
+
 // judge says what an error of insert means. A type or accelerator not
 // offered in one zone is refused as invalid there: the others are tried.
 func judge(err error) (vm.Outcome, string, string) {
+	if fe := (*fewerError)(nil); errors.As(err, &fe) {
+		return vm.NoCapacity, fe.Error(), ""
+	}
 	kind, code := classify(err)
 	switch kind {
 	case errCapacity:
@@ -216,15 +236,13 @@ func market(spot bool) string {
 func (p *Provider) insert(ctx context.Context, spec provider.Spec, script, typ, zone string, spot bool) (provider.Instance, error) {
 	name := instanceName(spec.Name)
 	in := p.instanceResource(spec, name, script, typ, zone, spot)
+	p.hold(zone, name, spec)
 	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	op, err := p.opt.API.Insert(cctx, p.opt.Project, zone, in, uuid.NewString())
 	cancel()
 	if err != nil {
+		p.drop(zone, name)
 		return provider.Instance{}, err
-	}
-	id := op.GetTargetId()
-	if err := p.hold(id, spec); err != nil {
-		return provider.Instance{}, p.abandon(ctx, zone, name, err)
 	}
 	now := p.opt.now()
 	inst := provider.Instance{ID: name, Name: spec.Name, Manager: spec.Manager, Pool: spec.Pool, State: provider.StateCreated, Created: now}
@@ -243,23 +261,11 @@ func (p *Provider) insert(ctx context.Context, spec provider.Spec, script, typ, 
 			return provider.Instance{}, err
 		}
 		p.book.Failed(name)
-		p.desk.Drop(strconv.FormatUint(id, 10))
+		p.drop(zone, name)
 		return provider.Instance{}, err
 	}
 	p.opt.Logger.Info("instance inserted", "runner", spec.Name, "instance", name, "type", typ, "zone", zone, "market", market(spot))
 	return inst, nil
-}
-
-// abandon deletes an instance made for a runner that cannot have it, and
-// says why, as an error no retry fixes.
-func (p *Provider) abandon(ctx context.Context, zone, name string, err error) error {
-	cctx, cancel := context.WithTimeout(ctx, CallTimeout)
-	derr := p.opt.API.Delete(cctx, p.opt.Project, zone, name, uuid.NewString())
-	cancel()
-	if k, _ := kindOf(derr); derr != nil && k != errNotFound {
-		err = fmt.Errorf("%w; and deleting instance %s failed: %w", err, name, derr)
-	}
-	return fmt.Errorf("%w: %w", provider.ErrRejected, err)
 }
 
 // instanceResource is the instance asked for: labelled, its boot disk

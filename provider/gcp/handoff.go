@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"time"
 
 	"cloud.google.com/go/compute/metadata"
@@ -44,18 +43,25 @@ var issuers = []string{"https://accounts.google.com", "accounts.google.com"}
 // without handoff_url.
 func (p *Provider) HandoffHandler() http.Handler { return p.desk.Handler() }
 
-// hold keeps the runner's assignment for the instance an insert made;
-// id is the instance's id from the insert's operation.
-func (p *Provider) hold(id uint64, spec provider.Spec) error {
-	if p.desk == nil {
-		return nil
+// hold keeps the runner's assignment for the instance of that name in
+// that zone, from before it is asked for: a name is one instance's in a
+// zone while it lives, and only that instance gets an identity token
+// that names it there. (The instance id, which the token names too, is
+// not known before a bulk insert's instances are listed.)
+func (p *Provider) hold(zone, name string, spec provider.Spec) {
+	if p.desk != nil {
+		p.desk.Hold(deskKey(zone, name), p.boot(nil).Assign(spec), p.opt.now().Add(HandoffWait+5*time.Minute))
 	}
-	if id == 0 {
-		return errors.New("the insert's operation names no instance id (targetId) to hand the assignment to")
-	}
-	p.desk.Hold(strconv.FormatUint(id, 10), p.boot(nil).Assign(spec), p.opt.now().Add(HandoffWait+5*time.Minute))
-	return nil
 }
+
+// drop forgets the assignment held for an instance that was not made.
+func (p *Provider) drop(zone, name string) {
+	if p.desk != nil {
+		p.desk.Drop(deskKey(zone, name))
+	}
+}
+
+func deskKey(zone, name string) string { return zone + "/" + name }
 
 // Verifier checks a Google-signed identity token.
 type Verifier interface {
@@ -96,7 +102,7 @@ func (m mirror) RoundTrip(r *http.Request) (*http.Response, error) {
 // verify checks an instance's identity token: signed by Google for the
 // audience (idtoken, which checks the signature, the audience and the
 // expiry), issued by Google, for an instance of this project; it returns
-// the instance's id.
+// the instance's zone and name (deskKey).
 func verify(ctx context.Context, v Verifier, project, token, audience string) (string, error) {
 	pl, err := v.Validate(ctx, token, audience)
 	if err != nil {
@@ -107,11 +113,12 @@ func verify(ctx context.Context, v Verifier, project, token, audience string) (s
 	}
 	g, _ := pl.Claims["google"].(map[string]any)
 	ce, _ := g["compute_engine"].(map[string]any)
-	id, _ := ce["instance_id"].(string)
-	if pid, _ := ce["project_id"].(string); id == "" || pid != project {
+	zone, _ := ce["zone"].(string)
+	name, _ := ce["instance_name"].(string)
+	if pid, _ := ce["project_id"].(string); zone == "" || name == "" || pid != project {
 		return "", fmt.Errorf("the token names no instance of project %s (format=full)", project)
 	}
-	return id, nil
+	return deskKey(zone, name), nil
 }
 
 // identitySource is the instance side: the instance's identity token

@@ -24,10 +24,14 @@ import (
 	"github.com/runfleet/runfleet/provider/vm"
 )
 
-// handoffPool is a pool with handoff_url, its desk served as the manager
-// serves it, and the stand-in's keys as Google's.
-func handoffPool(t *testing.T) (*gcp.Provider, *gcesim.Server, string) {
+// handoffPool is a pool with handoff_url in the zones given
+// (us-central1-a when none), its desk served as the manager serves it,
+// and the stand-in's keys as Google's.
+func handoffPool(t *testing.T, zones ...string) (*gcp.Provider, *gcesim.Server, string) {
 	t.Helper()
+	if len(zones) == 0 {
+		zones = []string{"us-central1-a"}
+	}
 	manager := vmboot.NewManager(t, "gpu")
 	sim, err := gcesim.New(gcesim.Options{})
 	if err != nil {
@@ -36,7 +40,7 @@ func handoffPool(t *testing.T) (*gcp.Provider, *gcesim.Server, string) {
 	t.Cleanup(sim.Close)
 	sim.AddImage(image, "")
 	t.Setenv(gcp.CredentialsDataEnv, string(sim.Credentials()))
-	p := open(t, "m1", sim, "zones: [us-central1-a]\nmachine_types: [n1-standard-8]\nservice_account: runner@runfleet-e2e.iam.gserviceaccount.com\n"+
+	p := open(t, "m1", sim, "zones: ["+strings.Join(zones, ", ")+"]\nmachine_types: [n1-standard-8]\nservice_account: runner@runfleet-e2e.iam.gserviceaccount.com\n"+
 		"handoff_url: "+manager.URL+"\nidentity_certs: "+sim.CertsURL()+"\n")
 	manager.Serve(t, p.HandoffHandler())
 	return p, sim, manager.URL + "/handoff/gpu"

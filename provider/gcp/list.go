@@ -129,6 +129,9 @@ func (p *Provider) instance(i *computepb.Instance) seenInstance {
 			inst.Name = item.GetValue()
 		}
 	}
+	if inst.Name == "" && inst.Pool != "" {
+		inst.Name = runnerOf(inst.ID) // a bulk insert's (bulk.go)
+	}
 	switch status := i.GetStatus(); status {
 	case "PROVISIONING", "STAGING", "PENDING":
 		inst.State = provider.StateCreated

@@ -58,7 +58,11 @@ func (p *Provider) Leftovers(ctx context.Context, manager string) ([]provider.Re
 	}
 	var out []provider.Resource
 	for _, d := range disks {
-		r := provider.Resource{Kind: DiskKind, Name: d.GetLabels()[LabelRunner], ID: "zones/" + path.Base(d.GetZone()) + "/disks/" + d.GetName()}
+		runner := d.GetLabels()[LabelRunner]
+		if runner == "" {
+			runner = runnerOf(d.GetName()) // a bulk insert's: named as its instance
+		}
+		r := provider.Resource{Kind: DiskKind, Name: runner, ID: "zones/" + path.Base(d.GetZone()) + "/disks/" + d.GetName()}
 		switch {
 		case len(d.GetUsers()) == 0:
 		case kept[d.GetSelfLink()]:

@@ -14,7 +14,7 @@ import (
 // BenchmarkGCPBurst starts a pool of 100 instances from nothing against
 // the Compute Engine stand-in answering every call 200 ms late, with
 // registrations at the GitHub simulator (the instances boot nothing): the
-// time until all 100 inserts' operations are done, the calls per runner
+// time until all 100 instances are placed, the calls per runner
 // then and over a minute of steady state, and the manager's RSS. Compute
 // Engine's documented rate quotas (1,500 requests a minute per group and
 // project) allow the burst at once; the manager's limiter and the
@@ -22,8 +22,10 @@ import (
 //
 //	go test ./internal/e2e/gcp -run '^$' -bench GCPBurst -benchtime 1x
 //
-// With handoff_url the runners' assignments wait at the manager's desk
-// (the instances, which boot nothing, never claim them): the same calls.
+// With handoff_url the startup-script is the pool's, and the runners go
+// out in bulk inserts (one request and one operation's wait for many);
+// their assignments wait at the manager's desk (the instances, which boot
+// nothing, never claim them).
 func BenchmarkGCPBurst(b *testing.B) {
 	b.Run("metadata", func(b *testing.B) { gcpBurst(b, false) })
 	b.Run("handoff", func(b *testing.B) { gcpBurst(b, true) })

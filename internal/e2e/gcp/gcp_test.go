@@ -17,7 +17,8 @@ import (
 )
 
 // A Spot pool of Compute Engine instances (size 1, max 3) on the
-// stand-in runs 4 jobs, each on an instance of its own; no long-lived
+// stand-in runs 4 jobs, each on an instance of its own, made by bulk
+// inserts; no long-lived
 // secret reaches an instance's metadata, labels, processes or files, and
 // with handoff_url no runner's credential is in its metadata: each
 // instance claims its own from the manager, once; after SIGTERM every
@@ -30,8 +31,11 @@ func TestGCPSpotRunsJobs(t *testing.T) {
 	f.Start()
 	harness.Eventually(t, 2*time.Minute, "1 idle runner", func() bool { return f.IdleOnline() == 1 })
 	in := sim.Instances()[0]
-	if in.Model != "SPOT" || in.Labels["runfleet-manager"] != "e2e-gcpspot" || in.Labels["runfleet-runner"] != "gcpspot-1" || in.Labels["team"] != "ml" {
-		t.Errorf("instance %s: model %s labels %v", in.Name, in.Model, in.Labels)
+	// A bulk insert's instance (handoff_url) has the pool's labels; its
+	// name is its runner's.
+	if in.Model != "SPOT" || in.Labels["runfleet-manager"] != "e2e-gcpspot" || in.Labels["runfleet-pool"] != "gcpspot" || in.Labels["team"] != "ml" ||
+		!regexp.MustCompile(`^gcpspot-1-[0-9a-f]{6}$`).MatchString(in.Name) || sim.Calls()["instances.insert"] != 0 {
+		t.Errorf("instance %s: model %s labels %v; calls %v", in.Name, in.Model, in.Labels, sim.Calls())
 	}
 	f.CheckNoSecretOnGCE()
 	f.CheckCredentialClaimedOnce(gcp.DefaultWorkdir)

@@ -53,6 +53,7 @@ func (s *Server) routes() http.Handler {
 		})
 	}
 	route("POST "+base+"/zones/{zone}/instances", "instances.insert", s.insert)
+	route("POST "+base+"/zones/{zone}/instances/bulkInsert", "instances.bulkInsert", s.bulkInsert)
 	route("GET "+base+"/zones/{zone}/instances", "instances.list", s.list)
 	route("GET "+base+"/zones/{zone}/instances/{name}", "instances.get", s.get)
 	route("DELETE "+base+"/zones/{zone}/instances/{name}", "instances.delete", s.delete)

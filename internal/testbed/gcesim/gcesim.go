@@ -1,11 +1,12 @@
 // Package gcesim is a stand-in for Compute Engine for tests: the REST
-// calls runfleet makes (instances insert, get, list and aggregatedList
-// with filter, maxResults and pageToken, delete; zone operations get and
-// wait, aggregated operations with a filter) as the API reference
-// documents them, their error bodies and reasons, the per-minute rate
-// quotas by group and region (quota.go; 403 rateLimitExceeded), and OAuth: a service account's key
-// (Credentials) whose JWT is exchanged at the stand-in's token URI for
-// the bearer token every call must carry. Instances boot: with a Docker
+// calls runfleet makes (instances insert, bulkInsert (bulk.go), get, list
+// and aggregatedList with filter, maxResults and pageToken, delete; zone
+// operations get and wait, aggregated operations with a filter) as the
+// API reference documents them, their error bodies and reasons, the
+// per-minute rate quotas by group and region (quota.go; 403
+// rateLimitExceeded), and OAuth: a service account's key (Credentials)
+// whose JWT is exchanged at the stand-in's token URI for the bearer token
+// every call must carry. Instances boot: with a Docker
 // engine, each is a container of the image its source image maps to,
 // running its startup-script as the guest agent would, beside a
 // stand-in metadata server (Metadata-Flavor: Google; instance/preempted,
@@ -86,6 +87,7 @@ type Server struct {
 	requests   map[string]*op // requestId -> op
 	images     map[string]string
 	noCap      map[string]bool // "<model> <type> <zone>", with "" for any
+	room       map[string]int  // the same keys: instances that still fit
 	noQuota    map[string]bool // regions
 	faults     map[string][]fault
 	calls      map[string]int
@@ -125,7 +127,7 @@ func New(o Options) (*Server, error) {
 	}
 	s := &Server{opt: o, key: key, keyID: randHex(20), id: id, tokens: map[string]time.Time{},
 		instances: map[string]*Instance{}, disks: map[string]*Disk{}, ops: map[string]*op{}, requests: map[string]*op{},
-		images: map[string]string{}, noCap: map[string]bool{}, noQuota: map[string]bool{}, faults: map[string][]fault{},
+		images: map[string]string{}, noCap: map[string]bool{}, room: map[string]int{}, noQuota: map[string]bool{}, faults: map[string][]fault{},
 		calls: map[string]int{}, used: map[quota]int{}, projectNum: "424242424242"}
 	s.changed = sync.NewCond(&s.mu)
 	s.latency.Store(int64(o.Latency))
@@ -188,6 +190,15 @@ func (s *Server) NoCapacity(model, typ, zone string) {
 	s.noCap[model+" "+typ+" "+zone] = true
 }
 
+// LimitCapacity leaves room for n more instances of a provisioning
+// model, machine type and zone ("" for any); the next are refused as
+// NoCapacity refuses them. A bulk insert gets what room there is.
+func (s *Server) LimitCapacity(model, typ, zone string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.room[model+" "+typ+" "+zone] = n
+}
+
 // NoQuota spends a region's CPU quota: an insert there fails in its
 // operation with QUOTA_EXCEEDED.
 func (s *Server) NoQuota(region string) {
@@ -196,11 +207,13 @@ func (s *Server) NoQuota(region string) {
 	s.noQuota[region] = true
 }
 
-// RestoreCapacity gives back what NoCapacity and NoQuota took.
+// RestoreCapacity gives back what NoCapacity, LimitCapacity and NoQuota
+// took.
 func (s *Server) RestoreCapacity() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	clear(s.noCap)
+	clear(s.room)
 	clear(s.noQuota)
 }
 

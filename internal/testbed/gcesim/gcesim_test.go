@@ -16,15 +16,14 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// The stand-in answers Google's own client as Compute Engine does:
-// OAuth with the key, an insert's operation waited for, aggregated pages
-// of a filtered list, and its error bodies.
-func TestGoogleClientAgainstTheStandIn(t *testing.T) {
+// newClient starts a stand-in with one image and Google's client of it.
+func newClient(t *testing.T) (*Server, *compute.InstancesClient) {
+	t.Helper()
 	s, err := New(Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(s.Close)
 	s.AddImage("projects/runfleet-e2e/global/images/i", "")
 	creds, err := credentials.NewCredentialsFromJSON(credentials.ServiceAccount, s.Credentials(), &credentials.DetectOptions{Scopes: []string{"https://www.googleapis.com/auth/compute"}})
 	if err != nil {
@@ -34,11 +33,19 @@ func TestGoogleClientAgainstTheStandIn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	c, err := compute.NewInstancesRESTClient(ctx, option.WithHTTPClient(hc), option.WithEndpoint(s.URL))
+	c, err := compute.NewInstancesRESTClient(context.Background(), option.WithHTTPClient(hc), option.WithEndpoint(s.URL))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, c
+}
+
+// The stand-in answers Google's own client as Compute Engine does:
+// OAuth with the key, an insert's operation waited for, aggregated pages
+// of a filtered list, and its error bodies.
+func TestGoogleClientAgainstTheStandIn(t *testing.T) {
+	s, c := newClient(t)
+	ctx := context.Background()
 	for i := range 5 {
 		zone := Zones[i%2]
 		op, err := c.Insert(ctx, &computepb.InsertInstanceRequest{Project: Project, Zone: zone, InstanceResource: &computepb.Instance{
@@ -70,7 +77,7 @@ func TestGoogleClientAgainstTheStandIn(t *testing.T) {
 	if fmt.Sprint(names) != "[vm-0 vm-2 vm-4]" || s.Calls()["instances.aggregatedList"] != 3 {
 		t.Errorf("pool a = %v in %d pages, want vm-0 vm-2 vm-4 in pages of one", names, s.Calls()["instances.aggregatedList"])
 	}
-	_, err = c.Get(ctx, &computepb.GetInstanceRequest{Project: Project, Zone: Zones[0], Instance: "nope"})
+	_, err := c.Get(ctx, &computepb.GetInstanceRequest{Project: Project, Zone: Zones[0], Instance: "nope"})
 	var ge *googleapi.Error
 	if !errors.As(err, &ge) || ge.Code != 404 || ge.Errors[0].Reason != "notFound" {
 		t.Errorf("get of a missing instance: %v", err)
@@ -86,5 +93,65 @@ func TestGoogleClientAgainstTheStandIn(t *testing.T) {
 	}
 	if _, err := parseFilter(`labels.pool ~ a`); err == nil {
 		t.Error("a filter the stand-in cannot read is taken")
+	}
+}
+
+// A bulk insert is one request for many instances: what fits is made
+// when at least minCount fits, nothing otherwise, and its operation says
+// how many; a machine type given as a URL is Compute Engine's internal
+// error.
+func TestBulkInsert(t *testing.T) {
+	s, c := newClient(t)
+	ctx := context.Background()
+	s.LimitCapacity("STANDARD", "e2-small", Zones[0], 2)
+	live := func() (n int) {
+		for _, in := range s.Instances() {
+			if in.Deleted.IsZero() {
+				n++
+			}
+		}
+		return n
+	}
+	bulk := func(machineType string, minCount int64, names ...string) (*computepb.Operation, error) {
+		per := map[string]*computepb.BulkInsertInstanceResourcePerInstanceProperties{}
+		for _, n := range names {
+			per[n] = &computepb.BulkInsertInstanceResourcePerInstanceProperties{}
+		}
+		op, err := c.BulkInsert(ctx, &computepb.BulkInsertInstanceRequest{Project: Project, Zone: Zones[0], BulkInsertInstanceResourceResource: &computepb.BulkInsertInstanceResource{
+			Count: proto.Int64(int64(len(names))), MinCount: proto.Int64(minCount), PerInstanceProperties: per,
+			InstanceProperties: &computepb.InstanceProperties{MachineType: proto.String(machineType), Labels: map[string]string{"pool": "a"},
+				Disks: []*computepb.AttachedDisk{{Boot: proto.Bool(true), AutoDelete: proto.Bool(true), InitializeParams: &computepb.AttachedDiskInitializeParams{SourceImage: proto.String("projects/runfleet-e2e/global/images/i"), DiskType: proto.String("pd-balanced")}}}},
+		}})
+		if err != nil {
+			return nil, err
+		}
+		_ = op.Wait(ctx)
+		return op.Proto(), nil
+	}
+	op, err := bulk("e2-small", 3, "a-1", "a-2", "a-3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := op.GetInstancesBulkInsertOperationMetadata().GetPerLocationStatus()["zones/"+Zones[0]]
+	if op.GetError() == nil || st.GetCreatedVmCount() != 0 || st.GetDeletedVmCount() != 2 || live() != 0 {
+		t.Errorf("3 asked for at least 3 with room for 2: error %v, status %v, %d instances; want the two rolled back", op.GetError(), st, live())
+	}
+	op, err = bulk("e2-small", 1, "b-1", "b-2", "b-3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st = op.GetInstancesBulkInsertOperationMetadata().GetPerLocationStatus()["zones/"+Zones[0]]
+	if op.GetError() != nil || st.GetCreatedVmCount() != 2 || st.GetTargetVmCount() != 3 || live() != 2 {
+		t.Errorf("3 asked for at least 1 with room for 2: error %v, status %v, %d instances; want 2 made", op.GetError(), st, live())
+	}
+	if s.Calls()["instances.bulkInsert"] != 2 || s.Calls()["instances.insert"] != 0 {
+		t.Errorf("calls %v", s.Calls())
+	}
+	var ge *googleapi.Error
+	if _, err := bulk("zones/"+Zones[0]+"/machineTypes/e2-small", 1, "c-1"); !errors.As(err, &ge) || ge.Code != 500 {
+		t.Errorf("a machine type's URL in instanceProperties: %v, want 500", err)
+	}
+	if _, err := bulk("e2-small", 1, "b-1"); !errors.As(err, &ge) || ge.Code != 409 {
+		t.Errorf("a name taken: %v, want 409", err)
 	}
 }

@@ -121,6 +121,7 @@ type op struct {
 	targetID                                 uint64 // the instance's id, as an insert's operation names it
 	errCodes, errMsgs                        []string
 	httpStatus                               int
+	bulk                                     *computepb.InstancesBulkInsertOperationMetadata // a bulk insert's, once done
 }
 
 // newOp starts an operation. Called with s.mu held.
@@ -173,6 +174,9 @@ func (o *op) proto() *computepb.Operation {
 	if o.status == "DONE" {
 		p.Progress, p.EndTime = proto.Int32(100), proto.String(o.end.Format(time.RFC3339))
 	}
+	if o.bulk != nil {
+		p.InstancesBulkInsertOperationMetadata = proto.Clone(o.bulk).(*computepb.InstancesBulkInsertOperationMetadata)
+	}
 	if len(o.errCodes) > 0 {
 		p.Error = &computepb.Error{}
 		for i, c := range o.errCodes {
@@ -201,17 +205,9 @@ func (s *Server) provision(in *Instance, o *op, image string) {
 	o.run(s)
 	time.Sleep(100 * time.Millisecond)
 	s.mu.Lock()
-	var fail *opErr
-	switch {
-	case s.noQuota[region(in.Zone)]:
-		fail = &opErr{"QUOTA_EXCEEDED", fmt.Sprintf("Quota 'CPUS' exceeded.  Limit: 24.0 in region %s.", region(in.Zone)), http.StatusForbidden}
-	case s.noCap[in.Model+"  "] || s.noCap[in.Model+" "+in.Type+" "] || s.noCap[in.Model+"  "+in.Zone] || s.noCap[in.Model+" "+in.Type+" "+in.Zone] || s.noCap["  "+in.Zone]:
-		fail = &opErr{"ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", fmt.Sprintf("The zone 'projects/%s/zones/%s' does not have enough resources available to fulfill the request.  '(resource type:compute)'.", Project, in.Zone), http.StatusServiceUnavailable}
-	}
+	fail := s.place(in)
 	if fail != nil {
-		delete(s.instances, in.key())
-		delete(s.disks, in.key())
-		in.Deleted = time.Now()
+		s.unmake(in)
 		s.mu.Unlock()
 		o.done(s, fail)
 		return
@@ -219,10 +215,59 @@ func (s *Server) provision(in *Instance, o *op, image string) {
 	in.setStatus("STAGING")
 	s.mu.Unlock()
 	o.done(s, nil)
+	s.run(in, image)
+}
+
+// run starts a placed instance: its maxRunDuration, then its machine.
+func (s *Server) run(in *Instance, image string) {
 	if d := in.res.GetScheduling().GetMaxRunDuration(); d != nil {
 		time.AfterFunc(time.Duration(d.GetSeconds())*time.Second, func() { s.terminationAction(in) })
 	}
 	s.boot(in, image)
+}
+
+// place decides whether an instance can be placed, and takes its room
+// when LimitCapacity counts it. Called with s.mu held.
+func (s *Server) place(in *Instance) *opErr {
+	if s.noQuota[region(in.Zone)] {
+		return &opErr{"QUOTA_EXCEEDED", fmt.Sprintf("Quota 'CPUS' exceeded.  Limit: 24.0 in region %s.", region(in.Zone)), http.StatusForbidden}
+	}
+	keys := in.capacityKeys()
+	for _, k := range keys {
+		if n, counted := s.room[k]; s.noCap[k] || counted && n == 0 {
+			return &opErr{"ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", fmt.Sprintf("The zone 'projects/%s/zones/%s' does not have enough resources available to fulfill the request.  '(resource type:compute)'.", Project, in.Zone), http.StatusServiceUnavailable}
+		}
+	}
+	for _, k := range keys {
+		if n, counted := s.room[k]; counted {
+			s.room[k] = n - 1
+		}
+	}
+	return nil
+}
+
+// capacityKeys are the keys of NoCapacity and LimitCapacity an instance
+// meets.
+func (in *Instance) capacityKeys() []string {
+	return []string{in.Model + "  ", in.Model + " " + in.Type + " ", in.Model + "  " + in.Zone, in.Model + " " + in.Type + " " + in.Zone, "  " + in.Zone}
+}
+
+// release gives back the room a placed instance took, when a bulk
+// insert's rollback deletes it. Called with s.mu held.
+func (s *Server) release(in *Instance) {
+	for _, k := range in.capacityKeys() {
+		if n, counted := s.room[k]; counted {
+			s.room[k] = n + 1
+		}
+	}
+}
+
+// unmake removes an instance that was not placed. Called with s.mu
+// held.
+func (s *Server) unmake(in *Instance) {
+	delete(s.instances, in.key())
+	delete(s.disks, in.key())
+	in.Deleted = time.Now()
 }
 
 // boot runs the instance: a container with its startup-script and a
