@@ -88,21 +88,16 @@ type Provider struct {
 	watch vm.Poller
 	fresh sync.Mutex // one describe at a time
 
-	mu       sync.Mutex
-	seen     map[string]seenInstance // by instance id, from the last describe
-	seenAt   time.Time
-	launched map[string]provider.Instance // by id: returned by RunInstances, not yet described
-	gone     map[string]time.Time         // ids terminated here, hidden from List
-	names    map[string]string            // by id: the runner of a batch's instance, until its tag is described
+	book  vm.Book[bool] // the pool's instances, and whether each is spot
+	mu    sync.Mutex
+	names map[string]string // by id: the runner of a batch's instance, until its tag is described
 
 	batch vm.Batcher
 	desk  *vm.Desk // assignments waiting for their instances; nil without handoff_url
 }
 
-type seenInstance struct {
-	inst provider.Instance
-	spot bool
-}
+// seenInstance is an instance, and whether it is spot.
+type seenInstance = vm.Entry[bool]
 
 // New makes the provider of one pool; nothing is called until List,
 // Create or Watch.
@@ -116,15 +111,13 @@ func New(o Options) *Provider {
 	if o.Calls == nil {
 		o.Calls = new(atomic.Int64)
 	}
-	p := &Provider{opt: o, seen: map[string]seenInstance{}, launched: map[string]provider.Instance{}, gone: map[string]time.Time{}, names: map[string]string{}}
+	p := &Provider{opt: o, names: map[string]string{}}
 	if u := vm.DeskURL(o.Section.HandoffURL, o.Pool); u != "" {
 		p.desk = &vm.Desk{URL: u, Logger: o.Logger, Verify: func(_ context.Context, token, _ string) (string, error) {
 			return verifyIdentity(o.IdentityKeys, o.Region, token)
 		}}
 	}
-	p.batch = vm.Batcher{Max: MaxBatch, Launch: p.launchBatch, Market: func(spec provider.Spec) (bool, bool) {
-		return vm.Market(o.Section.Spot, o.Section.SpotFallback == FallbackOnDemand, spec.Request.Spot)
-	}}
+	p.batch = vm.Batcher{Max: MaxBatch, Launch: p.launchBatch, Market: p.marketOf}
 	p.watch = vm.Poller{Interval: o.Section.PollInterval.Duration, What: "describing instances", Logger: o.Logger, Poll: p.poll}
 	return p
 }
@@ -157,7 +150,7 @@ func (p *Provider) Close() error {
 // subnet with capacity, spot first when the pool asks for spot, then
 // on-demand when its fallback says so.
 func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
-	if inst, ok := p.live(spec.Name); ok {
+	if inst, ok := p.book.Live(spec.Name); ok {
 		return inst, nil
 	}
 	s := p.opt.Section
@@ -172,46 +165,55 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		}
 		return p.batch.Do(ctx, spec)
 	}
-	spot, fallback := vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)
-	markets := []bool{spot}
-	if spot && fallback {
-		markets = append(markets, false)
-	}
-	var tried []string
-	for _, spot := range markets {
-		for _, typ := range orEmpty(s.InstanceTypes) {
-			for _, subnet := range orEmpty(s.Subnets) {
-				if spec.Record != nil {
-					// The subnet's zone comes with the instance's listing.
-					vm.Placed(spec, s.Image, typ, "", spot)
-					if ud, err = userData(s, nil, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime); err != nil {
-						return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
-					}
-				}
-				inst, err := p.run(ctx, spec, ud, typ, subnet, spot)
-				if err == nil {
-					return inst, nil
-				}
-				kind, code := kindOf(err)
-				switch kind {
-				case errCapacity:
-					tried = append(tried, fmt.Sprintf("%s %s in %s: %s", market(spot), or(typ, "the template's type"), or(subnet, "the default subnet"), code))
-					p.opt.Logger.Info("no capacity; trying the next", "runner", spec.Name, "type", typ, "subnet", subnet, "market", market(spot), "code", code)
-					continue
-				case errFatal:
-					return provider.Instance{}, rejected(fmt.Errorf("run instance: %w", err))
-				case errThrottle:
-					return provider.Instance{}, fmt.Errorf("run instance: EC2 throttled the request after retries: %w", err)
-				}
-				return provider.Instance{}, fmt.Errorf("run instance: %w", err)
+	var made provider.Instance
+	spot, fallback := p.marketOf(spec)
+	err = p.placement(spot, fallback, "run instance").Try(spec.Name, func(spot bool, typ, subnet string) (err error) {
+		if spec.Record != nil {
+			// The subnet's zone comes with the instance's listing.
+			vm.Placed(spec, s.Image, typ, "", spot)
+			if ud, err = userData(s, nil, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime); err != nil {
+				return fmt.Errorf("%w: %w", provider.ErrRejected, err)
 			}
 		}
+		made, err = p.run(ctx, spec, ud, typ, subnet, spot)
+		return err
+	})
+	return made, err
+}
+
+// market is the runner's: the pool's, or its job's (spot=).
+func (p *Provider) marketOf(spec provider.Spec) (spot, fallback bool) {
+	s := p.opt.Section
+	return vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)
+}
+
+// placement is where a runner's instance is tried, in order: each
+// instance type and subnet, or the launch template's and the default.
+func (p *Provider) placement(spot, fallback bool, what string) vm.Placement {
+	s := p.opt.Section
+	return vm.Placement{
+		Spot: spot, Fallback: fallback, Types: orEmpty(s.InstanceTypes), Places: orEmpty(s.Subnets),
+		AnyType: "the template's type", AnyPlace: "the default subnet",
+		What: what, Standard: "on-demand", Limit: "EC2's request rate", Judge: judge, Logger: p.opt.Logger,
 	}
-	why := "no capacity: " + strings.Join(tried, "; ")
-	if s.Spot && s.SpotFallback != FallbackOnDemand {
-		why += " (spot_fallback: on_demand would start an on-demand instance)"
+}
+
+// judge says what an error of RunInstances means: an error no retry
+// fixes (a permission, an AMI, a subnet) halts the pool at once.
+func judge(err error) (vm.Outcome, string, string) {
+	if errors.Is(err, provider.ErrRejected) {
+		return vm.Halt, "", ""
 	}
-	return provider.Instance{}, errors.New(why)
+	switch kind, code := kindOf(err); kind {
+	case errCapacity:
+		return vm.NoCapacity, code, ""
+	case errFatal:
+		return vm.Halt, code, ""
+	case errThrottle:
+		return vm.Throttled, code, ""
+	default:
+		return vm.Transient, code, ""
+	}
 }
 
 func market(spot bool) string {
@@ -224,13 +226,6 @@ func market(spot bool) string {
 func orEmpty(s []string) []string {
 	if len(s) == 0 {
 		return []string{""}
-	}
-	return s
-}
-
-func or(s, alt string) string {
-	if s == "" {
-		return alt
 	}
 	return s
 }
@@ -249,9 +244,7 @@ func (p *Provider) run(ctx context.Context, spec provider.Spec, ud []byte, typ, 
 	}
 	inst := p.instance(out.Instances[0])
 	inst.Name, inst.Manager, inst.Pool = spec.Name, spec.Manager, spec.Pool
-	p.mu.Lock()
-	p.launched[inst.ID] = inst
-	p.mu.Unlock()
+	p.book.Launched(seenInstance{Inst: inst, Data: spot})
 	p.opt.Logger.Info("instance launched", "runner", spec.Name, "id", inst.ID, "type", typ, "subnet", subnet, "market", market(spot))
 	return inst, nil
 }
@@ -328,38 +321,23 @@ func nonEmpty(s string) *string {
 	return &s
 }
 
-// live returns the runner's instance when one is coming up or running.
-func (p *Provider) live(name string) (provider.Instance, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, inst := range p.view() {
-		if inst.Name == name && inst.State != provider.StateExited {
-			return inst, true
-		}
-	}
-	return provider.Instance{}, false
-}
-
 // Delete terminates the runner's instances. One already gone is no error,
 // and one EC2 lists shutting down, which its shutdown behaviour
 // terminates, is not asked again: the usual end of a runner, whose agent
 // ended after its job, costs no call.
 func (p *Provider) Delete(ctx context.Context, name string) error {
-	p.mu.Lock()
 	var ids []string
 	ending := false
 	for _, inst := range p.view() {
 		switch {
 		case inst.Name != name:
 		case inst.State == provider.StateExited && strings.HasPrefix(inst.Reason, string(types.InstanceStateNameShuttingDown)):
-			p.gone[inst.ID] = p.opt.now()
-			delete(p.launched, inst.ID)
+			p.book.Deleted(inst.ID, p.opt.now())
 			ending = true
 		default:
 			ids = append(ids, inst.ID)
 		}
 	}
-	p.mu.Unlock()
 	if len(ids) == 0 && !ending {
 		// Not seen here: made by an earlier manager, not described yet.
 		found, err := p.describe(ctx, p.opt.Manager, p.opt.Pool, name)
@@ -367,8 +345,8 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 			return err
 		}
 		for _, si := range found {
-			if si.inst.State != provider.StateExited || si.inst.Reason != terminated {
-				ids = append(ids, si.inst.ID)
+			if si.Inst.State != provider.StateExited || si.Inst.Reason != terminated {
+				ids = append(ids, si.Inst.ID)
 			}
 		}
 	}
@@ -378,12 +356,9 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 	if err := p.terminate(ctx, ids); err != nil {
 		return err
 	}
-	p.mu.Lock()
 	for _, id := range ids {
-		p.gone[id] = p.opt.now()
-		delete(p.launched, id)
+		p.book.Deleted(id, p.opt.now())
 	}
-	p.mu.Unlock()
 	p.opt.Logger.Info("instance terminated", "runner", name, "ids", ids)
 	return nil
 }

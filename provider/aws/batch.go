@@ -2,9 +2,7 @@ package aws
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strings"
 	"sync"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
@@ -26,80 +24,59 @@ import (
 // MaxBatch is the most instances one RunInstances asks for.
 const MaxBatch = 100
 
-// launchBatch asks for the batch's instances, placement by placement:
-// what one type and subnet could not hold is asked of the next, and what
-// none could is answered with why.
+// launchBatch asks for the batch's instances, placement by placement
+// (vm.Placement): what one type and subnet could not hold is asked of the
+// next, and what none could is answered with why.
 func (p *Provider) launchBatch(batch []*vm.Request, spot, fallback bool) {
-	s := p.opt.Section
 	// The batch's callers wait for it; each call has its own deadline.
 	ctx := context.Background()
-	fail := func(rest []*vm.Request, err error) {
-		for _, r := range rest {
-			r.Done(provider.Instance{}, err)
-		}
-	}
-	ud, err := userData(s, p.handoff(), batch[0].Spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
-	if err != nil {
-		fail(batch, fmt.Errorf("%w: %w", provider.ErrRejected, err))
-		return
-	}
-	markets := []bool{spot}
-	if spot && fallback {
-		markets = append(markets, false)
-	}
 	rest := batch
-	var tried []string
-	for _, spot := range markets {
-		for _, typ := range orEmpty(s.InstanceTypes) {
-			for _, subnet := range orEmpty(s.Subnets) {
-				for _, r := range rest {
-					vm.Placed(r.Spec, s.Image, typ, "", spot)
-				}
-				in := p.runInput(rest[0].Spec, ud, typ, subnet, spot)
-				in.MaxCount, in.TagSpecifications = awssdk.Int32(int32(len(rest))), poolTags(in.TagSpecifications)
-				out, err := p.opt.API.RunInstances(ctx, in)
-				if err != nil {
-					kind, code := kindOf(err)
-					switch kind {
-					case errCapacity:
-						tried = append(tried, fmt.Sprintf("%s %s in %s: %s", market(spot), or(typ, "the template's type"), or(subnet, "the default subnet"), code))
-						p.opt.Logger.Info("no capacity; trying the next", "runners", len(rest), "type", typ, "subnet", subnet, "market", market(spot), "code", code)
-						continue
-					case errFatal:
-						fail(rest, rejected(fmt.Errorf("run instances: %w", err)))
-					case errThrottle:
-						fail(rest, fmt.Errorf("run instances: EC2 throttled the request after retries: %w", err))
-					default:
-						fail(rest, fmt.Errorf("run instances: %w", err))
-					}
-					return
-				}
-				got := out.Instances[:min(len(out.Instances), len(rest))]
-				p.opt.Logger.Info("instances launched", "asked", len(rest), "launched", len(got), "type", typ, "subnet", subnet, "market", market(spot))
-				var wg sync.WaitGroup
-				for i, ei := range got {
-					r := rest[i]
-					inst := p.instance(ei)
-					inst.Name, inst.Manager, inst.Pool = r.Spec.Name, r.Spec.Manager, r.Spec.Pool
-					p.mu.Lock()
-					p.launched[inst.ID] = inst
-					p.names[inst.ID] = r.Spec.Name
-					p.mu.Unlock()
-					wg.Go(func() { r.Done(inst, p.name(ctx, inst, awssdk.ToString(out.OwnerId), r.Spec)) })
-				}
-				wg.Wait()
-				if rest = rest[len(got):]; len(rest) == 0 {
-					return
-				}
-				tried = append(tried, fmt.Sprintf("%s %s in %s: %d of %d", market(spot), or(typ, "the template's type"), or(subnet, "the default subnet"), len(got), len(got)+len(rest)))
+	ud, err := userData(p.opt.Section, p.handoff(), batch[0].Spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
+	if err != nil {
+		err = fmt.Errorf("%w: %w", provider.ErrRejected, err)
+	} else {
+		err = p.placement(spot, fallback, "run instances").Try(fmt.Sprintf("%d runners", len(batch)), func(spot bool, typ, subnet string) error {
+			asked := len(rest)
+			var err error
+			if rest, err = p.runBatch(ctx, rest, ud, typ, subnet, spot); err == nil && len(rest) > 0 {
+				err = &vm.Fewer{Made: asked - len(rest), Asked: asked}
 			}
-		}
+			return err
+		})
 	}
-	why := "no capacity: " + strings.Join(tried, "; ")
-	if s.Spot && s.SpotFallback != FallbackOnDemand {
-		why += " (spot_fallback: on_demand would start an on-demand instance)"
+	for _, r := range rest { // none when Try succeeded
+		r.Done(provider.Instance{}, err)
 	}
-	fail(rest, errors.New(why))
+}
+
+// runBatch asks one type and subnet for the batch's instances (MinCount
+// 1) and answers those EC2 launched, each once it is named; it returns
+// those it did not launch. An error leaves every request unanswered.
+func (p *Provider) runBatch(ctx context.Context, batch []*vm.Request, ud []byte, typ, subnet string, spot bool) ([]*vm.Request, error) {
+	for _, r := range batch {
+		vm.Placed(r.Spec, p.opt.Section.Image, typ, "", spot)
+	}
+	in := p.runInput(batch[0].Spec, ud, typ, subnet, spot)
+	in.MaxCount, in.TagSpecifications = awssdk.Int32(int32(len(batch))), poolTags(in.TagSpecifications)
+	out, err := p.opt.API.RunInstances(ctx, in)
+	if err != nil {
+		return batch, err
+	}
+	got := out.Instances[:min(len(out.Instances), len(batch))]
+	p.opt.Logger.Info("instances launched", "asked", len(batch), "launched", len(got), "type", typ, "subnet", subnet, "market", market(spot))
+	var wg sync.WaitGroup
+	for i, ei := range got {
+		r := batch[i]
+		inst := p.instance(ei)
+		inst.Name, inst.Manager, inst.Pool = r.Spec.Name, r.Spec.Manager, r.Spec.Pool
+		p.mu.Lock()
+		p.names[inst.ID] = r.Spec.Name
+		p.mu.Unlock()
+		p.book.Launched(seenInstance{Inst: inst, Data: spot})
+		wg.Go(func() { r.Done(inst, p.name(ctx, inst, awssdk.ToString(out.OwnerId), r.Spec)) })
+	}
+	wg.Wait()
+	return batch[len(got):], nil
 }
 
 // poolTags drops the runner's tags from a request's: they name one

@@ -132,9 +132,8 @@ func (p *Provider) abandon(ctx context.Context, id string, err error) error {
 	if terr := p.terminate(ctx, []string{id}); terr != nil {
 		err = fmt.Errorf("%w; and terminating the instance failed: %w", err, terr)
 	} else {
+		p.book.Deleted(id, p.opt.now())
 		p.mu.Lock()
-		p.gone[id] = p.opt.now()
-		delete(p.launched, id)
 		delete(p.names, id)
 		p.mu.Unlock()
 	}

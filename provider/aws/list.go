@@ -3,6 +3,7 @@ package aws
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
@@ -17,11 +18,6 @@ import (
 
 // terminated is the Reason of an instance that EC2 lists as terminated.
 const terminated = "terminated"
-
-// launchGrace is how long an instance that RunInstances returned counts
-// as coming up while describes do not show it yet (EC2's describes are
-// eventually consistent).
-const launchGrace = 2 * time.Minute
 
 // Limits keeps a manager's calls within EC2's documented request rates
 // (the API reference's "Request throttling"), which hold per account and
@@ -76,40 +72,24 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 		found, err := p.describe(ctx, manager, p.opt.Pool, "")
 		var out []provider.Instance
 		for _, si := range found {
-			if si.inst.Reason != terminated {
-				out = append(out, si.inst)
+			if si.Inst.Reason != terminated {
+				out = append(out, si.Inst)
 			}
 		}
 		return out, err
 	}
-	p.mu.Lock()
-	stale := p.opt.now().Sub(p.seenAt) >= p.opt.Section.PollInterval.Duration
-	p.mu.Unlock()
-	if stale {
+	if p.book.Stale(p.opt.now(), p.opt.Section.PollInterval.Duration) {
 		if err := p.refresh(ctx); err != nil {
 			return nil, err
 		}
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	return p.view(), nil
 }
 
-// view merges what was described with what was launched since. Called
-// with p.mu held.
+// view is what was described and launched since, less what was
+// terminated here, and less what EC2 lists terminated.
 func (p *Provider) view() []provider.Instance {
-	out := make([]provider.Instance, 0, len(p.seen)+len(p.launched))
-	for id, si := range p.seen {
-		if _, hidden := p.gone[id]; !hidden && si.inst.Reason != terminated {
-			out = append(out, si.inst)
-		}
-	}
-	for id, inst := range p.launched {
-		if _, described := p.seen[id]; !described {
-			out = append(out, inst)
-		}
-	}
-	return out
+	return slices.DeleteFunc(p.book.Instances(), func(i provider.Instance) bool { return i.Reason == terminated })
 }
 
 // refresh describes the pool's instances, and reports what changed.
@@ -122,46 +102,19 @@ func (p *Provider) refresh(ctx context.Context) error {
 		return err
 	}
 	p.mu.Lock()
-	seen := make(map[string]seenInstance, len(found))
-	for _, si := range found {
+	for i, si := range found {
 		// A batch's instance is described before its runner's tag:
 		// named by what was launched.
-		if n, ok := p.names[si.inst.ID]; ok && si.inst.Name == si.inst.ID {
-			si.inst.Name = n
+		if n, ok := p.names[si.Inst.ID]; ok && si.Inst.Name == si.Inst.ID {
+			found[i].Inst.Name = n
 		} else {
-			delete(p.names, si.inst.ID)
-		}
-		seen[si.inst.ID] = si
-	}
-	var changed []string
-	for id, si := range seen {
-		old, ok := p.seen[id]
-		if !ok {
-			old.inst = p.launched[id]
-		}
-		if old.inst.State != si.inst.State || old.inst.Reason != si.inst.Reason {
-			changed = append(changed, si.inst.Name)
-		}
-		delete(p.launched, id)
-	}
-	for id, si := range p.seen {
-		if _, ok := seen[id]; !ok {
-			changed = append(changed, si.inst.Name) // gone from the listing
+			delete(p.names, si.Inst.ID)
 		}
 	}
-	for id, inst := range p.launched {
-		if start.Sub(inst.Created) > launchGrace {
-			delete(p.launched, id)
-			changed = append(changed, inst.Name)
-		}
-	}
-	for id, at := range p.gone {
-		if _, listed := seen[id]; !listed && start.Sub(at) > launchGrace {
-			delete(p.gone, id)
-		}
-	}
-	p.seen, p.seenAt = seen, start
 	p.mu.Unlock()
+	changed, known := p.book.Update(found, start, nil)
+	// Notices forgotten once an instance is gone two describes running.
+	p.watch.Forget(known)
 	p.watch.Changed(changed)
 	return nil
 }
@@ -187,7 +140,7 @@ func (p *Provider) describe(ctx context.Context, manager, pool, runner string) (
 		}
 		for _, r := range page.Reservations {
 			for _, i := range r.Instances {
-				out = append(out, seenInstance{p.instance(i), i.InstanceLifecycle == types.InstanceLifecycleTypeSpot})
+				out = append(out, seenInstance{Inst: p.instance(i), Data: i.InstanceLifecycle == types.InstanceLifecycleTypeSpot})
 			}
 		}
 	}
@@ -263,17 +216,14 @@ var interruptCodes = map[string]bool{"marked-for-termination": true, "marked-for
 
 // spotNotices reads the spot requests of the pool's live spot instances.
 func (p *Provider) spotNotices(ctx context.Context) error {
-	p.mu.Lock()
 	var ids []string
 	names := map[string]string{}
-	for id, si := range p.seen {
-		if si.spot && si.inst.State != provider.StateExited && !p.watch.Noticed(id) {
+	for _, si := range p.book.View() {
+		if id := si.Inst.ID; si.Data && si.Inst.State != provider.StateExited && !p.watch.Noticed(id) {
 			ids = append(ids, id)
-			names[id] = si.inst.Name
+			names[id] = si.Inst.Name
 		}
 	}
-	p.watch.Forget(func(id string) bool { _, ok := p.seen[id]; return ok })
-	p.mu.Unlock()
 	for len(ids) > 0 {
 		chunk := ids[:min(len(ids), 200)]
 		ids = ids[len(chunk):]

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"time"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"github.com/google/uuid"
@@ -30,6 +31,9 @@ import (
 // takes up to 5,000).
 const MaxBulk = 500
 
+// BulkTimeout bounds a batch's launch, its operations' waits included.
+var BulkTimeout = 10 * time.Minute
+
 // LabelLaunch names the bulk insert that made an instance, so that what
 // one made can be listed when it made fewer than asked.
 const LabelLaunch = "runfleet-launch"
@@ -50,8 +54,10 @@ func runnerOf(instance string) string {
 // (vm.Placement): what one type and zone could not hold is asked of the
 // next, and what none could is answered with why.
 func (p *Provider) launchBatch(batch []*vm.Request, spot, fallback bool) {
-	// The batch's callers wait for it; each call has its own deadline.
-	ctx := context.Background()
+	// The batch's callers wait for it, however long their own deadlines;
+	// each call has its own, and the whole launch this one.
+	ctx, cancel := context.WithTimeout(context.Background(), BulkTimeout)
+	defer cancel()
 	rest := batch
 	script, err := startupScript(p.opt.Section, p.desk.Handoff(SourceIdentity, HandoffWait), batch[0].Spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
 	if err != nil {
@@ -61,7 +67,7 @@ func (p *Provider) launchBatch(batch []*vm.Request, spot, fallback bool) {
 			asked := len(rest)
 			var err error
 			if rest, err = p.bulkInsert(ctx, rest, script, typ, zone, spot); err == nil && len(rest) > 0 {
-				err = &fewerError{made: asked - len(rest), asked: asked}
+				err = &vm.Fewer{Made: asked - len(rest), Asked: asked}
 			}
 			return err
 		})
@@ -70,12 +76,6 @@ func (p *Provider) launchBatch(batch []*vm.Request, spot, fallback bool) {
 		r.Done(provider.Instance{}, err)
 	}
 }
-
-// fewerError is a bulk insert that made fewer instances than asked for:
-// the rest are asked of the next placement.
-type fewerError struct{ made, asked int }
-
-func (e *fewerError) Error() string { return fmt.Sprintf("made %d of %d", e.made, e.asked) }
 
 // bulkInsert asks one zone for the batch's instances and answers those
 // it made; it returns those it did not make. An error leaves every

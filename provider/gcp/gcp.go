@@ -112,7 +112,7 @@ func New(o Options) *Provider {
 		o.Listing = &Listing{}
 	}
 	p := &Provider{opt: o, suspect: map[string]string{}}
-	p.batch = vm.Batcher{Max: MaxBulk, Market: p.market, Launch: p.launchBatch}
+	p.batch = vm.Batcher{Max: MaxBulk, Market: p.marketOf, Launch: p.launchBatch}
 	if u := vm.DeskURL(o.Section.HandoffURL, o.Pool); u != "" {
 		verifier := sync.OnceValues(func() (Verifier, error) {
 			if o.Verifier != nil {
@@ -172,7 +172,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		return p.batch.Do(ctx, spec)
 	}
 	var made provider.Instance
-	spot, fallback := p.market(spec)
+	spot, fallback := p.marketOf(spec)
 	err := vm.TryBoot(p.placement(spot, fallback, "insert instance"), spec, s.Image, func() (string, error) {
 		return startupScript(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
 	}, func(spot bool, typ, zone, script string) (err error) {
@@ -183,7 +183,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 }
 
 // market is the runner's: the pool's, or its job's (spot=).
-func (p *Provider) market(spec provider.Spec) (spot, fallback bool) {
+func (p *Provider) marketOf(spec provider.Spec) (spot, fallback bool) {
 	s := p.opt.Section
 	return vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)
 }
@@ -200,9 +200,6 @@ func (p *Provider) placement(spot, fallback bool, what string) vm.Placement {
 // judge says what an error of insert means. A type or accelerator not
 // offered in one zone is refused as invalid there: the others are tried.
 func judge(err error) (vm.Outcome, string, string) {
-	if fe := (*fewerError)(nil); errors.As(err, &fe) {
-		return vm.NoCapacity, fe.Error(), ""
-	}
 	kind, code := classify(err)
 	switch kind {
 	case errCapacity:

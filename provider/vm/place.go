@@ -24,6 +24,9 @@ const (
 	Refused
 	// Throttled: the cloud's request rate is spent: the pool backs off.
 	Throttled
+	// Halt: no choice would take it (no permission, no such image): the
+	// pool halts at once, saying why.
+	Halt
 )
 
 // Placement is the choices a runner's machine is tried at, in order:
@@ -37,6 +40,9 @@ type Placement struct {
 	// "regular"); Limit names its request limits ("Compute Engine's
 	// request quota").
 	What, Standard, Limit string
+	// AnyType and AnyPlace name an empty type or place in errors ("the
+	// template's type", "the default subnet"): the cloud's own choice.
+	AnyType, AnyPlace string
 	// Judge says what an error means, with its code and a line for
 	// the refusals' summary.
 	Judge  func(error) (o Outcome, code, line string)
@@ -60,17 +66,22 @@ func (pl Placement) Try(runner string, try func(spot bool, typ, place string) er
 				if err == nil {
 					return nil
 				}
-				o, code, line := pl.Judge(err)
+				o, code, line := pl.judge(err)
 				switch o {
 				case NoCapacity:
-					tried = append(tried, fmt.Sprintf("%s %s in %s: %s", pl.market(spot), typ, place, code))
+					tried = append(tried, fmt.Sprintf("%s %s in %s: %s", pl.market(spot), or(typ, pl.AnyType), or(place, pl.AnyPlace), code))
 					pl.Logger.Info("no capacity; trying the next", "runner", runner, "type", typ, "place", place, "market", pl.market(spot), "code", code)
 					continue
 				case Refused:
-					refused = append(refused, fmt.Sprintf("%s in %s: %s", typ, place, line))
+					refused = append(refused, fmt.Sprintf("%s in %s: %s", or(typ, pl.AnyType), or(place, pl.AnyPlace), line))
 					continue
 				case Throttled:
 					return fmt.Errorf("%s: %s is spent (%s); the pool backs off: %w", pl.What, pl.Limit, code, err)
+				case Halt:
+					if errors.Is(err, provider.ErrRejected) {
+						return err
+					}
+					return fmt.Errorf("%w: %s: %w", provider.ErrRejected, pl.What, err)
 				}
 				return fmt.Errorf("%s: %w", pl.What, err)
 			}
@@ -85,6 +96,22 @@ func (pl Placement) Try(runner string, try func(spot bool, typ, place string) er
 	}
 	return errors.New(why)
 }
+
+// judge is Judge, but for a batch that made fewer than it asked for:
+// the rest are asked of the next choice.
+func (pl Placement) judge(err error) (Outcome, string, string) {
+	if f := (*Fewer)(nil); errors.As(err, &f) {
+		return NoCapacity, f.Error(), ""
+	}
+	return pl.Judge(err)
+}
+
+// Fewer is a launch of several machines that made fewer than it asked
+// for (EC2's MinCount, Compute Engine's minCount): Try asks the next
+// choice for the rest.
+type Fewer struct{ Made, Asked int }
+
+func (f *Fewer) Error() string { return fmt.Sprintf("%d of %d", f.Made, f.Asked) }
 
 // market names a market as the cloud does.
 func (pl Placement) market(spot bool) string {

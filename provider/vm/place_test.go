@@ -16,6 +16,7 @@ var (
 	errNo     = errors.New("not offered")
 	errBusy   = errors.New("rate")
 	errBroken = errors.New("broken")
+	errDenied = errors.New("denied")
 )
 
 func judgeTest(err error) (Outcome, string, string) {
@@ -26,13 +27,16 @@ func judgeTest(err error) (Outcome, string, string) {
 		return Refused, "NO", "not offered here"
 	case errBusy:
 		return Throttled, "RATE", ""
+	case errDenied:
+		return Halt, "DENIED", ""
 	}
 	return Transient, "", ""
 }
 
 // Choices are tried Spot first, type by type, place by place, then
 // standard; refusals everywhere reject; a throttle or a transient error
-// stops at once.
+// stops at once, and a halt rejects at once; a batch that made fewer
+// asks the next choice for the rest.
 func TestPlacementOrder(t *testing.T) {
 	pl := Placement{Spot: true, Fallback: true, Types: []string{"a", "b"}, Places: []string{"x", "y"}, What: "make", Standard: "regular",
 		Limit: "the cloud's request limit", Judge: judgeTest, Logger: slog.New(slog.DiscardHandler)}
@@ -63,6 +67,25 @@ func TestPlacementOrder(t *testing.T) {
 		if n != 1 || err == nil || errors.Is(err, provider.ErrRejected) {
 			t.Errorf("%v: %d tries, %v", e, n, err)
 		}
+	}
+	n = 0
+	err = pl.Try("r", func(bool, string, string) error { n++; return errDenied })
+	if n != 1 || !errors.Is(err, provider.ErrRejected) || !errors.Is(err, errDenied) {
+		t.Errorf("a halt: %d tries, %v", n, err)
+	}
+	left := 5
+	tried = nil
+	err = pl.Try("5 runners", func(spot bool, typ, place string) error {
+		tried = append(tried, market(spot)+typ+place)
+		asked := left
+		left = max(left-2, 0)
+		if left > 0 {
+			return &Fewer{Made: asked - left, Asked: asked}
+		}
+		return nil
+	})
+	if err != nil || strings.Join(tried, " ") != "sax say sbx" {
+		t.Errorf("a batch of 5, 2 made a choice: tried %v (%v)", tried, err)
 	}
 }
 
