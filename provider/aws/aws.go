@@ -181,7 +181,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	return made, err
 }
 
-// market is the runner's: the pool's, or its job's (spot=).
+// marketOf is the runner's market: the pool's, or its job's (spot=).
 func (p *Provider) marketOf(spec provider.Spec) (spot, fallback bool) {
 	s := p.opt.Section
 	return vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)

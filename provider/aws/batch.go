@@ -30,23 +30,14 @@ const MaxBatch = 100
 func (p *Provider) launchBatch(batch []*vm.Request, spot, fallback bool) {
 	// The batch's callers wait for it; each call has its own deadline.
 	ctx := context.Background()
-	rest := batch
 	ud, err := userData(p.opt.Section, p.handoff(), batch[0].Spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
 	if err != nil {
-		err = fmt.Errorf("%w: %w", provider.ErrRejected, err)
-	} else {
-		err = p.placement(spot, fallback, "run instances").Try(fmt.Sprintf("%d runners", len(batch)), func(spot bool, typ, subnet string) error {
-			asked := len(rest)
-			var err error
-			if rest, err = p.runBatch(ctx, rest, ud, typ, subnet, spot); err == nil && len(rest) > 0 {
-				err = &vm.Fewer{Made: asked - len(rest), Asked: asked}
-			}
-			return err
-		})
+		vm.Fail(batch, fmt.Errorf("%w: %w", provider.ErrRejected, err))
+		return
 	}
-	for _, r := range rest { // none when Try succeeded
-		r.Done(provider.Instance{}, err)
-	}
+	vm.TryBatch(p.placement(spot, fallback, "run instances"), batch, func(rest []*vm.Request, spot bool, typ, subnet string) ([]*vm.Request, error) {
+		return p.runBatch(ctx, rest, ud, typ, subnet, spot)
+	})
 }
 
 // runBatch asks one type and subnet for the batch's instances (MinCount

@@ -58,23 +58,14 @@ func (p *Provider) launchBatch(batch []*vm.Request, spot, fallback bool) {
 	// each call has its own, and the whole launch this one.
 	ctx, cancel := context.WithTimeout(context.Background(), BulkTimeout)
 	defer cancel()
-	rest := batch
 	script, err := startupScript(p.opt.Section, p.desk.Handoff(SourceIdentity, HandoffWait), batch[0].Spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
 	if err != nil {
-		err = fmt.Errorf("%w: %w", provider.ErrRejected, err)
-	} else {
-		err = p.placement(spot, fallback, "bulk insert").Try(fmt.Sprintf("%d runners", len(batch)), func(spot bool, typ, zone string) error {
-			asked := len(rest)
-			var err error
-			if rest, err = p.bulkInsert(ctx, rest, script, typ, zone, spot); err == nil && len(rest) > 0 {
-				err = &vm.Fewer{Made: asked - len(rest), Asked: asked}
-			}
-			return err
-		})
+		vm.Fail(batch, fmt.Errorf("%w: %w", provider.ErrRejected, err))
+		return
 	}
-	for _, r := range rest { // none when Try succeeded
-		r.Done(provider.Instance{}, err)
-	}
+	vm.TryBatch(p.placement(spot, fallback, "bulk insert"), batch, func(rest []*vm.Request, spot bool, typ, zone string) ([]*vm.Request, error) {
+		return p.bulkInsert(ctx, rest, script, typ, zone, spot)
+	})
 }
 
 // bulkInsert asks one zone for the batch's instances and answers those

@@ -2,6 +2,7 @@ package vm
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/runfleet/runfleet/provider"
@@ -94,5 +95,29 @@ func (b *Batcher) launchWaiting() {
 		for _, k := range order {
 			b.Launch(groups[k], k[0], k[1])
 		}
+	}
+}
+
+// TryBatch is Try for a batch's machines: each choice is asked for the
+// ones the choices before did not make (fewer), and every request left
+// when none could is answered with why. launch makes what it can of rest
+// at one choice, answers those, and returns the others.
+func TryBatch(pl Placement, batch []*Request, launch func(rest []*Request, spot bool, typ, place string) ([]*Request, error)) {
+	rest := batch
+	err := pl.Try(fmt.Sprintf("%d runners", len(batch)), func(spot bool, typ, place string) error {
+		asked := len(rest)
+		var err error
+		if rest, err = launch(rest, spot, typ, place); err == nil && len(rest) > 0 {
+			err = &fewer{made: asked - len(rest), asked: asked}
+		}
+		return err
+	})
+	Fail(rest, err) // none left when Try succeeded
+}
+
+// Fail answers each request with err.
+func Fail(batch []*Request, err error) {
+	for _, r := range batch {
+		r.Done(provider.Instance{}, err)
 	}
 }

@@ -100,18 +100,18 @@ func (pl Placement) Try(runner string, try func(spot bool, typ, place string) er
 // judge is Judge, but for a batch that made fewer than it asked for:
 // the rest are asked of the next choice.
 func (pl Placement) judge(err error) (Outcome, string, string) {
-	if f := (*Fewer)(nil); errors.As(err, &f) {
+	if f := (*fewer)(nil); errors.As(err, &f) {
 		return NoCapacity, f.Error(), ""
 	}
 	return pl.Judge(err)
 }
 
-// Fewer is a launch of several machines that made fewer than it asked
+// fewer is a launch of several machines that made fewer than it asked
 // for (EC2's MinCount, Compute Engine's minCount): Try asks the next
 // choice for the rest.
-type Fewer struct{ Made, Asked int }
+type fewer struct{ made, asked int }
 
-func (f *Fewer) Error() string { return fmt.Sprintf("%d of %d", f.Made, f.Asked) }
+func (f *fewer) Error() string { return fmt.Sprintf("%d of %d", f.made, f.asked) }
 
 // market names a market as the cloud does.
 func (pl Placement) market(spot bool) string {

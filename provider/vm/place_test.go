@@ -80,7 +80,7 @@ func TestPlacementOrder(t *testing.T) {
 		asked := left
 		left = max(left-2, 0)
 		if left > 0 {
-			return &Fewer{Made: asked - left, Asked: asked}
+			return &fewer{made: asked - left, asked: asked}
 		}
 		return nil
 	})
