@@ -340,10 +340,11 @@ func (g *Gitea) ScopedToken(ctx context.Context, name string, scopes ...string) 
 		return "", err
 	}
 	env := append(os.Environ(), "GITEA_WORK_DIR="+g.Dir, "GITEA_CUSTOM="+filepath.Join(g.Dir, "custom"), "HOME="+g.Dir)
-	// Only stdout: with --raw the command prints the token there and
-	// nothing else; Gitea's own log goes to stderr. Taking the last line of
-	// both gave a CI run a token Gitea never issued (401 "token is
-	// required") whenever a log line came after the token.
+	// With --raw the command prints the token on a line of its own, but
+	// Gitea's own log lines go to the same output, before or after it
+	// ("[E] You are running Gitea using the root user, ..."): taking the
+	// last line gave a CI run a line that was not the token (401 "token
+	// is required"). The token is the one line that is one.
 	cmd := exec.CommandContext(ctx, bin, "admin", "user", "generate-access-token", "--username", g.User,
 		"--token-name", name, "--scopes", strings.Join(scopes, ","), "--raw",
 		"--config", filepath.Join(g.Dir, "custom", "conf", "app.ini"))
@@ -354,11 +355,16 @@ func (g *Gitea) ScopedToken(ctx context.Context, name string, scopes ...string) 
 	if err != nil {
 		return "", fmt.Errorf("gitea admin user generate-access-token: %w\n%s%s", err, redactTokens(out), redactTokens(stderr.Bytes()))
 	}
-	tok := string(bytes.TrimSpace(out))
-	if !rawTokenRE.MatchString(tok) {
-		return "", fmt.Errorf("gitea admin user generate-access-token: its output is not one token: %q", redactTokens(out))
+	var toks []string
+	for line := range strings.Lines(string(out)) {
+		if line = strings.TrimSpace(line); rawTokenRE.MatchString(line) {
+			toks = append(toks, line)
+		}
 	}
-	return tok, nil
+	if len(toks) != 1 {
+		return "", fmt.Errorf("gitea admin user generate-access-token: %d tokens in its output: %q", len(toks), redactTokens(out))
+	}
+	return toks[0], nil
 }
 
 var rawTokenRE = regexp.MustCompile(`^[0-9a-f]{40}$`)
