@@ -19,20 +19,22 @@ import (
 // HookSecret signs Gitea's webhooks to the manager.
 const HookSecret = "e2e-webhook-secret-0123456789"
 
-func freePort(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // Listeners is the config of a webhook listener and a status listener,
-// each on a free port, and their base URLs.
+// each on a free port, and their base URLs. Both ports are held until
+// both are picked: picked one after the other, the second could be the
+// first again, once closed (a CI run got "status_listen ... is listen").
 func Listeners(t testing.TB) (top, hooks, status string) {
-	addr, saddr := freePort(t), freePort(t)
+	t.Helper()
+	var addrs [2]string
+	for i := range addrs {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		addrs[i] = l.Addr().String()
+	}
+	addr, saddr := addrs[0], addrs[1]
 	return "listen: " + addr + "\nstatus_listen: " + saddr + "\n", "http://" + addr, "http://" + saddr
 }
 
