@@ -92,7 +92,7 @@ func (pl Placement) Try(runner string, try func(spot bool, typ, place string) er
 	}
 	why := "no capacity: " + strings.Join(append(tried, refused...), "; ")
 	if pl.Spot && !pl.Fallback {
-		why += " (spot_fallback: on_demand would start a " + pl.Standard + " machine)"
+		why += " (spot_fallback: on_demand would fall back to " + pl.Standard + " machines)"
 	}
 	return errors.New(why)
 }

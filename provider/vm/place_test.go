@@ -53,7 +53,7 @@ func TestPlacementOrder(t *testing.T) {
 	}
 	pl.Fallback = false
 	err = pl.Try("r", func(bool, string, string) error { return errFull })
-	if err == nil || !strings.Contains(err.Error(), "no capacity: spot a in x: FULL") || !strings.Contains(err.Error(), "spot_fallback: on_demand would start a regular machine") {
+	if err == nil || !strings.Contains(err.Error(), "no capacity: spot a in x: FULL") || !strings.Contains(err.Error(), "spot_fallback: on_demand would fall back to regular machines") {
 		t.Errorf("none anywhere: %v", err)
 	}
 	err = pl.Try("r", func(bool, string, string) error { return errNo })
