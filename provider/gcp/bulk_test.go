@@ -2,12 +2,15 @@ package gcp_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/runfleet/runfleet/bootstrap"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/gcp"
 	"github.com/runfleet/runfleet/provider/vm"
@@ -87,7 +90,27 @@ func TestBurstGoesOutInBulk(t *testing.T) {
 func TestBulkInsertTakesWhatFitsThenTheNextZone(t *testing.T) {
 	p, sim, _ := handoffPool(t, "us-central1-a", "us-central1-b")
 	sim.LimitCapacity("STANDARD", "n1-standard-8", "us-central1-a", 3)
-	insts := createAll(t, p, runners(5)...)
+	// gpu-1 goes alone; the other four wait behind it and go together,
+	// and only 2 of them fit where 3 did.
+	open := make(chan struct{})
+	held := gcp.HoldLaunches(p, open)
+	var first provider.Instance
+	var firstErr error
+	done := make(chan struct{})
+	go func() { first, firstErr = p.Create(context.Background(), spec("gpu-1")); close(done) }()
+	if n := <-held; n != 1 {
+		t.Fatalf("the first launch holds %d runners, want 1", n)
+	}
+	time.AfterFunc(500*time.Millisecond, func() { close(open) })
+	insts := createAll(t, p, runners(5)[1:]...)
+	<-done
+	if firstErr != nil {
+		t.Fatalf("gpu-1: %v", firstErr)
+	}
+	insts["gpu-1"] = first
+	if n := <-held; n != 4 {
+		t.Errorf("the second launch held %d runners, want 4", n)
+	}
 	zones := map[string]int{}
 	for _, in := range sim.Instances() {
 		if in.Deleted.IsZero() {
@@ -116,5 +139,23 @@ func TestRunnerNotNameableIsInsertedAlone(t *testing.T) {
 	listed, err := p.List(context.Background(), "m1")
 	if err != nil || len(listed) != 1 || listed[0].Name != "9gpu-1" || listed[0].ID != inst.ID {
 		t.Errorf("listed %+v (%v), want 9gpu-1's instance", listed, err)
+	}
+}
+
+// The desk holds an assignment by the instance's zone and name, so it
+// drops it when the instance is deleted: another instance given that
+// name later, whose token names the same zone and name, gets nothing.
+func TestDeletedInstanceNameClaimsNothing(t *testing.T) {
+	p, sim, desk := handoffPool(t)
+	inst := createAll(t, p, "gpu-1")["gpu-1"]
+	onGCEInstance(t, sim, inst.ID) // its metadata server, kept past the deletion
+	if err := p.Delete(context.Background(), "gpu-1"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := vm.ClaimFrom(context.Background(), http.DefaultClient, desk, func(ctx context.Context, audience string) (string, error) {
+		return metadataGet(ctx, "instance/service-accounts/default/identity?format=full&audience="+url.QueryEscape(audience))
+	})
+	if !errors.Is(err, bootstrap.ErrNotYet) {
+		t.Fatalf("a claim naming a deleted instance: %v, want nothing held (%v)", err, bootstrap.ErrNotYet)
 	}
 }

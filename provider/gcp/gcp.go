@@ -378,6 +378,7 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 			continue
 		}
 		p.book.Deleted(si.Inst.ID, p.opt.now())
+		p.drop(si.Data.zone, si.Inst.ID) // no later instance of that name can claim it
 		p.opt.Logger.Info("instance deleted", "runner", name, "instance", si.Inst.ID, "zone", si.Data.zone)
 	}
 	return errors.Join(errs...)

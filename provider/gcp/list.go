@@ -50,6 +50,9 @@ func (p *Provider) refresh(ctx context.Context) error {
 	}
 	var suspects []seenInstance
 	changed, known := p.book.Update(found, start, func(id string, old seenInstance, now *seenInstance, deleted bool) {
+		if now == nil {
+			p.drop(old.Data.zone, id) // gone: no later instance of that name can claim it
+		}
 		switch {
 		case now != nil && now.Data.spot && now.Inst.State == provider.StateExited && !p.watch.Noticed(id):
 			suspects = append(suspects, *now)
