@@ -111,6 +111,7 @@ func (d *Driver) repoOf(j *sdk.ActionWorkflowJob) (string, string, error) {
 // was re-run already.
 func (d *Driver) rerunOnce(ctx context.Context, c *sdk.Client, owner, repo string, r forge.Runner, run *sdk.ActionWorkflowRun) error {
 	if run.Conclusion == "success" {
+		d.log.Info("gitea: the lost runner's run succeeded; nothing to re-run", "runner", r.Name, "id", r.ID, "run", run.ID)
 		return nil
 	}
 	d.mu.Lock()
@@ -121,6 +122,10 @@ func (d *Driver) rerunOnce(ctx context.Context, c *sdk.Client, owner, repo strin
 	d.reruns[run.ID] = true
 	d.mu.Unlock()
 	if done {
+		// Two runners of one run lost together: one re-run of its
+		// failed jobs re-runs both their jobs. Said for each, so that
+		// no lost runner's job is left unaccounted for in the log.
+		d.log.Info("gitea: re-ran the failed jobs of a run whose runner was lost, with another lost runner's", "runner", r.Name, "id", r.ID, "run", run.ID)
 		return nil
 	}
 	resp, err := c.RerunRepoActionRunFailedJobs(owner, repo, run.ID)
