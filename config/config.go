@@ -113,11 +113,17 @@ type LeaderElection struct {
 	RetryPeriod   Duration `json:"retry_period"`
 }
 
-// Leader election defaults, as client-go's users have them.
+// Leader election defaults: a leader killed with -9 is taken over within
+// about 10 s (the lease's 6 s from its last renewal, the successor's next
+// try a second or so later, its start). client-go's users often take
+// 15 s / 10 s / 2 s, for a minute-long outage of a controller that no one
+// waits on; here a job waits. A renewal each second is one small write a
+// second to the apiserver, and a leader that cannot renew for 4 s stands
+// down rather than risk two acting at once.
 const (
-	DefaultLeaseDuration = 15 * time.Second
-	DefaultRenewDeadline = 10 * time.Second
-	DefaultRetryPeriod   = 2 * time.Second
+	DefaultLeaseDuration = 6 * time.Second
+	DefaultRenewDeadline = 4 * time.Second
+	DefaultRetryPeriod   = time.Second
 )
 
 // Forge is one forge connection: the fields every forge has, and the keys

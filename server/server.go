@@ -44,6 +44,10 @@ type Config struct {
 	Page func(context.Context) Page
 	// Healthy reports whether the manager works; nil is healthy.
 	Healthy func() error
+	// Ready reports whether the manager acts on what it receives: a
+	// standby of a leader election is healthy and not ready, so that a
+	// Service sends webhooks only to the leader. nil is ready.
+	Ready func() error
 	// Token, when set, is the bearer token the status page and /metrics
 	// need; /healthz then tells others only healthy or not.
 	Token  []byte
@@ -79,7 +83,9 @@ const (
 // instances reach.
 func Webhooks(cfg Config) http.Handler {
 	mux := http.NewServeMux()
-	newServer(cfg).routeWebhooks(mux)
+	s := newServer(cfg)
+	s.routeWebhooks(mux)
+	mux.HandleFunc("GET /readyz", s.readyz)
 	return mux
 }
 
@@ -132,6 +138,7 @@ func (s *server) routeStatus(mux *http.ServeMux) {
 		mux.Handle("GET /metrics", s.guard(promhttp.HandlerFor(s.cfg.Metrics.Registry, promhttp.HandlerOpts{})))
 	}
 	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.Handle("GET /{$}", s.guard(http.HandlerFunc(s.page)))
 	mux.Handle("GET /jobs", s.guard(http.HandlerFunc(s.jobs)))
 	mux.Handle("GET /jobs/{id}", s.guard(http.HandlerFunc(s.jobRecord)))
@@ -240,6 +247,18 @@ func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
 				msg = "unhealthy" // the reason names forges and pools
 			}
 			http.Error(w, msg, http.StatusServiceUnavailable)
+			return
+		}
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+// readyz is 503 while the manager does not act (a standby, a drain), for
+// a readiness probe: it says why, which names no forge or pool.
+func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Ready != nil {
+		if err := s.cfg.Ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 	}

@@ -197,7 +197,7 @@ func TestListenersKeepTheStatusPrivate(t *testing.T) {
 		Token:   []byte("status-token-0123456789"),
 	}
 	hooks := Webhooks(cfg)
-	for _, path := range []string{"/", "/metrics", "/healthz"} {
+	for _, path := range []string{"/", "/metrics", "/healthz", "/jobs"} {
 		if w := do(hooks, httptest.NewRequest("GET", path, nil)); w.Code != http.StatusNotFound && w.Code != http.StatusMethodNotAllowed {
 			t.Errorf("webhook listener answers GET %s with %d", path, w.Code)
 		}
@@ -221,6 +221,29 @@ func TestListenersKeepTheStatusPrivate(t *testing.T) {
 	w := do(status, httptest.NewRequest("GET", "/healthz", nil))
 	if w.Code != http.StatusServiceUnavailable || strings.Contains(w.Body.String(), "acme-models") {
 		t.Errorf("healthz without the token: %d %q; want 503 without the reason", w.Code, w.Body)
+	}
+}
+
+// /readyz is 503 on a manager that does not act (a standby of a leader
+// election), on both listeners, so that a readiness probe keeps a
+// Service's webhooks for the leader; 200 once it acts.
+func TestReadyzOnlyOnTheLeader(t *testing.T) {
+	var leading atomic.Bool
+	cfg := Config{Ready: func() error {
+		if !leading.Load() {
+			return errors.New("not acting: a standby")
+		}
+		return nil
+	}, Token: []byte("status-token-0123456789")}
+	for name, h := range map[string]http.Handler{"webhook": Webhooks(cfg), "status": Status(cfg), "both": New(cfg)} {
+		leading.Store(false)
+		if w := do(h, httptest.NewRequest("GET", "/readyz", nil)); w.Code != http.StatusServiceUnavailable {
+			t.Errorf("%s listener: a standby's /readyz is %d, want 503", name, w.Code)
+		}
+		leading.Store(true)
+		if w := do(h, httptest.NewRequest("GET", "/readyz", nil)); w.Code != http.StatusOK {
+			t.Errorf("%s listener: the leader's /readyz is %d", name, w.Code)
+		}
 	}
 }
 

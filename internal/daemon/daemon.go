@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/runfleet/runfleet/agent"
@@ -30,9 +31,19 @@ import (
 // in runners' records, and in the User-Agent sent to forges.
 var Version = version.Get().Version
 
+// What Fleet.acting holds.
+const (
+	actingNot int32 = iota
+	actingYes
+	actingDrain
+)
+
 // Fleet is a configured set of pools.
 type Fleet struct {
 	Config *config.Config
+	// acting is what /readyz tells: actingYes while the fleet runs (and
+	// leads, where it is elected).
+	acting atomic.Int32
 	Pools  []*pool.Pool
 	// Forges by pool name, for reading jobs.
 	Forges map[string]forge.Forge

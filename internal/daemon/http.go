@@ -41,6 +41,7 @@ func (f *Fleet) serverConfig() server.Config {
 		Metrics: f.Metrics,
 		Page:    f.Page,
 		Healthy: f.healthy,
+		Ready:   f.ready,
 		Token:   []byte(f.Config.StatusToken.Reveal()),
 		Logger:  f.log.With("component", "server"),
 		Jobs:    f,
@@ -81,6 +82,18 @@ func (f *Fleet) healthy() error {
 		checks[i] = p
 	}
 	return health(checks, time.Now())
+}
+
+// ready is nil while the fleet acts: it runs, leads its election, and
+// does not drain.
+func (f *Fleet) ready() error {
+	switch f.acting.Load() {
+	case actingNot:
+		return errors.New("not acting: a standby, waiting for the lease, or starting")
+	case actingDrain:
+		return errors.New("draining")
+	}
+	return nil
 }
 
 // passChecker is what /healthz reads of a pool.

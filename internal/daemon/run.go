@@ -71,13 +71,17 @@ func (f *Fleet) RunLeader(ctx context.Context, lost <-chan struct{}) []pool.Runn
 		wg.Go(func() { f.poll(runCtx, fc.Name, fc.PollInterval.Duration) })
 	}
 	f.log.Info("runfleet started", "manager", cfg.ID, "pools", npools, "version", Version)
+	f.acting.Store(actingYes)
+	defer f.acting.Store(actingNot)
 	select {
 	case <-ctx.Done():
 	case <-lost:
+		f.acting.Store(actingNot)
 		stop()
 		f.standDown(&wg)
 		return nil
 	}
+	f.acting.Store(actingDrain)
 	stop()
 	f.mu.Lock()
 	for _, r := range f.runs {

@@ -41,6 +41,10 @@ func TestDeployManifests(t *testing.T) {
 	if *d.Spec.Replicas != 2 || d.Spec.Template.Spec.ServiceAccountName != "runfleet" {
 		t.Errorf("deployment: %d replicas, service account %q", *d.Spec.Replicas, d.Spec.Template.Spec.ServiceAccountName)
 	}
+	// Only the leader is ready: the Service sends webhooks to it alone.
+	if rp := d.Spec.Template.Spec.Containers[0].ReadinessProbe; rp == nil || rp.Exec == nil || !strings.HasSuffix(rp.Exec.Command[len(rp.Exec.Command)-1], "/readyz") {
+		t.Errorf("no readiness probe on /readyz: %+v", rp)
+	}
 	for _, e := range d.Spec.Template.Spec.Containers[0].Env {
 		if e.Value != "" {
 			t.Errorf("env %s has a literal value in the pod spec", e.Name)

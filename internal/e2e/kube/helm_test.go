@@ -52,6 +52,10 @@ func TestHelmChart(t *testing.T) {
 	if *d.Spec.Replicas != 2 || pod.ServiceAccountName != name || c.Image != "runfleet/runfleet:e2e" {
 		t.Errorf("deployment: %d replicas, service account %q, image %q", *d.Spec.Replicas, pod.ServiceAccountName, c.Image)
 	}
+	// Only the leader is ready: the Service sends webhooks to it alone.
+	if rp := c.ReadinessProbe; rp == nil || rp.Exec == nil || !strings.HasSuffix(rp.Exec.Command[len(rp.Exec.Command)-1], "/readyz") {
+		t.Errorf("no readiness probe on /readyz: %+v", rp)
+	}
 	if pod.SecurityContext == nil || pod.SecurityContext.RunAsNonRoot == nil || !*pod.SecurityContext.RunAsNonRoot || c.LivenessProbe == nil {
 		t.Error("the pod may run as root, or has no liveness probe on /healthz")
 	}
