@@ -131,6 +131,10 @@ type verdict struct {
 	crashed bool
 	// cordon asks the forge to give the busy runner no further job.
 	cordon bool
+	// refused is the provider's word that it will never run the
+	// machine as asked (provider.Instance.Refused): the pool starts no
+	// runner until its config changes.
+	refused string
 	// memory is what to note of the slot for the next pass.
 	memory memory
 }
@@ -143,6 +147,9 @@ func classify(f facts, p policy) verdict {
 		return classifyGone(f, p)
 	case f.inst.State == provider.StateExited:
 		return classifyExited(f, p)
+	case f.inst.Refused != "" && f.phase == agent.PhaseUnknown:
+		// It never ran its agent, and never will.
+		return verdict{state: StateStopping, retire: "refused by the provider: " + f.inst.Refused, refused: f.inst.Refused}
 	case f.reg == nil:
 		return classifyUnregistered(f, p)
 	}

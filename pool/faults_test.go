@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/provider"
 )
 
 // A machine that vanished mid-job, whose registration the forge already
@@ -168,6 +169,41 @@ func TestRejectedRegistrationHaltsThePool(t *testing.T) {
 		t.Fatalf("backoff %+v, want the pool halted with the forge's reason", b)
 	}
 	h.forge.failReg = nil
+	h.pool.Update(h.pool.cfg)
+	h.settle()
+	if n := len(h.prov.running()); n != 2 {
+		t.Fatalf("%d runners after the reload, want 2", n)
+	}
+}
+
+// A machine the provider says it will never run as asked (a pod whose
+// image its registry does not have) is retired, and the pool halts with
+// the provider's words until its config is reloaded: no runner after
+// runner registered for the same refusal.
+func TestRefusedMachineHaltsThePool(t *testing.T) {
+	h := newHarness(t, Config{Size: 2})
+	h.settle()
+	const why = `runner ErrImagePull: failed to pull and unpack image "docker.io/team/runner:9": not found`
+	h.prov.mu.Lock()
+	for _, in := range h.prov.insts {
+		in.State, in.Refused = provider.StateCreated, why
+	}
+	made := h.prov.created
+	h.prov.mu.Unlock()
+	for range 10 {
+		h.settle()
+		h.clk.Add(time.Minute)
+	}
+	b := h.pool.Backoff()
+	if !b.Halted || !strings.Contains(b.Reason, why) {
+		t.Fatalf("backoff %+v, want the pool halted with the provider's reason", b)
+	}
+	h.prov.mu.Lock()
+	left, again := len(h.prov.insts), h.prov.created-made
+	h.prov.mu.Unlock()
+	if left != 0 || again != 0 {
+		t.Fatalf("%d refused machines left, %d made after the refusal", left, again)
+	}
 	h.pool.Update(h.pool.cfg)
 	h.settle()
 	if n := len(h.prov.running()); n != 2 {

@@ -39,6 +39,7 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 	view, n := p.classifyAll(snap, pol)
 	debug := p.log.Enabled(ctx, slog.LevelDebug)
 	var crashed *slot
+	refused := ""
 	for _, name := range snap.order {
 		s := snap.slots[name]
 		if !s.classified {
@@ -60,10 +61,15 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 		case s.verdict.crashed && crashed == nil:
 			crashed = s
 		}
+		refused = cmp.Or(refused, s.verdict.refused)
 	}
 	p.lateNotices(ctx)
 	p.recordGone(snap)
-	if crashed != nil && !p.draining {
+	switch {
+	case refused != "" && !p.backoff.Halted:
+		p.halt("the provider refused the runner's machine; fix the config and reload: " + refused)
+		p.log.Error("the provider refused the runner's machine; no runner starts until the config changes", "reason", refused)
+	case crashed != nil && !p.draining:
 		// One step a pass, however many runners of a burst failed.
 		p.crashed(crashed)
 	}

@@ -138,6 +138,13 @@ type Instance struct {
 	// queue_wait: on a busy cluster the wait is the point): the bootstrap
 	// timeout does not cut the wait short.
 	Queued bool
+	// Refused, when set, says why the backend will never run the
+	// machine as asked, in its words (an image name that does not parse,
+	// an image its registry does not have, an image that breaks the
+	// pod's runAsNonRoot). As for a Create error wrapping ErrRejected,
+	// the pool retires the machine and starts no runner until its config
+	// changes.
+	Refused string
 	// Machine is what a listing tells of where the machine runs, for the
 	// runner's record: what was decided after it was made (a pod's node,
 	// a Slurm job's node, the zone a cloud placed it in). Empty fields

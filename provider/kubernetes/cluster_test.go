@@ -234,7 +234,8 @@ func TestAdoptionByLabel(t *testing.T) {
 	}
 }
 
-// A pod that no node can take stays Pending with the scheduler's reason.
+// A pod that no node can take stays Pending with the scheduler's reason,
+// queued: it waits for a node (within pending_timeout).
 func TestUnschedulableReason(t *testing.T) {
 	p, _ := newProvider(t, "m1", Section{NodeSelector: map[string]string{"pool": "nowhere"}})
 	if _, err := p.Create(context.Background(), spec("cpu-1")); err != nil {
@@ -243,7 +244,7 @@ func TestUnschedulableReason(t *testing.T) {
 	list := waitFor(t, p, "reason", func(l []provider.Instance) bool {
 		return len(l) == 1 && l[0].Reason != ""
 	})
-	if list[0].State != provider.StateCreated || !strings.Contains(list[0].Reason, "Unschedulable") {
+	if list[0].State != provider.StateCreated || !strings.Contains(list[0].Reason, "Unschedulable") || !list[0].Queued || list[0].Refused != "" {
 		t.Fatalf("pending pod listed %+v, want created and Unschedulable", list[0])
 	}
 	t.Logf("reason: %s", list[0].Reason)
@@ -289,7 +290,8 @@ func TestEvictionNotice(t *testing.T) {
 // is read-only, and its output comes back through pods/log, also after
 // it ended. The node writes the Secret's files as a kubelet does (root's,
 // mode 0400), so an image that runs as a user of its own, as GitHub's
-// actions-runner does, reads them only through the pod's fsGroup.
+// actions-runner does, reads them only through the pod's fsGroup. A pod
+// runs as uid 1001 unless its pool asks for root.
 func TestPodRunsOnANode(t *testing.T) {
 	needKube(t)
 	ctx := context.Background()
@@ -302,15 +304,46 @@ func TestPodRunsOnANode(t *testing.T) {
 	data := t.TempDir()
 	os.WriteFile(data+"/hello.txt", []byte("dataset-content\n"), 0o644)
 	os.Chmod(data, 0o777)
-	for _, tc := range []struct{ name, image, uid string }{{"root", img, "0"}, {"user 1001", nonRoot, "1001"}} {
+	for _, tc := range []struct {
+		name, image, uid string
+		sc               *corev1.PodSecurityContext
+	}{
+		{"root image", img, "1001", nil},                                              // run as the pods' default user
+		{"user 1001", nonRoot, "1001", nil},                                           // the image's own user
+		{"root pool", img, "0", &corev1.PodSecurityContext{RunAsUser: new(int64(0))}}, // asked for
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := fmt.Sprintf("test-%d", nsSerial.Add(1))
 			if err := kube.Namespace(ctx, ns); err != nil {
 				t.Fatal(err)
 			}
-			p := openProvider(t, ns, "m1", Section{Image: tc.image, NodeSelector: map[string]string{"pool": "docker"}, Volumes: []string{data + ":/data"}})
+			p := openProvider(t, ns, "m1", Section{Image: tc.image, NodeSelector: map[string]string{"pool": "docker"}, Volumes: []string{data + ":/data"}, SecurityContext: tc.sc})
 			podRuns(t, p, node, ns, tc.uid)
 		})
+	}
+}
+
+// A pool that asks for root and runAsNonRoot at once gets a pod the
+// kubelet holds in CreateContainerConfigError: the provider lists it
+// refused, with the kubelet's words and what to change.
+func TestPodRefusedAsRoot(t *testing.T) {
+	needKube(t)
+	ctx := context.Background()
+	cli, img := needDocker(t)
+	startNode(t, cli, "node-nonroot", "nonroot")
+	ns := fmt.Sprintf("test-%d", nsSerial.Add(1))
+	if err := kube.Namespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	p := openProvider(t, ns, "m1", Section{Image: img, NodeSelector: map[string]string{"pool": "nonroot"},
+		SecurityContext: &corev1.PodSecurityContext{RunAsUser: new(int64(0)), RunAsNonRoot: new(true)}})
+	if _, err := p.Create(ctx, spec("cpu-1")); err != nil {
+		t.Fatal(err)
+	}
+	list := waitFor(t, p, "refused", func(l []provider.Instance) bool { return len(l) == 1 && l[0].Refused != "" })
+	t.Logf("refused: %s", list[0].Refused)
+	if !strings.Contains(list[0].Refused, "breaks non-root policy") || !strings.Contains(list[0].Refused, "runAsUser: 0") {
+		t.Errorf("refused %q", list[0].Refused)
 	}
 }
 
@@ -562,7 +595,8 @@ func TestPodInstallsAgent(t *testing.T) {
 				t.Fatal(err)
 			}
 			b, _ := io.ReadAll(r)
-			if list[0].Reason != "" || !strings.Contains(string(b), "agent-ran-as-0") {
+			// The pod's default user runs it, whatever the image's.
+			if list[0].Reason != "" || !strings.Contains(string(b), "agent-ran-as-1001") {
 				t.Errorf("reason %q, output %q", list[0].Reason, b)
 			}
 		})

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
 	"github.com/runfleet/runfleet/secret"
 )
@@ -54,6 +56,13 @@ type Section struct {
 	// from the pool's gpus_per_runner (nvidia.com/gpu) unless written
 	// here.
 	Resources corev1.ResourceRequirements `json:"resources"`
+	// EphemeralStorage is the agent container's request and limit of the
+	// node's disk ("20Gi"): its writable layer, its logs and its work
+	// directory's emptyDir count. Past the limit the kubelet evicts the
+	// pod, rather than a job filling the node's disk under its other
+	// pods; the request keeps the scheduler from packing runners onto a
+	// node without the room.
+	EphemeralStorage Storage `json:"ephemeral_storage"`
 	// GPUResource is the extended resource that gpus_per_runner asks for.
 	GPUResource corev1.ResourceName `json:"gpu_resource"`
 
@@ -67,8 +76,10 @@ type Section struct {
 	// job could use it against the cluster.
 	ServiceAccountName           string `json:"service_account_name"`
 	AutomountServiceAccountToken bool   `json:"automount_service_account_token"`
-	// SecurityContext is the pod's (with fsGroup DefaultFSGroup unless it
-	// sets one); ContainerSecurityContext the agent container's.
+	// SecurityContext is the pod's, with fsGroup DefaultFSGroup,
+	// runAsUser DefaultRunAsUser and runAsNonRoot unless it (or
+	// ContainerSecurityContext, the agent container's) sets them; a pool
+	// whose image must run as root sets runAsUser: 0.
 	SecurityContext          *corev1.PodSecurityContext `json:"security_context"`
 	ContainerSecurityContext *corev1.SecurityContext    `json:"container_security_context"`
 	// Workdir is the agent's working directory, an emptyDir of its own
@@ -85,10 +96,22 @@ type Section struct {
 	// checked against its SHA-256 by the pod's init container into
 	// vm.AgentDir (a stock image with curl or wget, and sha256sum).
 	Install Install `json:"install"`
+	// PendingTimeout is how long a pod may stay Pending, waiting for a
+	// node (a cluster autoscaler adding one) or for its image, before it
+	// is replaced: DefaultPendingTimeout when unset or 0.
+	// Until then it holds its slot and its registration, and the pool's
+	// bootstrap_timeout counts from its start.
+	PendingTimeout config.Duration `json:"pending_timeout"`
 	// PodTemplate is merged over the pod runfleet makes (a strategic
 	// merge patch of a Pod: metadata and spec), for what has no key of
 	// its own here.
 	PodTemplate json.RawMessage `json:"pod_template"`
+}
+
+// Storage is a request and a limit of ephemeral storage.
+type Storage struct {
+	Request string `json:"request"`
+	Limit   string `json:"limit"`
 }
 
 // Install is a pod's install section.
@@ -98,13 +121,20 @@ type Install struct {
 
 // Defaults of the section.
 const (
-	DefaultWorkdir     = "/runner"
-	DefaultGPUResource = corev1.ResourceName("nvidia.com/gpu")
+	DefaultWorkdir = "/runner"
+	// DefaultPendingTimeout leaves a GPU node minutes to be added and a
+	// CUDA image of gigabytes minutes to be pulled, several times over.
+	DefaultPendingTimeout = 30 * time.Minute
+	DefaultGPUResource    = corev1.ResourceName("nvidia.com/gpu")
 	// DefaultFSGroup is the pods' fsGroup unless security_context sets
 	// one: the group of the runner user in GitHub's actions-runner image
 	// and in images/ (any group would do: the kubelet adds it to every
 	// container's groups).
 	DefaultFSGroup = 1001
+	// DefaultRunAsUser is the pods' user unless a security context sets
+	// one: the runner user of GitHub's actions-runner image and of
+	// images/. Pods run with runAsNonRoot unless a pool asks for uid 0.
+	DefaultRunAsUser = 1001
 )
 
 // Volume is one dataset volume of the pool.
@@ -141,6 +171,12 @@ func DecodeSection(raw json.RawMessage, gpusPerRunner int) (Section, error) {
 	}
 	if s.GPUResource == "" {
 		s.GPUResource = DefaultGPUResource
+	}
+	if err := s.PendingTimeout.Check(); err != nil {
+		errs = append(errs, fmt.Errorf("kubernetes.pending_timeout: %w", err))
+	}
+	if s.PendingTimeout.Duration <= 0 {
+		s.PendingTimeout = config.D(DefaultPendingTimeout)
 	}
 	errs = append(errs, config.Within("kubernetes", errors.Join(s.validate()...)))
 	if gpusPerRunner < 0 {
@@ -181,6 +217,18 @@ func (s *Section) validate() []error {
 			add("workdir_size_limit", "%q is not a quantity", s.WorkdirSizeLimit)
 		}
 	}
+	for field, q := range map[string]string{"request": s.EphemeralStorage.Request, "limit": s.EphemeralStorage.Limit} {
+		if _, err := resource.ParseQuantity(q); q != "" && err != nil {
+			add("ephemeral_storage."+field, "%q is not a quantity (\"20Gi\")", q)
+		}
+	}
+	if r, l := s.EphemeralStorage.Request, s.EphemeralStorage.Limit; r != "" && l != "" {
+		rq, err1 := resource.ParseQuantity(r)
+		lq, err2 := resource.ParseQuantity(l)
+		if err1 == nil && err2 == nil && rq.Cmp(lq) > 0 {
+			add("ephemeral_storage.request", "%s is more than the limit %s", r, l)
+		}
+	}
 	for k, v := range s.NodeSelector {
 		for _, m := range validation.IsQualifiedName(k) {
 			add("node_selector."+k, "%s", m)
@@ -198,7 +246,7 @@ func (s *Section) validate() []error {
 		errs = append(errs, err)
 	}
 	if len(s.PodTemplate) > 0 && string(s.PodTemplate) != "null" {
-		if err := checkTemplate(s.PodTemplate); err != nil {
+		if err := s.checkTemplate(); err != nil {
 			add("pod_template", "%v", err)
 		}
 	}
@@ -237,8 +285,12 @@ func ParseVolume(s string) (Volume, error) {
 }
 
 // checkTemplate checks that the overlay merges over a pod and leaves a
-// pod: keys a Pod does not have are named.
-func checkTemplate(raw json.RawMessage) error {
+// pod (keys a Pod does not have are named), and that it keeps what
+// carries the runner's credential, on a pod made for a runner with files
+// and an environment. The agent's own variables are known only when a
+// runner is made, and checked then too.
+func (s Section) checkTemplate() error {
+	raw := s.PodTemplate
 	var probe map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &probe); err != nil {
 		return fmt.Errorf("must be a mapping: %v", err)
@@ -253,5 +305,16 @@ func checkTemplate(raw json.RawMessage) error {
 	if err := dec.Decode(&pod); err != nil {
 		return fmt.Errorf("is not a pod: %v", err)
 	}
-	return nil
+	s.PodTemplate = nil
+	p := &Provider{opt: Options{Section: s}}
+	base, err := p.podFor("probe", provider.Spec{Name: "probe", Command: "agent",
+		Env: map[string]string{"RUNNER_TOKEN": "x"}, Files: map[string][]byte{".runner": nil}})
+	if err != nil {
+		return nil // the section's own errors are reported by validate
+	}
+	out, err := mergeTemplate(base, raw)
+	if err != nil {
+		return err
+	}
+	return kept(base, out)
 }

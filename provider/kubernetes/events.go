@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -19,18 +20,123 @@ import (
 	"github.com/runfleet/runfleet/record"
 )
 
-// instance is the provider's record of a pod.
+// instance is the provider's record of a pod. A Pending pod that waits on
+// its cluster (for a node, which a cluster autoscaler may be adding, or
+// for its image) is queued within the pool's pending_timeout: it holds
+// its slot and its registration, and the bootstrap timeout counts from
+// its first container's start. One that no wait will run is refused.
 func (p *Provider) instance(pod *corev1.Pod) provider.Instance {
-	return provider.Instance{
+	in := provider.Instance{
 		Name:    pod.Labels[LabelRunner],
 		Manager: pod.Labels[LabelManager],
 		Pool:    pod.Labels[LabelPool],
 		State:   stateOf(pod),
 		Created: pod.CreationTimestamp.Time,
+		Started: startedAt(pod),
 		ID:      string(pod.UID),
 		Reason:  reasonOf(pod),
 		Machine: record.Machine{ID: pod.Name, Node: pod.Spec.NodeName, ImageDigest: imageDigest(pod)},
 	}
+	if in.State != provider.StateCreated {
+		return in
+	}
+	now := time.Now()
+	in.Refused = refused(pod, now)
+	pending := now.Sub(in.Created)
+	switch limit := cmp.Or(p.opt.Section.PendingTimeout.Duration, DefaultPendingTimeout); {
+	case in.Refused != "" || !in.Started.IsZero():
+	case pending > limit:
+		in.Reason = join(fmt.Sprintf("Pending longer than pending_timeout %s", limit), in.Reason)
+	default:
+		in.Queued = true
+	}
+	return in
+}
+
+// startedAt is when the pod's first container (its init container, which
+// copies the runner's files) started: its node was found and its image
+// pulled. Zero before.
+func startedAt(pod *corev1.Pod) time.Time {
+	var first time.Time
+	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
+		for _, cs := range list {
+			for _, st := range []corev1.ContainerState{cs.State, cs.LastTerminationState} {
+				var t time.Time
+				switch {
+				case st.Running != nil:
+					t = st.Running.StartedAt.Time
+				case st.Terminated != nil:
+					t = st.Terminated.StartedAt.Time
+				}
+				if !t.IsZero() && (first.IsZero() || t.Before(first)) {
+					first = t
+				}
+			}
+		}
+	}
+	return first
+}
+
+// pullGiveUp is how long a pod's image may fail to pull, from the pod's
+// scheduling, before it counts as one that will never be pulled: the
+// kubelet retries at 10 s doubling to 5 minutes (pkg/kubelet/kubelet.go,
+// imageBackOffPeriod and MaxImageBackOff), so about six tries.
+const pullGiveUp = 10 * time.Minute
+
+// refused says why a Pending pod will never run as asked, in the
+// kubelet's words; "" while it may yet. The kubelet's waiting reasons
+// are pkg/kubelet/images/types.go's and kuberuntime's: a name that does
+// not parse, an image that a Never policy forbids pulling, a signature
+// that does not verify, an image its registry says it does not have (or
+// not for these credentials), one that fails to pull for pullGiveUp, a
+// user that runAsNonRoot forbids.
+func refused(pod *corev1.Pod, now time.Time) string {
+	var scheduled time.Time
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionTrue {
+			scheduled = c.LastTransitionTime.Time
+		}
+	}
+	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
+		for _, cs := range list {
+			w := cs.State.Waiting
+			if w == nil {
+				continue
+			}
+			why := cs.Name + " " + join(w.Reason, w.Message)
+			switch w.Reason {
+			case "InvalidImageName", "ErrImageNeverPull", "SignatureValidationFailed":
+				return why
+			case "ErrImagePull", "ImagePullBackOff", "RegistryUnavailable":
+				if missingImage(w.Message) {
+					return why
+				}
+				if !scheduled.IsZero() && now.Sub(scheduled) > pullGiveUp {
+					return fmt.Sprintf("%s (failing for over %s)", why, pullGiveUp)
+				}
+			case "CreateContainerConfigError":
+				if strings.Contains(w.Message, "runAsNonRoot") || strings.Contains(w.Message, "non-root policy") {
+					return why + "; an image that must run as root needs kubernetes.security_context.runAsUser: 0"
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// missingImage says whether a pull error is the registry's answer that
+// it has no such image, or none for these credentials: containerd's and
+// CRI-O's words for a 404 or a 401/403 of the registry (containerd
+// core/remotes/docker/resolver.go and errors.go; distribution's error
+// codes MANIFEST_UNKNOWN, NAME_UNKNOWN, UNAUTHORIZED, DENIED).
+func missingImage(msg string) bool {
+	msg = strings.ToLower(msg)
+	for _, s := range []string{": not found", "manifest unknown", "name unknown", "repository does not exist", "pull access denied", "unauthorized", "denied: "} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // imageDigest is the agent container's image as the kubelet resolved it
@@ -79,7 +185,7 @@ func reasonOf(pod *corev1.Pod) string {
 	}
 	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
 		for _, cs := range list {
-			if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "PodInitializing" && w.Reason != "ContainerCreating" {
+			if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "PodInitializing" {
 				return join(w.Reason, w.Message)
 			}
 			if t := cs.State.Terminated; t != nil && t.ExitCode != 0 && pod.Status.Phase == corev1.PodFailed {

@@ -280,7 +280,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 			continue // the random suffix was taken
 		}
 		if err != nil {
-			return provider.Instance{}, fmt.Errorf("create pod for %s in %s: %w", spec.Name, p.opt.Namespace, err)
+			return provider.Instance{}, p.refusal(fmt.Errorf("create pod for %s in %s: %w", spec.Name, p.opt.Namespace, err))
 		}
 		break
 	}
@@ -296,9 +296,41 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	cancel()
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		p.deletePod(context.WithoutCancel(ctx), created)
-		return provider.Instance{}, fmt.Errorf("create secret for %s in %s: %w", spec.Name, p.opt.Namespace, err)
+		return provider.Instance{}, p.refusal(fmt.Errorf("create secret for %s in %s: %w", spec.Name, p.opt.Namespace, err))
 	}
 	return p.instance(created), nil
+}
+
+// refusal marks an apiserver's answer that no retry of the same request
+// can change as provider.ErrRejected, so that the pool halts and says why
+// rather than retrying for ever: Forbidden (the manager's role lacks a
+// right, an admission policy refuses the pod), Invalid (the pod or Secret
+// as the pool makes it), BadRequest, a namespace that does not exist. An
+// exceeded ResourceQuota (also a 403) is one only while no pod of the
+// pool's holds quota that its end would free; otherwise the pool backs
+// off until one ends.
+func (p *Provider) refusal(err error) error {
+	var status apierrors.APIStatus
+	switch {
+	case !errors.As(err, &status):
+		return err
+	case apierrors.IsForbidden(err) && strings.Contains(status.Status().Message, "exceeded quota"):
+		if p.holdsPods() {
+			return err
+		}
+	case apierrors.IsNotFound(err) && status.Status().Details != nil && status.Status().Details.Kind != "namespaces":
+		return err
+	case apierrors.IsForbidden(err), apierrors.IsInvalid(err), apierrors.IsBadRequest(err), apierrors.IsNotFound(err):
+	default:
+		return err
+	}
+	return fmt.Errorf("%w: %w", provider.ErrRejected, err)
+}
+
+// holdsPods says whether the pool has a pod that is not over.
+func (p *Provider) holdsPods() bool {
+	pods, _ := p.pods.Pods(p.opt.Namespace).List(labels.Everything())
+	return slices.ContainsFunc(pods, func(pod *corev1.Pod) bool { return stateOf(pod) != provider.StateExited })
 }
 
 // live returns the runner's newest pod that is neither going nor ended:

@@ -2,12 +2,14 @@ package kubernetes
 
 import (
 	"context"
+	"errors"
 	"io"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -75,4 +77,49 @@ func read(t *testing.T, p *Provider, inst provider.Instance) string {
 	defer r.Close()
 	b, _ := io.ReadAll(r)
 	return string(b)
+}
+
+// The apiserver's answers that no retry changes halt the pool
+// (provider.ErrRejected); an exceeded quota does only while none of the
+// pool's pods holds quota that its end would free. The messages are the
+// apiserver's (staging/src/k8s.io/apiserver/pkg/admission/plugin/resourcequota
+// "exceeded quota: %s, requested: %s, used: %s, limited: %s"; RBAC's
+// forbidden).
+func TestCreateRefusals(t *testing.T) {
+	quota := apierrors.NewForbidden(corev1.Resource("pods"), "m1-cpu-2-bcdfg",
+		errors.New("exceeded quota: ci, requested: pods=1, used: pods=1, limited: pods=1"))
+	for _, tc := range []struct {
+		name     string
+		err      error
+		running  bool
+		rejected bool
+	}{
+		{"forbidden", apierrors.NewForbidden(corev1.Resource("pods"), "", errors.New(`User "system:serviceaccount:ci:runfleet" cannot create resource "pods" in API group "" in the namespace "ci"`)), false, true},
+		{"invalid", apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Pod").GroupKind(), "x", nil), false, true},
+		{"no namespace", apierrors.NewNotFound(corev1.Resource("namespaces"), "ci"), false, true},
+		{"quota, nothing of ours", quota, false, true},
+		{"quota, a pod of ours holds it", quota, true, false},
+		{"server timeout", apierrors.NewServerTimeout(corev1.Resource("pods"), "create", 1), false, false},
+		{"too many requests", apierrors.NewTooManyRequests("slow down", 1), false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := fake.NewClientset()
+			if tc.running {
+				cs = fake.NewClientset(&corev1.Pod{
+					ObjectMeta: metav1.ObjectMeta{Name: "m1-cpu-1-bcdfg", Namespace: "ns", UID: "uid-1",
+						Labels: map[string]string{LabelManager: "m1", LabelPool: "cpu", LabelRunner: "cpu-1"}},
+					Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+			}
+			cs.PrependReactor("create", "pods", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, tc.err })
+			p, err := New(Options{Client: cs, Namespace: "ns", Manager: "m1", Pool: "cpu", Section: Section{Image: "r", Workdir: DefaultWorkdir}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Close() })
+			_, err = p.Create(context.Background(), provider.Spec{Name: "cpu-2", Manager: "m1", Pool: "cpu", Command: "agent"})
+			if err == nil || errors.Is(err, provider.ErrRejected) != tc.rejected {
+				t.Errorf("error %v: rejected %v, want %v", err, errors.Is(err, provider.ErrRejected), tc.rejected)
+			}
+		})
+	}
 }

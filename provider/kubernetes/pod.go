@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
@@ -141,7 +142,7 @@ func (p *Provider) podFor(name string, spec provider.Spec) (*corev1.Pod, error) 
 			PriorityClassName:            s.PriorityClassName,
 			ServiceAccountName:           s.ServiceAccountName,
 			AutomountServiceAccountToken: &s.AutomountServiceAccountToken,
-			SecurityContext:              podSecurity(s.SecurityContext),
+			SecurityContext:              podSecurity(s.SecurityContext, s.ContainerSecurityContext),
 			EnableServiceLinks:           new(false), // the namespace's services are no business of a job
 		},
 	}
@@ -193,15 +194,20 @@ func (p *Provider) filesContainer(spec provider.Spec, image, script string, res 
 	return c
 }
 
-// podSecurity is the pool's pod security context with an fsGroup: a real
-// kubelet writes a Secret volume's files as root, readable by nobody else
-// at mode 0400, and only a pod's fsGroup makes them the group's (and adds
-// the group to every container's): without one, a runner image that runs
-// as a user of its own (GitHub's actions-runner, uid 1001) cannot read its
-// credential. OnRootMismatch spares a large writable dataset volume the
-// kubelet's walk of every file at each start; read-only ones are not
-// walked at all.
-func podSecurity(sc *corev1.PodSecurityContext) *corev1.PodSecurityContext {
+// podSecurity is the pool's pod security context with runfleet's
+// defaults for what it leaves out:
+//   - an fsGroup: a real kubelet writes a Secret volume's files as root,
+//     readable by nobody else at mode 0400, and only a pod's fsGroup makes
+//     them the group's (and adds the group to every container's): without
+//     one, a runner image that runs as a user of its own (GitHub's
+//     actions-runner, uid 1001) cannot read its credential. OnRootMismatch
+//     spares a large writable dataset volume the kubelet's walk of every
+//     file at each start; read-only ones are not walked at all.
+//   - runAsNonRoot, so that a job is never root in its pod, with runAsUser
+//     DefaultRunAsUser: GitHub's image names its user ("runner"), which the
+//     kubelet cannot check against runAsNonRoot without a uid. A pool that
+//     sets runAsUser 0 (in either context) is a root pool, and asked for it.
+func podSecurity(sc *corev1.PodSecurityContext, csc *corev1.SecurityContext) *corev1.PodSecurityContext {
 	out := &corev1.PodSecurityContext{}
 	if sc != nil {
 		out = sc.DeepCopy()
@@ -211,6 +217,16 @@ func podSecurity(sc *corev1.PodSecurityContext) *corev1.PodSecurityContext {
 	}
 	if out.FSGroupChangePolicy == nil {
 		out.FSGroupChangePolicy = new(corev1.FSGroupChangeOnRootMismatch)
+	}
+	user := out.RunAsUser
+	if csc != nil && csc.RunAsUser != nil {
+		user = csc.RunAsUser
+	}
+	if user == nil {
+		out.RunAsUser = new(int64(DefaultRunAsUser))
+	}
+	if out.RunAsNonRoot == nil && (csc == nil || csc.RunAsNonRoot == nil) {
+		out.RunAsNonRoot = new(user == nil || *user != 0)
 	}
 	return out
 }
@@ -355,24 +371,29 @@ func withoutResource(r corev1.ResourceRequirements, name corev1.ResourceName) co
 }
 
 // overlay merges the pool's pod_template over the pod, then restores what
-// runfleet relies on: its name, labels, restart policy and the agent's
-// Secret, which a template must not take away.
+// runfleet relies on: its name, labels and restart policy. A template that
+// would drop or change the runner's credential (its Secret volume, the
+// init container that copies it, the agent's mounts of runfleet's volumes,
+// the agent's environment) is refused (kept): the docs promise that
+// runfleet keeps them, and a pod without them starts a runner that never
+// registers, or one holding what it should not.
 func (p *Provider) overlay(pod *corev1.Pod, spec provider.Spec) (*corev1.Pod, error) {
 	tmpl := p.opt.Section.PodTemplate
 	if len(tmpl) == 0 || string(tmpl) == "null" {
 		return pod, nil
 	}
-	orig, err := json.Marshal(pod)
-	if err != nil {
-		return nil, err
-	}
-	merged, err := strategicpatch.StrategicMergePatch(orig, tmpl, corev1.Pod{})
+	out, err := mergeTemplate(pod, tmpl)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes.pod_template: %w", err)
 	}
-	var out corev1.Pod
-	if err := json.Unmarshal(merged, &out); err != nil {
-		return nil, fmt.Errorf("kubernetes.pod_template: %w", err)
+	if err := kept(pod, out); err != nil {
+		return nil, fmt.Errorf("%w: kubernetes.pod_template: %w", provider.ErrRejected, err)
+	}
+	// The merge puts the template's init containers first; the
+	// runner's files are copied before any of them runs.
+	if i := slices.IndexFunc(out.Spec.InitContainers, func(c corev1.Container) bool { return c.Name == filesContainer }); i > 0 {
+		files := out.Spec.InitContainers[i]
+		out.Spec.InitContainers = slices.Insert(slices.Delete(out.Spec.InitContainers, i, i+1), 0, files)
 	}
 	out.Name, out.Namespace, out.GenerateName = pod.Name, "", ""
 	if out.Labels == nil {
@@ -380,7 +401,60 @@ func (p *Provider) overlay(pod *corev1.Pod, spec provider.Spec) (*corev1.Pod, er
 	}
 	maps.Copy(out.Labels, podLabels(spec))
 	out.Spec.RestartPolicy = corev1.RestartPolicyNever
+	return out, nil
+}
+
+// mergeTemplate is a strategic merge of tmpl over pod.
+func mergeTemplate(pod *corev1.Pod, tmpl json.RawMessage) (*corev1.Pod, error) {
+	orig, err := json.Marshal(pod)
+	if err != nil {
+		return nil, err
+	}
+	merged, err := strategicpatch.StrategicMergePatch(orig, tmpl, corev1.Pod{})
+	if err != nil {
+		return nil, err
+	}
+	var out corev1.Pod
+	if err := json.Unmarshal(merged, &out); err != nil {
+		return nil, err
+	}
 	return &out, nil
+}
+
+// kept says what of runfleet's pod a merged template dropped or changed,
+// of what carries or guards the runner's credential.
+func kept(pod, merged *corev1.Pod) error {
+	for _, v := range pod.Spec.Volumes {
+		i := slices.IndexFunc(merged.Spec.Volumes, func(m corev1.Volume) bool { return m.Name == v.Name })
+		if v.Name != filesVolume && v.Name != workVolume && v.Name != agentVolume {
+			continue
+		}
+		if i < 0 || !equality.Semantic.DeepEqual(v, merged.Spec.Volumes[i]) {
+			return fmt.Errorf("spec.volumes: %q is runfleet's (the runner's credential, work directory or agent) and may not be replaced or removed", v.Name)
+		}
+	}
+	for _, c := range pod.Spec.InitContainers {
+		if !slices.ContainsFunc(merged.Spec.InitContainers, func(m corev1.Container) bool { return equality.Semantic.DeepEqual(m, c) }) {
+			return fmt.Errorf("spec.initContainers: %q copies the runner's credential and may not be changed or removed", c.Name)
+		}
+	}
+	agent := pod.Spec.Containers[0]
+	i := slices.IndexFunc(merged.Spec.Containers, func(c corev1.Container) bool { return c.Name == agentContainer })
+	if i < 0 {
+		return fmt.Errorf("spec.containers: %q runs the agent and may not be removed", agentContainer)
+	}
+	got := merged.Spec.Containers[i]
+	for _, m := range agent.VolumeMounts {
+		if !slices.ContainsFunc(got.VolumeMounts, func(g corev1.VolumeMount) bool { return equality.Semantic.DeepEqual(g, m) }) {
+			return fmt.Errorf("spec.containers[%s].volumeMounts: the mount of %q at %s may not be changed or removed", agentContainer, m.Name, m.MountPath)
+		}
+	}
+	for _, e := range agent.Env {
+		if !slices.ContainsFunc(got.Env, func(g corev1.EnvVar) bool { return equality.Semantic.DeepEqual(g, e) }) {
+			return fmt.Errorf("spec.containers[%s].env: %s is the agent's (from its Secret) and may not be changed or removed", agentContainer, e.Name)
+		}
+	}
+	return nil
 }
 
 // shaped is a runner's image, resources and GPUs: the pool's, or what its
@@ -396,6 +470,19 @@ func (p *Provider) shaped(spec provider.Spec) (string, corev1.ResourceRequiremen
 			res.Requests = corev1.ResourceList{}
 		}
 		res.Limits[name], res.Requests[name] = q, q
+	}
+	for _, e := range []struct {
+		q    string
+		list *corev1.ResourceList
+	}{{s.EphemeralStorage.Request, &res.Requests}, {s.EphemeralStorage.Limit, &res.Limits}} {
+		q, list := e.q, e.list
+		if q == "" {
+			continue
+		}
+		if *list == nil {
+			*list = corev1.ResourceList{}
+		}
+		(*list)[corev1.ResourceEphemeralStorage] = resource.MustParse(q) // checked by DecodeSection
 	}
 	if req.CPUs > 0 {
 		set(corev1.ResourceCPU, *resource.NewMilliQuantity(int64(req.CPUs*1000), resource.DecimalSI))

@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
 )
@@ -142,7 +144,17 @@ func TestSectionErrors(t *testing.T) {
 		{`{image: x, in_cluster: true, kubeconfig: /k}`, "kubernetes.in_cluster"},
 		{`{image: x, pod_template: {spec: {nodeSelectr: {a: b}}}}`, "kubernetes.pod_template"},
 		{`{image: x, workdir: rel}`, "kubernetes.workdir"},
+		// A template keeps what carries the runner's credential.
+		{`{image: x, pod_template: {spec: {volumes: [{name: runfleet-files, emptyDir: {}}]}}}`, `"runfleet-files" is runfleet's`},
+		{`{image: x, pod_template: {spec: {volumes: [{$patch: replace}]}}}`, `kubernetes.pod_template: spec.volumes`},
+		{`{image: x, pod_template: {spec: {initContainers: [{name: files, command: ["true"]}]}}}`, "spec.initContainers"},
+		{`{image: x, pod_template: {spec: {containers: [{name: runner, env: [{$patch: replace}]}]}}}`, "env: RUNNER_TOKEN is the agent's"},
+		{`{image: x, pod_template: {spec: {containers: [{name: runner, env: [{name: RUNNER_TOKEN, value: mine}]}]}}}`, "env: RUNNER_TOKEN"},
+		{`{image: x, pod_template: {spec: {containers: [{name: runner, volumeMounts: [{$patch: replace}]}]}}}`, "volumeMounts"},
+		{`{image: x, pod_template: {spec: {containers: [{$patch: replace}]}}}`, `"runner" runs the agent`},
 		{`{image: x, workdir_size_limit: lots}`, "kubernetes.workdir_size_limit"},
+		{`{image: x, ephemeral_storage: {limit: lots}}`, "kubernetes.ephemeral_storage.limit"},
+		{`{image: x, ephemeral_storage: {request: 50Gi, limit: 20Gi}}`, "kubernetes.ephemeral_storage.request: 50Gi is more than the limit"},
 		{`{image: x, tolerations: [{key: a, operatr: Exists}]}`, "kubernetes.tolerations"},
 		{`{image: x, colour: blue}`, "kubernetes.colour: unknown field"},
 	} {
@@ -320,6 +332,87 @@ func TestPodInstallsAgentSpec(t *testing.T) {
 	}
 }
 
+// A template may add to the pod (a sidecar, a volume, an init container
+// after runfleet's, an environment variable of its own) and change what
+// is not the credential's.
+func TestTemplateAddsToThePod(t *testing.T) {
+	s := decode(t, `
+image: runner:1
+pod_template:
+  spec:
+    volumes: [{name: cache, emptyDir: {}}]
+    initContainers: [{name: warm, image: busybox, command: ["true"]}]
+    containers:
+    - {name: runner, env: [{name: MY_VAR, value: "1"}], volumeMounts: [{name: cache, mountPath: /cache}]}
+    - {name: sidecar, image: busybox}
+`, 0)
+	p := &Provider{opt: Options{Section: s}}
+	pod, err := p.podFor("m-r-1", provider.Spec{Name: "r-1", Command: "agent", Env: map[string]string{"TOKEN": "t"}, Files: map[string][]byte{".runner": []byte("x")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(pod.Spec.Containers); n != 2 || pod.Spec.InitContainers[0].Name != filesContainer || len(pod.Spec.InitContainers) != 2 {
+		t.Errorf("containers %d, init %v", n, pod.Spec.InitContainers)
+	}
+	// Checked again with the agent's own variables, when a runner is made.
+	raw, _ := jsonOf(`{image: x, pod_template: {spec: {containers: [{name: runner, env: [{name: GITEA_TOKEN, value: mine}]}]}}}`)
+	s, err = DecodeSection(raw, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = &Provider{opt: Options{Section: s}}
+	_, err = p.podFor("m-r-1", provider.Spec{Name: "r-1", Command: "agent", Env: map[string]string{"GITEA_TOKEN": "t"}})
+	if !errors.Is(err, provider.ErrRejected) || !strings.Contains(err.Error(), "GITEA_TOKEN") {
+		t.Errorf("a template replacing the agent's variable: %v", err)
+	}
+}
+
+// ephemeral_storage becomes the agent container's request and limit; the
+// init container asks the same, which adds nothing to the pod's.
+func TestEphemeralStorage(t *testing.T) {
+	s := decode(t, "{image: r, ephemeral_storage: {request: 20Gi, limit: 20Gi}}", 0)
+	p := &Provider{opt: Options{Section: s}}
+	pod, err := p.podFor("m-r-1", provider.Spec{Name: "r-1", Command: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []corev1.Container{pod.Spec.Containers[0], pod.Spec.InitContainers[0]} {
+		r, l := c.Resources.Requests[corev1.ResourceEphemeralStorage], c.Resources.Limits[corev1.ResourceEphemeralStorage]
+		if r.String() != "20Gi" || l.String() != "20Gi" {
+			t.Errorf("%s: ephemeral-storage request %s, limit %s", c.Name, r.String(), l.String())
+		}
+	}
+}
+
+// Runner pods run as a user, never root, unless the pool asks for root
+// with runAsUser 0; a pool's own user and group stay.
+func TestPodRunsAsNonRoot(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		pod     *corev1.PodSecurityContext
+		ctr     *corev1.SecurityContext
+		user    int64
+		nonRoot bool
+	}{
+		{"default", nil, nil, DefaultRunAsUser, true},
+		{"own user", &corev1.PodSecurityContext{RunAsUser: new(int64(1000))}, nil, 1000, true},
+		{"root pool", &corev1.PodSecurityContext{RunAsUser: new(int64(0))}, nil, 0, false},
+		{"root container", nil, &corev1.SecurityContext{RunAsUser: new(int64(0))}, -1, false},
+	} {
+		got := podSecurity(tc.pod, tc.ctr)
+		user := int64(-1)
+		if got.RunAsUser != nil {
+			user = *got.RunAsUser
+		}
+		if user != tc.user || got.RunAsNonRoot == nil || *got.RunAsNonRoot != tc.nonRoot {
+			t.Errorf("%s: runAsUser %d, runAsNonRoot %v", tc.name, user, got.RunAsNonRoot)
+		}
+		if *got.FSGroup != DefaultFSGroup {
+			t.Errorf("%s: fsGroup %d", tc.name, *got.FSGroup)
+		}
+	}
+}
+
 func yamlUnmarshal(b []byte, v any) error { return yaml.Unmarshal(b, v) }
 
 // A pod's state and reason, as the pool sees them, for the shapes a
@@ -346,7 +439,7 @@ func TestStateAndReason(t *testing.T) {
 			waiting("ErrImagePull", "not found")}}},
 			provider.StateCreated, "ErrImagePull: not found", false},
 		{"creating", corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{
-			waiting("ContainerCreating", "")}}}, provider.StateCreated, "", false},
+			waiting("ContainerCreating", "")}}}, provider.StateCreated, "ContainerCreating", false},
 		{"running", corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning}}, provider.StateRunning, "", false},
 		{"succeeded", corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodSucceeded}}, provider.StateExited, "", false},
 		{"evicted by the node", corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "The node was low on resource: memory."}},
@@ -366,6 +459,67 @@ func TestStateAndReason(t *testing.T) {
 		}
 		if _, got := disruption(&tc.pod); got != tc.disruption {
 			t.Errorf("%s: disruption %v, want %v", tc.name, got, tc.disruption)
+		}
+	}
+}
+
+// A Pending pod that waits on its cluster holds its slot (queued) until
+// pending_timeout; one the kubelet will never run is refused at once, in
+// the kubelet's words; one that ran counts from its start.
+func TestPendingPod(t *testing.T) {
+	now := time.Now()
+	ago := func(d time.Duration) metav1.Time { return metav1.NewTime(now.Add(-d)) }
+	scheduled := func(d time.Duration) []corev1.PodCondition {
+		return []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: ago(d)}}
+	}
+	waiting := func(reason, msg string) []corev1.ContainerStatus {
+		return []corev1.ContainerStatus{{Name: agentContainer, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: msg}}}}
+	}
+	const notFound = `failed to pull and unpack image "docker.io/team/runner:9": failed to resolve reference "docker.io/team/runner:9": docker.io/team/runner:9: not found`
+	const noHost = `failed to pull and unpack image "reg.example/runner:9": failed to resolve reference "reg.example/runner:9": failed to do request: Head "https://reg.example/v2/runner/manifests/9": dial tcp: lookup reg.example: i/o timeout`
+	p := &Provider{opt: Options{Section: Section{PendingTimeout: config.D(30 * time.Minute)}}}
+	for _, tc := range []struct {
+		name    string
+		age     time.Duration
+		status  corev1.PodStatus
+		queued  bool
+		refused string
+		reason  string
+		started bool
+	}{
+		{"for a node", 20 * time.Minute, corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{
+			{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "Unschedulable", Message: "0/4 nodes have nvidia.com/gpu"}}},
+			true, "", "Unschedulable: 0/4 nodes have nvidia.com/gpu", false},
+		{"for a node too long", 31 * time.Minute, corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{
+			{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "Unschedulable", Message: "0/4 nodes"}}},
+			false, "", "Pending longer than pending_timeout 30m0s: Unschedulable: 0/4 nodes", false},
+		{"pulling", 10 * time.Minute, corev1.PodStatus{Phase: corev1.PodPending, Conditions: scheduled(9 * time.Minute),
+			ContainerStatuses: waiting("ContainerCreating", "")}, true, "", "ContainerCreating", false},
+		{"not created yet", time.Second, corev1.PodStatus{}, true, "", "", false},
+		{"no such image", time.Minute, corev1.PodStatus{Phase: corev1.PodPending, Conditions: scheduled(time.Minute),
+			ContainerStatuses: waiting("ErrImagePull", notFound)}, false, "runner ErrImagePull: " + notFound, "", false},
+		{"back-off on no such image", time.Minute, corev1.PodStatus{Phase: corev1.PodPending, Conditions: scheduled(time.Minute),
+			ContainerStatuses: waiting("ImagePullBackOff", `Back-off pulling image "team/runner:9": ErrImagePull: `+notFound)}, false, "not found", "", false},
+		{"registry unreachable a while", 5 * time.Minute, corev1.PodStatus{Phase: corev1.PodPending, Conditions: scheduled(5 * time.Minute),
+			ContainerStatuses: waiting("ImagePullBackOff", noHost)}, true, "", "ImagePullBackOff", false},
+		{"registry unreachable too long", 11 * time.Minute, corev1.PodStatus{Phase: corev1.PodPending, Conditions: scheduled(11 * time.Minute),
+			ContainerStatuses: waiting("ErrImagePull", noHost)}, false, "failing for over 10m0s", "", false},
+		{"invalid name", time.Minute, corev1.PodStatus{Phase: corev1.PodPending, Conditions: scheduled(time.Minute),
+			ContainerStatuses: waiting("InvalidImageName", `Failed to apply default image tag "Team/Runner": couldn't parse image name`)}, false, "InvalidImageName", "", false},
+		{"root image", time.Minute, corev1.PodStatus{Phase: corev1.PodPending, Conditions: scheduled(time.Minute),
+			ContainerStatuses: waiting("CreateContainerConfigError", `container has runAsNonRoot and image will run as root (pod: "a_b(c)", container: files)`)},
+			false, "runAsUser: 0", "", false},
+		{"secret on its way", 5 * time.Second, corev1.PodStatus{Phase: corev1.PodPending, Conditions: scheduled(5 * time.Second),
+			ContainerStatuses: waiting("CreateContainerConfigError", `secret "m-r-1-abcde" not found`)}, true, "", "CreateContainerConfigError", false},
+		{"copying files", 40 * time.Minute, corev1.PodStatus{Phase: corev1.PodPending, Conditions: scheduled(39 * time.Minute),
+			InitContainerStatuses: []corev1.ContainerStatus{{Name: filesContainer, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: ago(time.Second)}}}}},
+			false, "", "", true},
+	} {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: ago(tc.age)}, Status: tc.status}
+		in := p.instance(pod)
+		if in.Queued != tc.queued || !strings.Contains(in.Refused, tc.refused) || (tc.refused == "") != (in.Refused == "") ||
+			!strings.Contains(in.Reason, tc.reason) || in.Started.IsZero() == tc.started {
+			t.Errorf("%s: queued %v, refused %q, reason %q, started %v", tc.name, in.Queued, in.Refused, in.Reason, in.Started)
 		}
 	}
 }

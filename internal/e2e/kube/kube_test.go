@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	k8s "k8s.io/client-go/kubernetes"
 
 	"github.com/moby/moby/client"
@@ -177,16 +179,22 @@ func TestKubeCrashAdopts(t *testing.T) {
 	f.StopLeavesNothing()
 }
 
-// A pod that no node can take stays Pending: after bootstrap_timeout it
-// is replaced, and the scheduler's reason shows in `runfleet status`, on
-// the status page and in the log of the replacement.
-func TestKubePendingReplacedWithReason(t *testing.T) {
+// A pod that no node can take stays Pending, with the scheduler's reason
+// in `runfleet status`, on the status page and in the log: it holds its
+// slot and its registration well past bootstrap_timeout (a cluster
+// autoscaler takes minutes to add a GPU node), and once a node that fits
+// appears, it runs the job queued meanwhile, with one registration in
+// all. bootstrap_timeout is 4s here so that waiting 24 s, six times over,
+// stands for the 5 minutes a node takes (with the default 2m, the wait
+// would have to last 12 minutes); pending_timeout keeps its default.
+func TestKubePendingWaitsForANode(t *testing.T) {
 	img := harness.NeedKube(t)
 	top, _, page := harness.Listeners(t)
-	f := harness.NewFleet(t, "kpend", harness.FleetOptions{Size: 1, Top: top, Kube: "      kubeconfig: " + harness.KubeconfigPath + "\n" +
-		"      namespace: " + harness.KubeNamespace + "\n      image: " + img + "\n      node_selector: {" + harness.KubeNodeLabel + ": gpu-a100}\n"})
+	late := "runfleet.dev/late-" + strconv.Itoa(os.Getpid())
+	f := harness.NewFleet(t, "kpend", harness.FleetOptions{Size: 1, Max: 1, Top: top, Kube: "      kubeconfig: " + harness.KubeconfigPath + "\n" +
+		"      namespace: " + harness.KubeNamespace + "\n      image: " + img + "\n      node_selector: {" + harness.KubeNodeLabel + ": docker, " + late + ": \"yes\"}\n"})
 	b, _ := os.ReadFile(f.Config)
-	os.WriteFile(f.Config, []byte(strings.Replace(string(b), "bootstrap_timeout: 1m", "bootstrap_timeout: 8s", 1)), 0o600)
+	os.WriteFile(f.Config, []byte(strings.Replace(string(b), "bootstrap_timeout: 1m", "bootstrap_timeout: 4s", 1)), 0o600)
 	f.Start()
 	var first string
 	harness.Eventually(t, time.Minute, "a pending pod with the scheduler's reason in status", func() bool {
@@ -206,25 +214,40 @@ func TestKubePendingReplacedWithReason(t *testing.T) {
 	if !strings.Contains(st, "Unschedulable") {
 		t.Errorf("status table lacks the reason:\n%s", st)
 	}
-	html := harness.HTTPGet(t, page+"/")
-	if !strings.Contains(html, "Unschedulable") {
+	if html := harness.HTTPGet(t, page+"/"); !strings.Contains(html, "Unschedulable") {
 		t.Errorf("status page lacks the reason")
 	}
-	harness.Eventually(t, time.Minute, "the pending pod replaced", func() bool {
-		for _, p := range f.Pods() {
-			if string(p.UID) != first && p.DeletionTimestamp == nil {
-				return true
-			}
-		}
-		return false
-	})
-	lines := harness.LogLines(f.LogPath, "not online after 8s")
-	if len(lines) == 0 || !strings.Contains(lines[0], "Unschedulable") {
-		t.Errorf("no retirement with the reason in the log: %v", lines)
-	} else {
-		t.Logf("%s", lines[0])
+	f.Push(harness.Matrix("kpend", 1, "echo done"))
+	time.Sleep(24 * time.Second)
+	pods := f.Pods()
+	if len(pods) != 1 || string(pods[0].UID) != first || f.LogCount("runner started") != 1 {
+		t.Fatalf("after 24 s Pending: %d pods (first %s), %d runners started; want the first pod alone", len(pods), first, f.LogCount("runner started"))
 	}
-	t.Logf("status:\n%s", st)
+	// A node that fits appears.
+	ctx := context.Background()
+	label := func(v *string) {
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{late: v}}})
+		if _, err := harness.KubeCP.Client.CoreV1().Nodes().Patch(ctx, harness.KubeNode, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	yes := "yes"
+	label(&yes)
+	t.Cleanup(func() { label(nil) })
+	appeared := time.Now()
+	jobs := f.WaitJobs(1, 3*time.Minute)
+	if jobs[0].Conclusion != "success" {
+		t.Fatalf("job %s: %s", jobs[0].Name, jobs[0].Conclusion)
+	}
+	t.Logf("the job ran %s after the node appeared, on the pod Pending since the start", time.Since(appeared).Round(100*time.Millisecond))
+	// The pod that ran it is the first one, with the first registration.
+	if lines := harness.LogLines(f.LogPath, "runner removed"); len(lines) > 0 && strings.Contains(strings.Join(lines, "\n"), "not online after") {
+		t.Errorf("a pending runner was retired at bootstrap_timeout: %v", lines)
+	}
+	if n := f.LogCount("runner started"); n > 2 { // the first, and its slot's refill after the job
+		t.Errorf("%d runners started: the pending one was replaced", n)
+	}
+	t.Logf("status while pending:\n%s", st)
 	f.StopLeavesNothing()
 }
 
@@ -400,20 +423,48 @@ func runnerInPod(t *testing.T, repo, image, kc string, sel []string) {
 		jobs[0].Conclusion, strings.TrimSpace(harness.LastLine(jobs[0].Output)), took.Round(100*time.Millisecond))
 }
 
-// A pod whose image cannot be pulled stays Pending, and the kubelet's
-// reason shows in `runfleet status`.
-func TestKubeImagePullReason(t *testing.T) {
+// A pod whose image its registry does not have is refused at once: the
+// pool halts with the kubelet's words on the status page and in
+// `runfleet status`, and makes no second pod or registration. One whose
+// registry cannot be reached waits (Pending, ErrImagePull then
+// ImagePullBackOff in status) as the kubelet retries.
+func TestKubeBadImageHalts(t *testing.T) {
 	harness.NeedKube(t)
-	f := harness.NewFleet(t, "kpull", harness.FleetOptions{Size: 1, Kube: harness.KubeSection("runfleet-test/not-there:1", "")})
+	top, _, page := harness.Listeners(t)
+	f := harness.NewFleet(t, "kpull", harness.FleetOptions{Size: 2, Top: top, Kube: harness.KubeSection("runfleet-test/not-there:1", "")})
 	f.Start()
-	harness.Eventually(t, time.Minute, "the image pull failure in status", func() bool {
-		for _, r := range f.Status().Pools[0].Runners {
-			if strings.Contains(r.Reason, "ImagePullBackOff") || strings.Contains(r.Reason, "ErrImagePull") {
+	start := time.Now()
+	harness.Eventually(t, time.Minute, "the pool halted with the kubelet's reason", func() bool {
+		b := f.Status().Pools[0].Backoff
+		return b != nil && b.Halted && strings.Contains(b.Reason, "repository does not exist")
+	})
+	t.Logf("halted %s after start: %s", time.Since(start).Round(100*time.Millisecond), f.Status().Pools[0].Backoff.Reason)
+	if html := harness.HTTPGet(t, page+"/"); !strings.Contains(html, "repository does not exist") {
+		t.Errorf("status page lacks the reason")
+	}
+	if st := f.StatusTable(); !strings.Contains(st, "not starting runners") {
+		t.Errorf("status table lacks the halt:\n%s", st)
+	}
+	harness.Eventually(t, time.Minute, "the refused pods gone", func() bool { return f.LivePods() == 0 })
+	time.Sleep(5 * time.Second)
+	if n := f.LogCount("runner started"); n != 2 || f.LivePods() != 0 || len(f.Runners()) != 0 {
+		t.Errorf("%d runners started, %d pods, %d registrations: want the first two, then none", n, f.LivePods(), len(f.Runners()))
+	}
+	f.StopLeavesNothing()
+
+	g := harness.NewFleet(t, "kreg", harness.FleetOptions{Size: 1, Kube: harness.KubeSection("registry.invalid/runner:1", "")})
+	g.Start()
+	harness.Eventually(t, time.Minute, "the pull failure in status", func() bool {
+		for _, r := range g.Status().Pools[0].Runners {
+			if strings.Contains(r.Reason, "ImagePullBackOff") {
 				t.Logf("status: %s %s: %s", r.Name, r.State, r.Reason)
 				return true
 			}
 		}
 		return false
 	})
-	f.StopLeavesNothing()
+	if b := g.Status().Pools[0].Backoff; b != nil && b.Halted {
+		t.Errorf("halted on a registry that may come back: %s", b.Reason)
+	}
+	g.StopLeavesNothing()
 }

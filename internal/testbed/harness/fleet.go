@@ -689,7 +689,7 @@ func (f *Fleet) WaitJobs(n int, timeout time.Duration) []*sdk.ActionWorkflowJob 
 // one finds or the test fails.
 func (f *Fleet) rerunsPending() int {
 	lost := map[string]bool{}
-	for _, l := range LogLines(f.LogPath, "gitea: runner lost mid-job", "gitea: re-ran the failed jobs", "gitea: could not re-run") {
+	for _, l := range LogLines(f.LogPath, "gitea: runner lost mid-job", "gitea: re-ran the failed jobs", "gitea: could not re-run", "gitea: the lost runner's run succeeded") {
 		if id := rerunID.FindStringSubmatch(l); id != nil {
 			lost[id[1]] = strings.Contains(l, "runner lost mid-job")
 		}
@@ -734,6 +734,10 @@ type StatusDoc struct {
 	Pools []struct {
 		Name    string   `json:"name"`
 		Refused []string `json:"refused"`
+		Backoff *struct {
+			Halted bool   `json:"halted"`
+			Reason string `json:"reason"`
+		} `json:"backoff"`
 		Runners []struct {
 			Name     string `json:"name"`
 			State    string `json:"state"`

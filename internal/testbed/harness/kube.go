@@ -105,7 +105,26 @@ func NeedKube(t testing.TB) string {
 		}
 	})
 	peers.Need(t, "the Kubernetes control plane", kubeErr)
-	return img
+	return kubeImage(t, img)
+}
+
+var (
+	kubeImageOnce sync.Once
+	kubeImageTag  string
+	kubeImageErr  error
+)
+
+// kubeImage is the runner image that the pods run: the root one made a
+// user's, uid 1001 with a home of its own, as the project's own images
+// (images/) and GitHub's actions-runner run. A pod reads its credential
+// only through its fsGroup, as on a real kubelet.
+func kubeImage(t testing.TB, root string) string {
+	t.Helper()
+	kubeImageOnce.Do(func() {
+		kubeImageTag, kubeImageErr = peers.UserImage(context.Background(), DockerCli, root, "", "1001:1001")
+	})
+	peers.Need(t, "the non-root runner image", kubeImageErr)
+	return kubeImageTag
 }
 
 func stopKube() {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/distribution/reference"
 	"github.com/moby/moby/api/pkg/stdcopy"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
@@ -95,6 +96,9 @@ func (r *run) run(ctx context.Context) {
 		return
 	}
 	for _, c := range r.pod.Spec.InitContainers {
+		if !r.allowed(ctx, true, c) {
+			return
+		}
 		code, err := r.container(ctx, c, vols, secrets)
 		if r.stopped() {
 			return
@@ -110,6 +114,11 @@ func (r *run) run(ctx context.Context) {
 	}
 	if r.stopped() {
 		return
+	}
+	for _, c := range r.pod.Spec.Containers {
+		if !r.allowed(ctx, false, c) {
+			return
+		}
 	}
 	r.setRunning(ctx)
 	if d := r.pod.Spec.ActiveDeadlineSeconds; d != nil {
@@ -147,38 +156,143 @@ func (r *run) run(ctx context.Context) {
 }
 
 // waitImages holds the pod Pending while an image of its is not on the
-// engine, as a kubelet that cannot pull it does (no registry can be
-// reached here): ErrImagePull, then ImagePullBackOff. It reports whether
+// engine, as a kubelet does whose runtime cannot pull it (no registry can
+// be reached here), in the kubelet's words
+// (pkg/kubelet/images/image_manager.go, EnsureImageExists and
+// evalCRIPullErr): InvalidImageName for a name that does not parse;
+// else ErrImagePull with the runtime's error, then ImagePullBackOff,
+// "Back-off pulling image %q" with that error. The runtime's error is
+// containerd's (core/remotes/docker/resolver.go): the registry's
+// "repository does not exist" for an image of a registry that answers,
+// a failed lookup for one of a host named *.invalid. It reports whether
 // the images are there; false when the pod is stopped first.
 func (r *run) waitImages(ctx context.Context) bool {
-	reason := "ErrImagePull"
+	pulled := map[string]string{}
 	for {
-		missing := ""
-		for _, c := range append(append([]corev1.Container{}, r.pod.Spec.InitContainers...), r.pod.Spec.Containers...) {
+		missing, init := "", false
+		for i, c := range append(append([]corev1.Container{}, r.pod.Spec.InitContainers...), r.pod.Spec.Containers...) {
 			if _, err := r.n.docker.ImageInspect(ctx, c.Image); cerrdefs.IsNotFound(err) {
-				missing = c.Image
+				missing, init = c.Image, i < len(r.pod.Spec.InitContainers)
 				break
 			}
 		}
 		if missing == "" {
 			return true
 		}
-		msg := fmt.Sprintf("Back-off pulling image %q", missing)
-		err := r.n.setStatus(ctx, r.ns, r.name, r.uid, func(s *corev1.PodStatus) {
-			s.Phase, s.ContainerStatuses = corev1.PodPending, nil
-			for _, c := range r.pod.Spec.Containers {
-				s.ContainerStatuses = append(s.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image,
+		reason, msg := pullFailure(missing)
+		if last, tried := pulled[missing]; tried && reason == "ErrImagePull" {
+			reason, msg = "ImagePullBackOff", fmt.Sprintf("Back-off pulling image %q: ErrImagePull: %s", missing, last)
+		} else {
+			pulled[missing] = msg
+		}
+		if !r.hold(ctx, init, reason, msg) {
+			return false
+		}
+	}
+}
+
+// pullFailure is what a kubelet with containerd says of an image it
+// cannot pull.
+func pullFailure(image string) (reason, msg string) {
+	named, err := reference.ParseNormalizedNamed(image)
+	if err != nil {
+		return "InvalidImageName", fmt.Sprintf("Failed to apply default image tag %q: couldn't parse image name %q: %v", image, image, err)
+	}
+	ref := reference.TagNameOnly(named).String()
+	cause := "pull access denied, repository does not exist or may require authorization: server message: insufficient_scope: authorization failed"
+	if host := reference.Domain(named); strings.HasSuffix(host, ".invalid") {
+		cause = fmt.Sprintf("failed to do request: Head \"https://%s/v2/\": dial tcp: lookup %s: no such host", host, host)
+	}
+	return "ErrImagePull", fmt.Sprintf("failed to pull and unpack image %q: failed to resolve reference %q: %s", ref, ref, cause)
+}
+
+// hold writes the pod Pending, with every container (of the init
+// containers or the others) waiting for reason, and waits a while, as a
+// kubelet retries at its next sync. It reports false when the pod or the
+// node is stopped first.
+func (r *run) hold(ctx context.Context, init bool, reason, msg string) bool {
+	err := r.n.setStatus(ctx, r.ns, r.name, r.uid, func(s *corev1.PodStatus) {
+		s.Phase = corev1.PodPending
+		waiting := func(cs []corev1.Container) []corev1.ContainerStatus {
+			var out []corev1.ContainerStatus
+			for _, c := range cs {
+				out = append(out, corev1.ContainerStatus{Name: c.Name, Image: c.Image,
 					State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: msg}}})
 			}
-		})
-		if err != nil && !errors.Is(err, context.Canceled) {
-			r.n.log.Warn("pod status", "pod", r.name, "err", err)
+			return out
 		}
-		reason = "ImagePullBackOff"
-		select {
-		case <-r.stopping:
+		if init {
+			s.InitContainerStatuses, s.ContainerStatuses = waiting(r.pod.Spec.InitContainers), nil
+		} else {
+			s.ContainerStatuses = waiting(r.pod.Spec.Containers)
+		}
+	})
+	if err != nil && !errors.Is(err, context.Canceled) {
+		r.n.log.Warn("pod status", "pod", r.name, "err", err)
+	}
+	select {
+	case <-r.stopping:
+		return false
+	case <-ctx.Done(): // the node stops
+		return false
+	case <-time.After(2 * time.Second):
+		return true
+	}
+}
+
+// nonRoot refuses a container that runAsNonRoot forbids, in the kubelet's
+// words (pkg/kubelet/kuberuntime/security_context_others.go,
+// verifyRunAsNonRoot): its runAsUser is 0, or without one, the image's
+// user is root or a name, which cannot be checked. The kubelet holds such
+// a container waiting in CreateContainerConfigError.
+func (r *run) nonRoot(ctx context.Context, c corev1.Container) error {
+	var uid *int64
+	var want *bool
+	if psc := r.pod.Spec.SecurityContext; psc != nil {
+		uid, want = psc.RunAsUser, psc.RunAsNonRoot
+	}
+	if sc := c.SecurityContext; sc != nil {
+		uid, want = cmp.Or(sc.RunAsUser, uid), cmp.Or(sc.RunAsNonRoot, want)
+	}
+	if want == nil || !*want {
+		return nil
+	}
+	pod := fmt.Sprintf("%s_%s(%s)", r.name, r.ns, r.uid)
+	if uid != nil {
+		if *uid == 0 {
+			return fmt.Errorf("container's runAsUser breaks non-root policy (pod: %q, container: %s)", pod, c.Name)
+		}
+		return nil
+	}
+	img, err := r.n.docker.ImageInspect(ctx, c.Image)
+	if err != nil {
+		return err
+	}
+	user := ""
+	if img.Config != nil {
+		user, _, _ = strings.Cut(img.Config.User, ":")
+	}
+	n, err := strconv.ParseInt(user, 10, 64)
+	switch {
+	case user == "" || user == "root" || (err == nil && n == 0):
+		return fmt.Errorf("container has runAsNonRoot and image will run as root (pod: %q, container: %s)", pod, c.Name)
+	case err != nil:
+		return fmt.Errorf("container has runAsNonRoot and image has non-numeric user (%s), cannot verify user is non-root (pod: %q, container: %s)", user, pod, c.Name)
+	}
+	return nil
+}
+
+// allowed holds the pod while a container of its breaks runAsNonRoot, as
+// the kubelet does (the spec cannot change, so until it is deleted). It
+// reports false when the pod is stopped.
+func (r *run) allowed(ctx context.Context, init bool, c corev1.Container) bool {
+	for {
+		err := r.nonRoot(ctx, c)
+		if err == nil {
+			return true
+		}
+		if !r.hold(ctx, init, "CreateContainerConfigError", err.Error()) {
 			return false
-		case <-time.After(2 * time.Second):
 		}
 	}
 }

@@ -159,11 +159,12 @@ func BuildImage(ctx context.Context, cli *client.Client, repo string, extra ...I
 }
 
 // UserImage builds, from a local image, one that runs as user (uid or
-// uid:gid) with its home in /home/runner and files added, as runner
+// uid:gid) with its home in /home/runner, its own, and files added, as runner
 // images that run as a user of their own do (GitHub's actions-runner runs
 // as 1001, run.sh in its home), tagged tag or, with tag "", by a hash.
 func UserImage(ctx context.Context, cli *client.Client, base, tag, user string, files ...ImageFile) (string, error) {
-	return DeriveImage(ctx, cli, base, tag, fmt.Sprintf("USER %s\nENV HOME=/home/runner\n", user), files...)
+	uid, _, _ := strings.Cut(user, ":")
+	return DeriveImage(ctx, cli, base, tag, fmt.Sprintf("RUN mkdir -p /home/runner && chown %s /home/runner\nUSER %s\nENV HOME=/home/runner\n", uid, user), files...)
 }
 
 // DeriveImage builds, from a local image, one with files added and then
