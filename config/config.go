@@ -111,6 +111,12 @@ type LeaderElection struct {
 	LeaseDuration Duration `json:"lease_duration"`
 	RenewDeadline Duration `json:"renew_deadline"`
 	RetryPeriod   Duration `json:"retry_period"`
+	// Advertise is where the other candidates reach this manager's
+	// webhook listener while it leads ("http://${POD_IP}:8080"): a
+	// standby that receives a webhook (a Service's endpoints lag a
+	// failover) forwards it there rather than act on it. Without it,
+	// a standby answers a webhook 503.
+	Advertise string `json:"advertise"`
 }
 
 // Leader election defaults: a leader killed with -9 is taken over within

@@ -289,6 +289,8 @@ func TestLeaderElection(t *testing.T) {
 		{"  renew_deadline: 2s\n  retry_period: 2s\n", "leader_election.retry_period"},
 		{"  lease_duration: soon\n", `leader_election.lease_duration`},
 		{"  lease: Not_A_Name\n", "leader_election.lease"},
+		{"  advertise: 10.0.0.5:8080\n", "leader_election.advertise"},
+		{"  advertise: http://10.0.0.5:8080/webhook/x\n", "leader_election.advertise"},
 		{"  in_cluster: true\n  kubeconfig: /k\n", "leader_election.in_cluster"},
 		{"  colour: blue\n", "colour"},
 	} {

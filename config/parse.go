@@ -371,6 +371,9 @@ func (c *Config) resolve() error {
 		if le.Identity, err = Expand(le.Identity); err != nil {
 			errs = append(errs, fmt.Errorf("leader_election.identity: %w", err))
 		}
+		if le.Advertise, err = Expand(le.Advertise); err != nil {
+			errs = append(errs, fmt.Errorf("leader_election.advertise: %w", err))
+		}
 	}
 	for i := range c.Pools {
 		for k, v := range c.Pools[i].Env {

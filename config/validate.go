@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/url"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -142,6 +143,11 @@ func (le *LeaderElection) validate(ps *problems) {
 	}
 	if le.InCluster && (le.Kubeconfig != "" || le.Context != "") {
 		ps.add(f+".in_cluster", "is set with kubeconfig or context; keep one")
+	}
+	if le.Advertise != "" {
+		if u, err := url.Parse(le.Advertise); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+			ps.add(f+".advertise", "%q is not this manager's webhook listener as a URL (http://<address>:<port>)", le.Advertise)
+		}
 	}
 	if le.Lease != "" && !leaseRE.MatchString(le.Lease) {
 		ps.add(f+".lease", "%q is not a valid Lease name", le.Lease)

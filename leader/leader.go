@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/retry"
 )
 
 // Options configure an election.
@@ -34,8 +35,21 @@ type Options struct {
 	// leader tries to renew before it stands down; RetryPeriod is the
 	// pace of both.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
-	Logger                                    *slog.Logger
+	// Advertise, when set, is written on the Lease while this manager
+	// leads (AnnotationWebhooks, with AnnotationHolder): where the others
+	// forward the webhooks they receive.
+	Advertise string
+	Logger    *slog.Logger
 }
+
+// The Lease's annotations that say where its holder takes webhooks. The
+// holder's identity is written with the address, so that a leader's
+// address is not taken for its successor's before that one writes its
+// own.
+const (
+	AnnotationWebhooks = "runfleet.dev/webhooks"
+	AnnotationHolder   = "runfleet.dev/webhooks-holder"
+)
 
 // ErrLost is returned by Run when the lease was lost while leading: the
 // manager stopped acting, and should exit.
@@ -89,6 +103,9 @@ func Run(ctx context.Context, o Options, act func(ctx context.Context, lost <-ch
 				leading = true
 				mu.Unlock()
 				log.Info("leader election: this manager leads; acting")
+				if o.Advertise != "" {
+					advertise(lctx, o, log)
+				}
 				gone := make(chan struct{})
 				go func() {
 					<-lctx.Done()
@@ -146,4 +163,41 @@ func Run(ctx context.Context, o Options, act func(ctx context.Context, lost <-ch
 		return ErrLost
 	}
 	return nil
+}
+
+// advertise writes where this leader takes webhooks on the Lease's
+// annotations, with get and update (the verbs the election needs: no
+// patch right), again on a conflict with a renewal; a renewal keeps
+// annotations it did not write. A failure is logged: standbys then answer
+// webhooks 503 instead of forwarding them.
+func advertise(ctx context.Context, o Options, log *slog.Logger) {
+	leases := o.Client.CoordinationV1().Leases(o.Namespace)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l, err := leases.Get(ctx, o.Lease, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if l.Annotations == nil {
+			l.Annotations = map[string]string{}
+		}
+		l.Annotations[AnnotationWebhooks], l.Annotations[AnnotationHolder] = o.Advertise, o.Identity
+		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		log.Error("leader election: could not advertise this manager's webhook listener on the Lease; standbys will refuse webhooks", "err", err)
+	}
+}
+
+// Advertised returns where the Lease's holder takes webhooks, "" when it
+// says nothing (or only its predecessor's address).
+func Advertised(ctx context.Context, client kubernetes.Interface, namespace, lease string) (string, error) {
+	l, err := client.CoordinationV1().Leases(namespace).Get(ctx, lease, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("leader election: read the Lease: %w", err)
+	}
+	if l.Spec.HolderIdentity == nil || l.Annotations[AnnotationHolder] != *l.Spec.HolderIdentity {
+		return "", nil
+	}
+	return l.Annotations[AnnotationWebhooks], nil
 }

@@ -3,12 +3,14 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"embed"
 	"errors"
 	"fmt"
 	"html/template"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -55,6 +57,14 @@ type Config struct {
 	// Jobs is the history of jobs, served at /jobs and /jobs/<id>; nil
 	// serves none.
 	Jobs Jobs
+	// Forward, when set, says whether this manager is a standby that
+	// does not act on webhooks, and where the manager that does takes
+	// them (the leader's webhook listener, as its Lease advertises it;
+	// "" when it says none). A standby checks a delivery's signature,
+	// then forwards it there, answering with the leader's answer; with
+	// nowhere to forward it, it answers 503, so that the forge shows the
+	// delivery failed and it can be redelivered.
+	Forward func(ctx context.Context) (leader string, standby bool)
 	// Handoff is the pool's desk where its cloud instances claim their
 	// runner's assignment (provider.Handoffer), served on the webhook
 	// listener at /handoff/<pool>; nil for a pool without one.
@@ -204,8 +214,21 @@ func (s *server) webhook(w http.ResponseWriter, r *http.Request) {
 		t.Stop()
 		return
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, maxPayload)
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxPayload))
+	if err != nil {
+		s.count(name, "bad_request")
+		log.Warn("webhook refused: body not read", "err", err)
+		http.Error(w, "body not read", http.StatusBadRequest)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
 	dl, err := hook.Parser.ParseWebhook(r, hook.Secret)
+	if err == nil && s.cfg.Forward != nil {
+		if leader, standby := s.cfg.Forward(r.Context()); standby {
+			s.forward(w, r, leader, body, log)
+			return
+		}
+	}
 	switch {
 	case errors.Is(err, forge.ErrBadSignature):
 		s.count(name, "bad_signature")
@@ -238,6 +261,47 @@ func (s *server) webhook(w http.ResponseWriter, r *http.Request) {
 	log.Debug("webhook", "job", job.ID, "run", job.RunID, "name", job.Name, "status", job.Status, "labels", job.Labels, "runner", job.RunnerID)
 	w.WriteHeader(http.StatusAccepted)
 }
+
+// forwardedHeader marks a delivery a standby forwarded: a manager that
+// receives one and does not act either does not forward it again.
+const forwardedHeader = "X-Runfleet-Forwarded"
+
+// forwardTimeout bounds a forwarded delivery: the forges wait 10 s
+// (GitHub) to 30 s for an answer.
+const forwardTimeout = 8 * time.Second
+
+// forward hands a checked delivery, as it came, to the leader at base,
+// and its answer back to the forge.
+func (s *server) forward(w http.ResponseWriter, r *http.Request, base string, body []byte, log *slog.Logger) {
+	if base == "" || r.Header.Get(forwardedHeader) != "" {
+		s.count(r.PathValue("forge"), "standby")
+		log.Warn("webhook refused: this manager is a standby, and the leader takes no webhooks it knows of")
+		http.Error(w, "a standby: the leader takes webhooks", http.StatusServiceUnavailable)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), forwardTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+r.URL.Path, bytes.NewReader(body))
+	if err == nil {
+		req.Header = r.Header.Clone()
+		req.Header.Set(forwardedHeader, "1")
+		var resp *http.Response
+		if resp, err = forwardClient.Do(req); err == nil {
+			defer resp.Body.Close()
+			s.count(r.PathValue("forge"), "forwarded")
+			log.Debug("webhook forwarded to the leader", "leader", base, "status", resp.StatusCode)
+			w.WriteHeader(resp.StatusCode)
+			_, _ = io.Copy(w, io.LimitReader(resp.Body, 4096))
+			return
+		}
+	}
+	s.count(r.PathValue("forge"), "standby")
+	log.Warn("webhook refused: this manager is a standby, and the leader could not be reached", "leader", base, "err", err)
+	http.Error(w, "a standby: the leader could not be reached", http.StatusBadGateway)
+}
+
+// forwardClient follows no redirect: a leader answers, or not.
+var forwardClient = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 
 func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Healthy != nil {

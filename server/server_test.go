@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -298,5 +299,58 @@ func TestHandoffOnTheWebhookListener(t *testing.T) {
 	Status(Config{Handoff: func(string) http.Handler { return desk }}).ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/handoff/gpu", nil))
 	if w.Code == http.StatusTeapot {
 		t.Error("the status listener serves a desk")
+	}
+}
+
+// A standby checks a delivery's signature, then forwards it as it came to
+// the leader and answers with the leader's answer; a forged one is
+// refused at the standby; with no leader to forward to, or a delivery
+// forwarded already, it answers 503 and acts on nothing.
+func TestStandbyForwardsToTheLeader(t *testing.T) {
+	var got atomic.Value
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got.Store(r.URL.Path + " " + r.Header.Get("X-Sig") + " " + string(b))
+		w.WriteHeader(http.StatusAccepted)
+	}))
+	defer leader.Close()
+	p := parserFunc(func(r *http.Request, secret []byte) (forge.Delivery, error) {
+		if r.Header.Get("X-Sig") != "good" {
+			return forge.Delivery{}, forge.ErrBadSignature
+		}
+		io.ReadAll(r.Body)
+		return forge.Delivery{Event: "workflow_job", Job: &forge.Job{ID: 7}}, nil
+	})
+	var reported atomic.Int64
+	target := leader.URL
+	h := Webhooks(Config{
+		Hooks:   map[string]Hook{"f": {Parser: p, Secret: []byte("s")}},
+		Report:  func(demand.Job) bool { reported.Add(1); return true },
+		Forward: func(context.Context) (string, bool) { return target, true },
+	})
+	post := func(sig string, forwarded bool) *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/webhook/f", strings.NewReader(`{"job":7}`))
+		r.Header.Set("X-Sig", sig)
+		if forwarded {
+			r.Header.Set(forwardedHeader, "1")
+		}
+		return do(h, r)
+	}
+	if w := post("good", false); w.Code != http.StatusAccepted || got.Load() != `/webhook/f good {"job":7}` {
+		t.Errorf("forwarded: %d, the leader got %v", w.Code, got.Load())
+	}
+	got.Store("")
+	if w := post("forged", false); w.Code != http.StatusUnauthorized || got.Load() != "" {
+		t.Errorf("forged: %d, the leader got %q", w.Code, got.Load())
+	}
+	if w := post("good", true); w.Code != http.StatusServiceUnavailable || got.Load() != "" {
+		t.Errorf("forwarded twice: %d, the leader got %q", w.Code, got.Load())
+	}
+	target = ""
+	if w := post("good", false); w.Code != http.StatusServiceUnavailable {
+		t.Errorf("no leader known: %d, want 503", w.Code)
+	}
+	if n := reported.Load(); n != 0 {
+		t.Errorf("the standby acted on %d deliveries", n)
 	}
 }

@@ -130,10 +130,11 @@ func runElected(ctx context.Context, fleet *daemon.Fleet, le *config.LeaderElect
 		return fmt.Errorf("leader_election: %w", err)
 	}
 	led := false
+	fleet.LeaderAt(func(ctx context.Context) (string, error) { return leader.Advertised(ctx, cs, ns, le.Lease) })
 	err = leader.Run(ctx, leader.Options{
 		Client: cs, Namespace: ns, Lease: le.Lease, Identity: cmp.Or(le.Identity, leader.Identity()),
 		LeaseDuration: le.LeaseDuration.Duration, RenewDeadline: le.RenewDeadline.Duration, RetryPeriod: le.RetryPeriod.Duration,
-		Logger: log,
+		Advertise: le.Advertise, Logger: log,
 	}, func(ctx context.Context, lost <-chan struct{}) {
 		led = true
 		fleet.RunLeader(ctx, lost)

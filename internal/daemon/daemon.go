@@ -44,6 +44,12 @@ type Fleet struct {
 	// acting is what /readyz tells: actingYes while the fleet runs (and
 	// leads, where it is elected).
 	acting atomic.Int32
+	// findLeader reads where the leader takes webhooks (LeaderAt);
+	// leaderURL is its last answer, read at leaderRead.
+	findLeader func(context.Context) (string, error)
+	leaderMu   sync.Mutex
+	leaderURL  string
+	leaderRead time.Time
 	Pools  []*pool.Pool
 	// Forges by pool name, for reading jobs.
 	Forges map[string]forge.Forge

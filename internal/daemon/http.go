@@ -46,7 +46,43 @@ func (f *Fleet) serverConfig() server.Config {
 		Logger:  f.log.With("component", "server"),
 		Jobs:    f,
 		Handoff: f.handoff,
+		Forward: f.forwardTo,
 	}
+}
+
+// LeaderAt tells the fleet, a candidate of a leader election, how to find
+// where the leader takes webhooks: a standby forwards what it receives
+// there (server.Config.Forward).
+func (f *Fleet) LeaderAt(find func(ctx context.Context) (string, error)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.findLeader = find
+}
+
+// leaderKeep is how long the leader's address, once read, is used: one
+// Lease read a second at most, however many deliveries arrive.
+const leaderKeep = time.Second
+
+// forwardTo says whether the fleet is a standby, and where its leader
+// takes webhooks.
+func (f *Fleet) forwardTo(ctx context.Context) (string, bool) {
+	f.mu.Lock()
+	find := f.findLeader
+	f.mu.Unlock()
+	if find == nil || f.acting.Load() != actingNot {
+		return "", false
+	}
+	f.leaderMu.Lock()
+	defer f.leaderMu.Unlock()
+	if time.Since(f.leaderRead) < leaderKeep {
+		return f.leaderURL, true
+	}
+	url, err := find(ctx)
+	if err != nil {
+		f.log.Warn("leader election: where the leader takes webhooks could not be read", "err", err)
+	}
+	f.leaderURL, f.leaderRead = url, time.Now()
+	return url, true
 }
 
 // handoff is the desk of the pool's provider, nil when it has none.

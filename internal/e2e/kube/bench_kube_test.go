@@ -14,19 +14,24 @@ import (
 	"github.com/runfleet/runfleet/internal/testbed/harness"
 )
 
-// BenchmarkKubeScale starts a pool of 500 runner pods from nothing, on
+// BenchmarkKubeScale starts a pool of 500, then 1,000 runner pods from nothing, on
 // kwok's fake nodes (the pods run no containers) with registrations at
 // the GitHub simulator (whose runners never come online here): the time
-// from the manager's start until the apiserver lists all 500 pods Running,
+// from the manager's start until the apiserver lists all the pods Running,
 // the apiserver requests per pod (runfleet_provider_api_calls_total), and
 // the manager's RSS then. ARC publishes 0 to 30 pods in about 15 s.
 //
 //	go test ./internal/e2e -run '^$' -bench KubeScale -benchtime 1x
 func BenchmarkKubeScale(b *testing.B) {
-	const pods = 500
 	harness.NeedKube(b)
+	for _, pods := range []int{500, 1000} {
+		b.Run(fmt.Sprintf("pods=%d", pods), func(b *testing.B) { kubeScale(b, pods) })
+	}
+}
+
+func kubeScale(b *testing.B, pods int) {
 	for i := range b.N {
-		name := fmt.Sprintf("kscale%d", i)
+		name := fmt.Sprintf("kscale%d-%d", pods, i)
 		top, _, status := harness.Listeners(b)
 		f := harness.NewGitHubFleet(b, name, harness.GitHubOptions{Size: pods, Max: pods, Top: top,
 			Forge: "    calls_per_hour: 10000000\n    call_burst: 5000\n",
@@ -59,11 +64,11 @@ func BenchmarkKubeScale(b *testing.B) {
 		took := time.Since(start)
 		calls := harness.MetricValue(b, status+"/metrics", "runfleet_provider_api_calls_total")
 		rss := harness.RSSMiB(f.Cmd.Process.Pid)
-		b.ReportMetric(took.Seconds(), "s-to-500-running")
-		b.ReportMetric(calls/pods, "apiserver-requests/pod")
+		b.ReportMetric(took.Seconds(), "s-to-all-running")
+		b.ReportMetric(calls/float64(pods), "apiserver-requests/pod")
 		b.ReportMetric(rss, "manager-RSS-MiB")
 		b.Logf("0 -> %d pods running in %s; %.0f apiserver requests (%.2f per pod); manager RSS %.1f MiB",
-			pods, took.Round(100*time.Millisecond), calls, calls/pods, rss)
+			pods, took.Round(100*time.Millisecond), calls, calls/float64(pods), rss)
 		if err := f.Stop(3 * time.Minute); err != nil {
 			b.Fatal(err)
 		}

@@ -129,3 +129,70 @@ func TestKubeFailover(t *testing.T) {
 		t.Error("manager-a's log shows the forge token")
 	}
 }
+
+// A webhook delivered to the standby (a Service's endpoints lag a
+// failover; a forge pointed at one replica) reaches the leader: the
+// standby checks its signature and forwards it to the address the leader
+// wrote on the Lease, and the leader starts a runner for the job. The
+// pool scales on webhooks alone (no polling), so nothing else could start
+// it. /readyz tells the two apart.
+func TestKubeStandbyForwardsWebhooks(t *testing.T) {
+	img := harness.NeedKube(t)
+	_, hooksA, statusA := harness.Listeners(t)
+	_, hooksB, statusB := harness.Listeners(t)
+	top := fmt.Sprintf(`leader_election:
+  kubeconfig: %s
+  namespace: %s
+  lease: forward
+  identity: ${E2E_MANAGER}
+  advertise: ${E2E_HOOKS}
+`, harness.KubeconfigPath, harness.KubeNamespace)
+	a := harness.NewFleet(t, "kfwd", harness.FleetOptions{Size: 0, Max: 2, Top: top, Kube: harness.KubeSection(img, ""),
+		Forge: "    webhook_secret: " + harness.HookSecret + "\n    poll_interval: 0s\n", Extra: "    idle_timeout: 30s\n"})
+	a.Env = []string{"E2E_MANAGER=manager-a", "E2E_HOOKS=" + hooksA}
+	a.Args = []string{"--listen", strings.TrimPrefix(hooksA, "http://"), "--status-listen", strings.TrimPrefix(statusA, "http://")}
+	b := &harness.Fleet{T: t, Repo: a.Repo, Dir: t.TempDir(), State: a.State, Work: a.Work, Config: a.Config, Kube: true,
+		Env:  []string{"E2E_MANAGER=manager-b", "E2E_HOOKS=" + hooksB},
+		Args: []string{"--listen", strings.TrimPrefix(hooksB, "http://"), "--status-listen", strings.TrimPrefix(statusB, "http://")}}
+	t.Cleanup(b.Cleanup)
+	a.Start()
+	harness.Eventually(t, time.Minute, "manager-a leads", func() bool { return harness.LogHas(a.LogPath, "this manager leads") })
+	b.Start()
+	harness.Eventually(t, time.Minute, "manager-b waits", func() bool { return harness.LogHas(b.LogPath, "another manager leads; waiting") })
+	if code, _ := harness.Get(t, statusA+"/readyz"); code != 200 {
+		t.Errorf("the leader's /readyz: %d", code)
+	}
+	if code, body := harness.Get(t, statusB+"/readyz"); code != 503 {
+		t.Errorf("the standby's /readyz: %d %s, want 503", code, body)
+	}
+	// The forge knows only the standby.
+	b.Hooks = hooksB
+	b.AddWebhook()
+	a.Push(harness.Matrix("kfwd", 1, "echo done"))
+	jobs := a.WaitJobs(1, 3*time.Minute)
+	harness.CheckJobs(t, jobs)
+	fwd := harness.LogLines(b.LogPath, "webhook forwarded to the leader")
+	started := harness.LogLines(a.LogPath, "runner started")
+	if len(fwd) == 0 || len(started) == 0 {
+		t.Fatalf("forwarded %d deliveries, the leader started %d runners", len(fwd), len(started))
+	}
+	took := logTime(t, started[0]).Sub(logTime(t, fwd[0]))
+	t.Logf("the standby forwarded the queued delivery at %s; the leader's runner started %s later", logTime(t, fwd[0]).Format("15:04:05.000"), took.Round(time.Millisecond))
+	if harness.LogHas(b.LogPath, "runner started") {
+		t.Error("the standby started a runner")
+	}
+	a.StopLeavesNothing()
+	b.StopLeavesNothing()
+}
+
+// logTime is a manager log line's time.
+func logTime(t *testing.T, line string) time.Time {
+	t.Helper()
+	_, rest, _ := strings.Cut(line, "time=")
+	ts, _, _ := strings.Cut(rest, " ")
+	at, err := time.Parse(time.RFC3339Nano, ts)
+	if err != nil {
+		t.Fatalf("no time in %q", line)
+	}
+	return at
+}

@@ -146,7 +146,10 @@ func NeedBinaries(t testing.TB) {
 
 // Fleet is one test's manager setup: a repository, a config, a state dir.
 type Fleet struct {
-	T        testing.TB
+	T testing.TB
+	// Args are added to serve's (--listen, for a second manager on the
+	// same config).
+	Args     []string
 	Repo     string
 	Dir      string
 	State    string
@@ -371,7 +374,7 @@ func (f *Fleet) Start() {
 	if err != nil {
 		f.T.Fatal(err)
 	}
-	f.Cmd = exec.Command(cmp.Or(f.bin, FleetBin), "serve", "-c", f.Config, "--log-level", "debug")
+	f.Cmd = exec.Command(cmp.Or(f.bin, FleetBin), append([]string{"serve", "-c", f.Config, "--log-level", "debug"}, f.Args...)...)
 	f.Cmd.Env = append(f.env(), "E2E_GITHUB_TOKEN="+GHToken)
 	if f.cred != nil {
 		f.Cmd.SysProcAttr = &syscall.SysProcAttr{Credential: f.cred}

@@ -56,7 +56,7 @@ func (k *Kube) StartKwok(ctx context.Context) error {
 // labels.
 func (k *Kube) FakeNode(ctx context.Context, name string, capacity map[string]string, labels map[string]string) error {
 	list := corev1.ResourceList{}
-	for r, q := range map[string]string{"cpu": "32", "memory": "256Gi", "pods": "1000"} {
+	for r, q := range map[string]string{"cpu": "32", "memory": "256Gi", "pods": "2000"} {
 		list[corev1.ResourceName(r)] = resource.MustParse(q)
 	}
 	for r, q := range capacity {

@@ -30,7 +30,11 @@ the cluster needs filled in where the values leave it out. */}}
 {{- $c := deepCopy .Values.config -}}
 {{- $_ := set $c "state_dir" (default "/var/lib/runfleet" $c.state_dir) -}}
 {{- if and (gt (int .Values.replicaCount) 1) (not (hasKey $c "leader_election")) -}}
-{{- $_ := set $c "leader_election" (dict "in_cluster" true "identity" "${POD_NAME}") -}}
+{{- $le := dict "in_cluster" true "identity" "${POD_NAME}" -}}
+{{- if .Values.service.webhookPort -}}
+{{- $_ := set $le "advertise" (printf "http://${POD_IP}:%v" .Values.service.webhookPort) -}}
+{{- end -}}
+{{- $_ := set $c "leader_election" $le -}}
 {{- end -}}
 {{- if and .Values.history.persistence.enabled (not (hasKey $c "history")) -}}
 {{- $_ := set $c "history" (dict "path" "/var/lib/runfleet-history/history.db") -}}
