@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -323,6 +324,46 @@ func TestPodRunsOnANode(t *testing.T) {
 	}
 }
 
+// The same pods on a real kubelet (k8s.io/kubernetes at peers.KubeVersion,
+// Debian's containerd and runc): the Secret's files as the kubelet itself
+// writes them, the user as the runtime sets it. An image that runs as uid
+// 1001 reads its credential only through the pod's fsGroup. The pods use
+// the host's network (pod_template): no CNI plugin runs here.
+func TestPodOnARealKubelet(t *testing.T) {
+	needKube(t)
+	ctx := context.Background()
+	cli, img := needDocker(t)
+	nonRoot, err := peers.UserImage(ctx, cli, img, "", "1001:1001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kl, err := kube.StartKubelet(ctx, peers.KubeletOptions{Name: "kubelet-1", Labels: map[string]string{"pool": "kubelet"},
+		Images: []string{img, nonRoot}, Base: img, Docker: cli, Progress: os.Stderr})
+	peers.Need(t, "a real kubelet", err)
+	t.Cleanup(kl.Stop)
+	data := t.TempDir()
+	os.WriteFile(data+"/hello.txt", []byte("dataset-content\n"), 0o644)
+	os.Chmod(data, 0o777)
+	for _, tc := range []struct {
+		name, image, uid string
+		sc               *corev1.PodSecurityContext
+	}{
+		{"root image", img, "1001", nil},
+		{"user 1001", nonRoot, "1001", nil},
+		{"root pool", img, "0", &corev1.PodSecurityContext{RunAsUser: new(int64(0))}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := fmt.Sprintf("test-%d", nsSerial.Add(1))
+			if err := kube.Namespace(ctx, ns); err != nil {
+				t.Fatal(err)
+			}
+			p := openProvider(t, ns, "m1", Section{Image: tc.image, NodeSelector: map[string]string{"pool": "kubelet"},
+				Volumes: []string{data + ":/data"}, SecurityContext: tc.sc, PodTemplate: json.RawMessage(`{"spec":{"hostNetwork":true}}`)})
+			podRuns(t, p, nil, ns, tc.uid)
+		})
+	}
+}
+
 // A pool that asks for root and runAsNonRoot at once gets a pod the
 // kubelet holds in CreateContainerConfigError: the provider lists it
 // refused, with the kubelet's words and what to change.
@@ -404,7 +445,10 @@ func podRuns(t *testing.T, p *Provider, node *kubenode.Node, ns, uid string) {
 	}
 	eventually(t, "pod object gone", func() bool {
 		l, _ := kube.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-		n, _ := node.Containers(ctx)
+		n := 0
+		if node != nil { // kubenode's containers, gone with the pod
+			n, _ = node.Containers(ctx)
+		}
 		return len(l.Items) == 0 && n == 0
 	})
 }

@@ -35,7 +35,7 @@ func kubeScale(b *testing.B, pods int) {
 		top, _, status := harness.Listeners(b)
 		f := harness.NewGitHubFleet(b, name, harness.GitHubOptions{Size: pods, Max: pods, Top: top,
 			Forge: "    calls_per_hour: 10000000\n    call_burst: 5000\n",
-			Pool: "    provider: kubernetes\n    kubernetes:\n      kubeconfig: " + harness.KubeconfigPath + "\n      namespace: " + harness.KubeNamespace +
+			Pool: "    provider: kubernetes\n    kubernetes:\n      kubeconfig: " + harness.KubeconfigPath + "\n      namespace: " + harness.KubeRunnerNamespace +
 				"\n      image: runner:fake\n      node_selector: {" + harness.KubeNodeLabel + ": kwok}\n"})
 		f.Kube = true
 		cfg, _ := os.ReadFile(f.Config)
@@ -50,7 +50,7 @@ func kubeScale(b *testing.B, pods int) {
 				b.Fatalf("%d of %d pods running after 5m", running, pods)
 			}
 			time.Sleep(250 * time.Millisecond)
-			l, err := harness.KubeCP.Client.CoreV1().Pods(harness.KubeNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: f.KubeSelector()})
+			l, err := harness.KubeCP.Client.CoreV1().Pods(harness.KubeRunnerNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: f.KubeSelector()})
 			if err != nil {
 				continue
 			}

@@ -77,6 +77,10 @@ func TestHelmChart(t *testing.T) {
 	if cfg.LeaderElection == nil || !cfg.LeaderElection.InCluster || cfg.LeaderElection.Identity != name+"-abc" {
 		t.Errorf("leader election: %+v", cfg.LeaderElection)
 	}
+	// The runner pods go to their own namespace.
+	if !strings.Contains(string(cfg.Pools[0].Section), `"namespace":"`+harness.KubeRunnerNamespace+`"`) {
+		t.Errorf("the pool's pods are not in %s: %s", harness.KubeRunnerNamespace, cfg.Pools[0].Section)
+	}
 	onClaim := false
 	for _, v := range pod.Volumes {
 		if v.PersistentVolumeClaim == nil {

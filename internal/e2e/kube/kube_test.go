@@ -117,7 +117,7 @@ func TestKubeCrashAdopts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prov, err := kube.New(kube.Options{Client: cs, Namespace: harness.KubeNamespace, Manager: "e2e-kcrash", Pool: "kcrash",
+	prov, err := kube.New(kube.Options{Client: cs, Namespace: harness.KubeRunnerNamespace, Manager: "e2e-kcrash", Pool: "kcrash",
 		Section: kube.Section{Image: img, Workdir: "/runner", NodeSelector: map[string]string{harness.KubeNodeLabel: "docker"}}})
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +192,7 @@ func TestKubePendingWaitsForANode(t *testing.T) {
 	top, _, page := harness.Listeners(t)
 	late := "runfleet.dev/late-" + strconv.Itoa(os.Getpid())
 	f := harness.NewFleet(t, "kpend", harness.FleetOptions{Size: 1, Max: 1, Top: top, Kube: "      kubeconfig: " + harness.KubeconfigPath + "\n" +
-		"      namespace: " + harness.KubeNamespace + "\n      image: " + img + "\n      node_selector: {" + harness.KubeNodeLabel + ": docker, " + late + ": \"yes\"}\n"})
+		"      namespace: " + harness.KubeRunnerNamespace + "\n      image: " + img + "\n      node_selector: {" + harness.KubeNodeLabel + ": docker, " + late + ": \"yes\"}\n"})
 	b, _ := os.ReadFile(f.Config)
 	os.WriteFile(f.Config, []byte(strings.Replace(string(b), "bootstrap_timeout: 1m", "bootstrap_timeout: 4s", 1)), 0o600)
 	f.Start()
@@ -274,8 +274,8 @@ func TestKubeEvictedPodIsLost(t *testing.T) {
 		}
 	}
 	evicted := time.Now()
-	err := harness.KubeCP.Client.CoreV1().Pods(harness.KubeNamespace).EvictV1(context.Background(), &policyv1.Eviction{
-		ObjectMeta: metav1.ObjectMeta{Name: victim.Name, Namespace: harness.KubeNamespace},
+	err := harness.KubeCP.Client.CoreV1().Pods(harness.KubeRunnerNamespace).EvictV1(context.Background(), &policyv1.Eviction{
+		ObjectMeta: metav1.ObjectMeta{Name: victim.Name, Namespace: harness.KubeRunnerNamespace},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -385,7 +385,7 @@ func runnerInPod(t *testing.T, repo, image, kc string, sel []string) {
 	cmd, out := harness.StartRunner(t, []string{"KUBERNETES_CONFIGURATION=" + kc}, args...)
 	managed := metav1.ListOptions{LabelSelector: "app.kubernetes.io/managed-by=runfleet"}
 	harness.Eventually(t, time.Minute, "the runner's pod", func() bool {
-		l, _ := harness.KubeCP.Client.CoreV1().Pods(harness.KubeNamespace).List(context.Background(), managed)
+		l, _ := harness.KubeCP.Client.CoreV1().Pods(harness.KubeRunnerNamespace).List(context.Background(), managed)
 		for _, p := range l.Items {
 			b, _ := json.Marshal(p)
 			if strings.Contains(string(b), harness.GHToken) || strings.Contains(string(b), kc) {
@@ -415,8 +415,8 @@ func runnerInPod(t *testing.T, repo, image, kc string, sel []string) {
 		t.Errorf("registrations left: %+v", r)
 	}
 	harness.Eventually(t, time.Minute, "no pod or Secret left", func() bool {
-		p, _ := harness.KubeCP.Client.CoreV1().Pods(harness.KubeNamespace).List(context.Background(), managed)
-		s, _ := harness.KubeCP.Client.CoreV1().Secrets(harness.KubeNamespace).List(context.Background(), managed)
+		p, _ := harness.KubeCP.Client.CoreV1().Pods(harness.KubeRunnerNamespace).List(context.Background(), managed)
+		s, _ := harness.KubeCP.Client.CoreV1().Secrets(harness.KubeRunnerNamespace).List(context.Background(), managed)
 		return len(p.Items)+len(s.Items) == 0
 	})
 	t.Logf("--cloud=kubernetes --single: job %s in pod %q, exited %s after the job was queued, nothing left",

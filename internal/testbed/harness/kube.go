@@ -28,8 +28,9 @@ import (
 // and runfleet's own manifests from deploy/kubernetes: the managers act
 // as the runfleet service account, with exactly the RBAC those grant.
 const (
-	KubeNamespace = "runfleet"
-	KubeNodeLabel = "runfleet.dev/test-node"
+	KubeNamespace       = "runfleet"         // the manager's: its Lease
+	KubeRunnerNamespace = "runfleet-runners" // the runner pods' own
+	KubeNodeLabel       = "runfleet.dev/test-node"
 )
 
 // KubeNode is the name of the node that runs pods on the Docker engine.
@@ -69,10 +70,12 @@ func NeedKube(t testing.TB) string {
 				return
 			}
 		}
-		if kubeErr = KubeCP.Namespace(ctx, KubeNamespace); kubeErr != nil {
-			return
+		for _, ns := range []string{KubeNamespace, KubeRunnerNamespace} {
+			if kubeErr = KubeCP.Namespace(ctx, ns); kubeErr != nil {
+				return
+			}
 		}
-		if KubeconfigPath, kubeErr = KubeCP.TokenKubeconfig(ctx, KubeNamespace, "runfleet"); kubeErr != nil {
+		if KubeconfigPath, kubeErr = KubeCP.TokenKubeconfig(ctx, KubeNamespace, "runfleet", KubeRunnerNamespace); kubeErr != nil {
 			return
 		}
 		// A node name of this process's own: kubenode removes every
@@ -139,7 +142,7 @@ func stopKube() {
 // KubeSection is a pool's kubernetes section for the test node.
 func KubeSection(img string, extra string) string {
 	return "      kubeconfig: " + KubeconfigPath + "\n" +
-		"      namespace: " + KubeNamespace + "\n" +
+		"      namespace: " + KubeRunnerNamespace + "\n" +
 		"      image: " + img + "\n" +
 		"      node_selector: {" + KubeNodeLabel + ": docker}\n" + extra
 }
@@ -148,7 +151,7 @@ func (f *Fleet) KubeSelector() string { return kube.LabelManager + "=e2e-" + f.R
 
 // Pods lists this fleet's pods.
 func (f *Fleet) Pods() []corev1.Pod {
-	l, err := KubeCP.Client.CoreV1().Pods(KubeNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: f.KubeSelector()})
+	l, err := KubeCP.Client.CoreV1().Pods(KubeRunnerNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: f.KubeSelector()})
 	if err != nil {
 		f.T.Fatalf("list pods: %v", err)
 	}
@@ -167,7 +170,7 @@ func (f *Fleet) LivePods() int {
 }
 
 func (f *Fleet) kubeSecrets() []corev1.Secret {
-	l, err := KubeCP.Client.CoreV1().Secrets(KubeNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: f.KubeSelector()})
+	l, err := KubeCP.Client.CoreV1().Secrets(KubeRunnerNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: f.KubeSelector()})
 	if err != nil {
 		f.T.Fatalf("list secrets: %v", err)
 	}
@@ -191,13 +194,13 @@ func (f *Fleet) KubeLeavesNothing() {
 func (f *Fleet) removePods() {
 	ctx := context.Background()
 	zero := int64(0)
-	_ = KubeCP.Client.CoreV1().Pods(KubeNamespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{LabelSelector: f.KubeSelector()})
-	_ = KubeCP.Client.CoreV1().Secrets(KubeNamespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: f.KubeSelector()})
+	_ = KubeCP.Client.CoreV1().Pods(KubeRunnerNamespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{LabelSelector: f.KubeSelector()})
+	_ = KubeCP.Client.CoreV1().Secrets(KubeRunnerNamespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: f.KubeSelector()})
 }
 
 // podLog reads a pod's agent log through the apiserver.
 func podLog(name string) string {
-	b, _ := KubeCP.Client.CoreV1().Pods(KubeNamespace).GetLogs(name, &corev1.PodLogOptions{Container: "runner"}).DoRaw(context.Background())
+	b, _ := KubeCP.Client.CoreV1().Pods(KubeRunnerNamespace).GetLogs(name, &corev1.PodLogOptions{Container: "runner"}).DoRaw(context.Background())
 	return string(b)
 }
 
@@ -206,7 +209,7 @@ func podLog(name string) string {
 func (f *Fleet) CheckNoTokenInCluster() {
 	f.T.Helper()
 	ctx := context.Background()
-	pods, err := KubeCP.Client.CoreV1().Pods(KubeNamespace).List(ctx, metav1.ListOptions{})
+	pods, err := KubeCP.Client.CoreV1().Pods(KubeRunnerNamespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		f.T.Fatal(err)
 	}
@@ -219,7 +222,7 @@ func (f *Fleet) CheckNoTokenInCluster() {
 			f.T.Errorf("pod %s's log shows the forge token", p.Name)
 		}
 	}
-	secrets, err := KubeCP.Client.CoreV1().Secrets(KubeNamespace).List(ctx, metav1.ListOptions{})
+	secrets, err := KubeCP.Client.CoreV1().Secrets(KubeRunnerNamespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		f.T.Fatal(err)
 	}

@@ -1,6 +1,5 @@
 // Package kubenode stands in for a Kubernetes node's kubelet, following the
-// Pod and Node API of the Kubernetes API reference: no kubelet can run on
-// the machines the tests run on. It registers a Node,
+// Pod and Node API of the Kubernetes API reference. It registers a Node,
 // runs the pods bound to it as containers on the local Docker engine
 // (their image, command, environment with Secret references resolved,
 // Secret, emptyDir and hostPath volumes, read-only where asked, their
@@ -10,9 +9,11 @@
 // endpoint (the apiserver's pods/log asks it), and finishes the deletion
 // of a pod once its containers are gone, as a kubelet does.
 //
-// It is hand-written because no kubelet stand-in that runs real
-// containers can be had here (virtual-kubelet is refused by the module
-// proxy; kwok runs no containers).
+// It is hand-written for what the real kubelet (peers.StartKubelet) cannot
+// do here: give pods a network of their own that reaches the host's
+// services (no CNI plugin can be had; a pod on the real kubelet uses the
+// host's network), and start in a second. The tests that check what a pod
+// holds (its files, its user, its credential) run on both.
 package kubenode
 
 import (

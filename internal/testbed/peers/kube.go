@@ -40,7 +40,7 @@ import (
 
 // Kube is a running control plane: etcd, kube-apiserver and
 // kube-scheduler, with an admin kubeconfig. Nodes come from kwok
-// (StartKwok) or a test's own node agent; no kubelet runs here.
+// (StartKwok), a real kubelet (StartKubelet) or a test's own node agent.
 type Kube struct {
 	URL        string
 	Kubeconfig string // the admin's (system:masters)
@@ -418,8 +418,9 @@ func (k *Kube) Apply(ctx context.Context, manifest []byte) error {
 }
 
 // TokenKubeconfig writes a kubeconfig that acts as a service account,
-// with a token from the TokenRequest API, and returns its path.
-func (k *Kube) TokenKubeconfig(ctx context.Context, ns, sa string) (string, error) {
+// with a token from the TokenRequest API, its context in namespace
+// contextNS, and returns its path.
+func (k *Kube) TokenKubeconfig(ctx context.Context, ns, sa, contextNS string) (string, error) {
 	exp := int64(24 * 3600)
 	tr, err := k.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authv1.TokenRequest{
 		Spec: authv1.TokenRequestSpec{ExpirationSeconds: &exp},
@@ -427,6 +428,6 @@ func (k *Kube) TokenKubeconfig(ctx context.Context, ns, sa string) (string, erro
 	if err != nil {
 		return "", fmt.Errorf("token for %s/%s: %w", ns, sa, err)
 	}
-	path := filepath.Join(k.Dir, "kubeconfig-"+ns+"-"+sa)
-	return path, k.kubeconfig(path, sa, &clientcmdapi.AuthInfo{Token: tr.Status.Token}, ns)
+	path := filepath.Join(k.Dir, "kubeconfig-"+ns+"-"+sa+"-"+contextNS)
+	return path, k.kubeconfig(path, sa, &clientcmdapi.AuthInfo{Token: tr.Status.Token}, contextNS)
 }

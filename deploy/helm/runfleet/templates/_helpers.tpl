@@ -24,6 +24,29 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default (include "runfleet.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
+{{/* The runner pods' namespace: runners.namespace, or the release's. */}}
+{{- define "runfleet.runnerNamespace" -}}
+{{- default .Release.Namespace .Values.runners.namespace -}}
+{{- end -}}
+
+{{/* What the manager may do in its runners' namespace. */}}
+{{- define "runfleet.runnerRules" -}}
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, delete]
+- apiGroups: [""]
+  resources: [pods/log]
+  verbs: [get]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [list, create, delete]
+{{- if ne (include "runfleet.runnerNamespace" .) .Release.Namespace }}
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}
+{{- end -}}
+
 {{/* The config as the pods read it: values.config, with what running in
 the cluster needs filled in where the values leave it out. */}}
 {{- define "runfleet.config" -}}
@@ -35,6 +58,16 @@ the cluster needs filled in where the values leave it out. */}}
 {{- $_ := set $le "advertise" (printf "http://${POD_IP}:%v" .Values.service.webhookPort) -}}
 {{- end -}}
 {{- $_ := set $c "leader_election" $le -}}
+{{- end -}}
+{{- $pools := list -}}
+{{- range $p := ($c.pools | default list) -}}
+{{- if and (hasKey $p "kubernetes") (not (hasKey $p.kubernetes "namespace")) -}}
+{{- $_ := set $p.kubernetes "namespace" (include "runfleet.runnerNamespace" $) -}}
+{{- end -}}
+{{- $pools = append $pools $p -}}
+{{- end -}}
+{{- if $c.pools -}}
+{{- $_ := set $c "pools" $pools -}}
 {{- end -}}
 {{- if and .Values.history.persistence.enabled (not (hasKey $c "history")) -}}
 {{- $_ := set $c "history" (dict "path" "/var/lib/runfleet-history/history.db") -}}
