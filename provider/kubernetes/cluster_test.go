@@ -295,33 +295,9 @@ func TestEvictionNotice(t *testing.T) {
 // runs as uid 1001 unless its pool asks for root.
 func TestPodRunsOnANode(t *testing.T) {
 	needKube(t)
-	ctx := context.Background()
 	cli, img := needDocker(t)
-	nonRoot, err := peers.UserImage(ctx, cli, img, "", "1001:1001")
-	if err != nil {
-		t.Fatal(err)
-	}
 	node := startNode(t, cli, "node-docker", "docker")
-	data := t.TempDir()
-	os.WriteFile(data+"/hello.txt", []byte("dataset-content\n"), 0o644)
-	os.Chmod(data, 0o777)
-	for _, tc := range []struct {
-		name, image, uid string
-		sc               *corev1.PodSecurityContext
-	}{
-		{"root image", img, "1001", nil},                                              // run as the pods' default user
-		{"user 1001", nonRoot, "1001", nil},                                           // the image's own user
-		{"root pool", img, "0", &corev1.PodSecurityContext{RunAsUser: new(int64(0))}}, // asked for
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ns := fmt.Sprintf("test-%d", nsSerial.Add(1))
-			if err := kube.Namespace(ctx, ns); err != nil {
-				t.Fatal(err)
-			}
-			p := openProvider(t, ns, "m1", Section{Image: tc.image, NodeSelector: map[string]string{"pool": "docker"}, Volumes: []string{data + ":/data"}, SecurityContext: tc.sc})
-			podRuns(t, p, node, ns, tc.uid)
-		})
-	}
+	runsAsUsers(t, cli, img, "docker", node, nil)
 }
 
 // The same pods on a real kubelet (k8s.io/kubernetes at peers.KubeVersion,
@@ -331,16 +307,28 @@ func TestPodRunsOnANode(t *testing.T) {
 // the host's network (pod_template): no CNI plugin runs here.
 func TestPodOnARealKubelet(t *testing.T) {
 	needKube(t)
-	ctx := context.Background()
 	cli, img := needDocker(t)
+	nonRoot, err := peers.UserImage(context.Background(), cli, img, "", "1001:1001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kl, err := kube.StartKubelet(context.Background(), peers.KubeletOptions{Name: "kubelet-1", Labels: map[string]string{"pool": "kubelet"},
+		Images: []string{img, nonRoot}, Base: img, Docker: cli, Progress: os.Stderr})
+	peers.Need(t, "a real kubelet", err)
+	t.Cleanup(kl.Stop)
+	runsAsUsers(t, cli, img, "kubelet", nil, json.RawMessage(`{"spec":{"hostNetwork":true}}`))
+}
+
+// runsAsUsers runs podRuns on the nodes labelled pool=pool for a root
+// image (run as the pods' default user), a uid-1001 image (its own user)
+// and a pool that asks for root; tmpl is the pools' pod_template, node
+// the kubenode that runs them, if one does.
+func runsAsUsers(t *testing.T, cli *client.Client, img, pool string, node *kubenode.Node, tmpl json.RawMessage) {
+	ctx := context.Background()
 	nonRoot, err := peers.UserImage(ctx, cli, img, "", "1001:1001")
 	if err != nil {
 		t.Fatal(err)
 	}
-	kl, err := kube.StartKubelet(ctx, peers.KubeletOptions{Name: "kubelet-1", Labels: map[string]string{"pool": "kubelet"},
-		Images: []string{img, nonRoot}, Base: img, Docker: cli, Progress: os.Stderr})
-	peers.Need(t, "a real kubelet", err)
-	t.Cleanup(kl.Stop)
 	data := t.TempDir()
 	os.WriteFile(data+"/hello.txt", []byte("dataset-content\n"), 0o644)
 	os.Chmod(data, 0o777)
@@ -357,9 +345,9 @@ func TestPodOnARealKubelet(t *testing.T) {
 			if err := kube.Namespace(ctx, ns); err != nil {
 				t.Fatal(err)
 			}
-			p := openProvider(t, ns, "m1", Section{Image: tc.image, NodeSelector: map[string]string{"pool": "kubelet"},
-				Volumes: []string{data + ":/data"}, SecurityContext: tc.sc, PodTemplate: json.RawMessage(`{"spec":{"hostNetwork":true}}`)})
-			podRuns(t, p, nil, ns, tc.uid)
+			p := openProvider(t, ns, "m1", Section{Image: tc.image, NodeSelector: map[string]string{"pool": pool},
+				Volumes: []string{data + ":/data"}, SecurityContext: tc.sc, PodTemplate: tmpl})
+			podRuns(t, p, node, ns, tc.uid)
 		})
 	}
 }
