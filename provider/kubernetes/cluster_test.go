@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -505,9 +506,10 @@ func TestDriverOpensWithKubeconfig(t *testing.T) {
 	}
 }
 
-// A Secret of the pool whose pod is gone (a manager killed between the two
-// creates, or a cluster without a garbage collector) is swept; the Secret
-// of a pod that exists is kept.
+// A Secret of the pool whose pod is gone (a cluster without a garbage
+// collector) is swept, and so is a pod whose Secret never came (a manager
+// killed between the two creates); the Secret of a pod that exists, and
+// that pod, are kept.
 func TestOrphanSecretsSwept(t *testing.T) {
 	defer func(age time.Duration) { orphanSecretAge = age }(orphanSecretAge)
 	orphanSecretAge = 0
@@ -520,13 +522,30 @@ func TestOrphanSecretsSwept(t *testing.T) {
 	if _, err := kube.Client.CoreV1().Secrets(ns).Create(ctx, orphan, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, p, "the pod listed", func(l []provider.Instance) bool { return len(l) == 1 })
+	// And a pod whose Secret never came: it would wait for it.
+	lone, err := p.podFor("m1-cpu-3-zzzzz", p.withRecord(spec("cpu-3")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kube.Client.CoreV1().Pods(ns).Create(ctx, lone, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, p, "the pod listed", func(l []provider.Instance) bool {
+		return slices.ContainsFunc(l, func(i provider.Instance) bool { return i.Name == "cpu-1" })
+	})
 	again := openProvider(t, ns, "m1", Section{}) // sweeps at its first List
 	if _, err := again.List(ctx, "m1"); err != nil {
 		t.Fatal(err)
 	}
 	if names := secretNames(t, ns); len(names) != 1 || !strings.HasPrefix(names[0], "m1-cpu-1-") {
 		t.Errorf("secrets after the sweep: %v, want only the pod's", names)
+	}
+	eventually(t, "the pod without its Secret deleted", func() bool {
+		_, err := kube.Client.CoreV1().Pods(ns).Get(ctx, "m1-cpu-3-zzzzz", metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	if l, _ := kube.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); len(l.Items) != 1 {
+		t.Errorf("%d pods after the sweep, want the one with its Secret", len(l.Items))
 	}
 }
 

@@ -476,9 +476,34 @@ func (p *Provider) listOther(ctx context.Context, manager string) ([]provider.In
 	return out, nil
 }
 
+// sweepPodsWithoutSecret deletes the pool's Pending pods older than
+// orphanSecretAge that no create is under way for and whose Secret is not
+// among have (the Secrets listed just before).
+func (p *Provider) sweepPodsWithoutSecret(ctx context.Context, have map[string]bool) {
+	pods, _ := p.pods.Pods(p.opt.Namespace).List(labels.Everything())
+	for _, pod := range pods {
+		if have[pod.Name] || stateOf(pod) != provider.StateCreated || time.Since(pod.CreationTimestamp.Time) < orphanSecretAge ||
+			pod.Labels[LabelManager] != p.opt.Manager {
+			continue
+		}
+		p.mu.Lock()
+		c := p.creating[pod.Labels[LabelRunner]]
+		p.mu.Unlock()
+		if c != nil && c.Name == pod.Name {
+			continue
+		}
+		p.log.Warn("deleting a pod whose Secret was never made (its manager stopped between the two)", "pod", pod.Name, "runner", pod.Labels[LabelRunner])
+		if err := p.deletePod(ctx, pod); err != nil {
+			p.log.Warn("delete pod without its Secret", "pod", pod.Name, "err", err)
+		}
+	}
+}
+
 // sweepSecrets deletes, once a minute, the pool's Secrets whose pod is
-// gone: the garbage collector does so where it runs, but a Secret whose
-// pod was never made (a manager killed between the two) has no owner.
+// gone (the garbage collector does so where it runs, from the owner
+// reference), and the pool's Pending pods whose Secret never came: a
+// manager killed between the two creates leaves a pod that would wait for
+// it, holding its slot, until pending_timeout.
 func (p *Provider) sweepSecrets(ctx context.Context) {
 	p.mu.Lock()
 	due := time.Since(p.swept) > time.Minute
@@ -497,6 +522,11 @@ func (p *Provider) sweepSecrets(ctx context.Context) {
 		p.log.Warn("list secrets", "err", err)
 		return
 	}
+	have := map[string]bool{}
+	for _, s := range list.Items {
+		have[s.Name] = true
+	}
+	p.sweepPodsWithoutSecret(cctx, have)
 	for _, s := range list.Items {
 		if _, err := p.pods.Pods(p.opt.Namespace).Get(s.Name); err == nil || time.Since(s.CreationTimestamp.Time) < orphanSecretAge {
 			continue
