@@ -50,7 +50,7 @@ type Fleet struct {
 	leaderMu   sync.Mutex
 	leaderURL  string
 	leaderRead time.Time
-	Pools  []*pool.Pool
+	Pools      []*pool.Pool
 	// Forges by pool name, for reading jobs.
 	Forges map[string]forge.Forge
 	// Providers by pool name.
