@@ -64,15 +64,17 @@ test: deps
 # page is checked in Debian's headless Chromium; the GPU tests give their
 # private Docker engine a bridge with iproute2; the Slurm tests run Debian's
 # slurmctld and slurmd with munge; a real kubelet runs its pods with
-# Debian's containerd and runc.
+# Debian's containerd and runc; the docker: dind test's daemon image is
+# made of the host's Docker engine and iptables.
 deps:
 	@if [ ! -x /bin/bash-static ] || [ ! -x /bin/busybox ] || ! command -v chromium >/dev/null || ! command -v ip >/dev/null || \
 		! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v sbatch >/dev/null || ! command -v munged >/dev/null || \
-		! command -v systemd-analyze >/dev/null || ! command -v containerd >/dev/null || ! command -v ctr >/dev/null || ! command -v runc >/dev/null; then \
-		echo "installing bash-static, busybox-static, chromium, iproute2, Slurm, systemd and containerd for the tests"; \
+		! command -v systemd-analyze >/dev/null || ! command -v containerd >/dev/null || ! command -v ctr >/dev/null || ! command -v runc >/dev/null || \
+		[ ! -x /usr/sbin/xtables-legacy-multi ]; then \
+		echo "installing bash-static, busybox-static, chromium, iproute2, Slurm, systemd, containerd and iptables for the tests"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			bash-static busybox-static chromium iproute2 slurmctld slurmd slurm-client munge systemd containerd runc; \
+			bash-static busybox-static chromium iproute2 slurmctld slurmd slurm-client munge systemd containerd runc iptables; \
 	fi
 
 # The version, commit and date the binary reports (runfleet version), from

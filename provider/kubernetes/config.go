@@ -102,6 +102,11 @@ type Section struct {
 	// Until then it holds its slot and its registration, and the pool's
 	// bootstrap_timeout counts from its start.
 	PendingTimeout config.Duration `json:"pending_timeout"`
+	// Docker gives the pool's jobs a Docker daemon: "dind" runs one in a
+	// privileged sidecar of each pod (Dind), with the agent's DOCKER_HOST
+	// pointed at it; none when empty.
+	Docker string `json:"docker"`
+	Dind   Dind   `json:"dind"`
 	// PodTemplate is merged over the pod runfleet makes (a strategic
 	// merge patch of a Pod: metadata and spec), for what has no key of
 	// its own here.
@@ -245,6 +250,7 @@ func (s *Section) validate() []error {
 	if err := (vm.Install{Agent: s.Install.Agent}).Check(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, s.checkDind()...)
 	if len(s.PodTemplate) > 0 && string(s.PodTemplate) != "null" {
 		if err := s.checkTemplate(); err != nil {
 			add("pod_template", "%v", err)

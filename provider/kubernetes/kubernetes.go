@@ -284,6 +284,10 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		}
 		break
 	}
+	if why := sidecarsDropped(created); why != "" {
+		p.deletePod(context.WithoutCancel(ctx), created)
+		return provider.Instance{}, fmt.Errorf("%w: pod for %s: %s", provider.ErrRejected, spec.Name, why)
+	}
 	p.mu.Lock()
 	p.creating[spec.Name] = created
 	p.mu.Unlock()

@@ -149,6 +149,7 @@ func (p *Provider) podFor(name string, spec provider.Spec) (*corev1.Pod, error) 
 	if s.RuntimeClassName != "" {
 		pod.Spec.RuntimeClassName = &s.RuntimeClassName
 	}
+	p.withDind(pod)
 	for _, sec := range s.ImagePullSecrets {
 		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: sec})
 	}
@@ -426,16 +427,20 @@ func mergeTemplate(pod *corev1.Pod, tmpl json.RawMessage) (*corev1.Pod, error) {
 func kept(pod, merged *corev1.Pod) error {
 	for _, v := range pod.Spec.Volumes {
 		i := slices.IndexFunc(merged.Spec.Volumes, func(m corev1.Volume) bool { return m.Name == v.Name })
-		if v.Name != filesVolume && v.Name != workVolume && v.Name != agentVolume {
+		if v.Name != filesVolume && v.Name != workVolume && v.Name != agentVolume && v.Name != dindSocket {
 			continue
 		}
 		if i < 0 || !equality.Semantic.DeepEqual(v, merged.Spec.Volumes[i]) {
-			return fmt.Errorf("spec.volumes: %q is runfleet's (the runner's credential, work directory or agent) and may not be replaced or removed", v.Name)
+			return fmt.Errorf("spec.volumes: %q is runfleet's (the runner's credential, work directory, agent or Docker socket) and may not be replaced or removed", v.Name)
 		}
 	}
 	for _, c := range pod.Spec.InitContainers {
 		if !slices.ContainsFunc(merged.Spec.InitContainers, func(m corev1.Container) bool { return equality.Semantic.DeepEqual(m, c) }) {
-			return fmt.Errorf("spec.initContainers: %q copies the runner's credential and may not be changed or removed", c.Name)
+			what := "copies the runner's credential"
+			if c.Name == dindContainer {
+				what = "runs the jobs' Docker daemon"
+			}
+			return fmt.Errorf("spec.initContainers: %q %s and may not be changed or removed", c.Name, what)
 		}
 	}
 	agent := pod.Spec.Containers[0]
@@ -451,7 +456,7 @@ func kept(pod, merged *corev1.Pod) error {
 	}
 	for _, e := range agent.Env {
 		if !slices.ContainsFunc(got.Env, func(g corev1.EnvVar) bool { return equality.Semantic.DeepEqual(g, e) }) {
-			return fmt.Errorf("spec.containers[%s].env: %s is the agent's (from its Secret) and may not be changed or removed", agentContainer, e.Name)
+			return fmt.Errorf("spec.containers[%s].env: %s is the agent's (its credential, its node or its Docker) and may not be changed or removed", agentContainer, e.Name)
 		}
 	}
 	return nil

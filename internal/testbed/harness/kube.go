@@ -305,3 +305,54 @@ func LogLines(path string, words ...string) []string {
 	}
 	return out
 }
+
+// DindImages are what a pool with docker: dind runs here: the runner
+// image with a docker CLI (Agent), the daemon's (Daemon, standing in for
+// docker:dind), and the images its jobs use, loaded into the daemon's
+// storage as a registry would serve them: a shell (Job) and a web server
+// (Service) that serves "hello-from-service".
+type DindImages struct{ Agent, Daemon, Job, Service string }
+
+var (
+	dindOnce sync.Once
+	dindImgs DindImages
+	dindErr  error
+)
+
+// NeedDind builds the images of a docker: dind pool, once, on the
+// Kubernetes test node's engine.
+func NeedDind(t testing.TB) DindImages {
+	t.Helper()
+	agent := NeedKube(t)
+	dindOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		dindImgs, dindErr = dindImages(ctx, agent)
+	})
+	peers.Need(t, "the docker: dind images", dindErr)
+	return dindImgs
+}
+
+func dindImages(ctx context.Context, agent string) (DindImages, error) {
+	var im DindImages
+	cliPath, err := staticDockerCLI()
+	if err != nil {
+		return im, err
+	}
+	cliBin, err := os.ReadFile(cliPath)
+	if err != nil {
+		return im, err
+	}
+	if im.Job, err = peers.RunnerImage(ctx, DockerCli, ""); err != nil {
+		return im, err
+	}
+	if im.Service, err = peers.DeriveImage(ctx, DockerCli, im.Job, "",
+		"RUN mkdir -p /www && echo hello-from-service > /www/index.html\nENTRYPOINT [\"/bin/httpd\", \"-f\", \"-p\", \"80\", \"-h\", \"/www\"]\n"); err != nil {
+		return im, err
+	}
+	if im.Daemon, err = peers.DindImage(ctx, DockerCli, cliPath, im.Job, im.Service); err != nil {
+		return im, err
+	}
+	im.Agent, err = peers.DeriveImage(ctx, DockerCli, agent, "", "", peers.ImageFile{Path: "bin/docker", Data: cliBin, Mode: 0o755})
+	return im, err
+}

@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,7 +36,7 @@ type run struct {
 	stopOnce  sync.Once
 	done      chan struct{}
 	mu        sync.Mutex
-	running   string // the container running now
+	running   map[string]string // the containers running now, by name
 	deadlined bool
 }
 
@@ -42,7 +44,7 @@ func (n *Node) newRun(pod *corev1.Pod) *run {
 	return &run{
 		n: n, ns: pod.Namespace, name: pod.Name, uid: pod.UID, pod: pod.DeepCopy(),
 		dir:      filepath.Join(n.opt.Dir, string(pod.UID)),
-		stopping: make(chan struct{}), done: make(chan struct{}),
+		stopping: make(chan struct{}), done: make(chan struct{}), running: map[string]string{},
 	}
 }
 
@@ -54,19 +56,25 @@ func (r *run) stop() {
 	r.stopOnce.Do(func() {
 		close(r.stopping)
 		r.mu.Lock()
-		id := r.running
+		ids := slices.Collect(maps.Values(r.running))
 		r.mu.Unlock()
-		if id == "" {
-			return
+		var wg sync.WaitGroup
+		for _, id := range ids {
+			wg.Go(func() { r.stopContainer(id) })
 		}
-		grace := 10
-		if g := r.pod.Spec.TerminationGracePeriodSeconds; g != nil && int(*g) < grace {
-			grace = int(*g)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(grace+10)*time.Second)
-		defer cancel()
-		_, _ = r.n.docker.ContainerStop(ctx, id, client.ContainerStopOptions{Timeout: &grace})
+		wg.Wait()
 	})
+}
+
+// stopContainer ends one container within the pod's grace period.
+func (r *run) stopContainer(id string) {
+	grace := 10
+	if g := r.pod.Spec.TerminationGracePeriodSeconds; g != nil && int(*g) < grace {
+		grace = int(*g)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(grace+10)*time.Second)
+	defer cancel()
+	_, _ = r.n.docker.ContainerStop(ctx, id, client.ContainerStopOptions{Timeout: &grace})
 }
 
 func (r *run) stopped() bool {
@@ -95,9 +103,17 @@ func (r *run) run(ctx context.Context) {
 	if !r.waitImages(ctx) {
 		return
 	}
+	sidecars := r.sidecars()
+	defer sidecars.end()
 	for _, c := range r.pod.Spec.InitContainers {
 		if !r.allowed(ctx, true, c) {
 			return
+		}
+		if isSidecar(c) {
+			if !sidecars.start(ctx, c, vols, secrets) {
+				return
+			}
+			continue
 		}
 		code, err := r.container(ctx, c, vols, secrets)
 		if r.stopped() {
@@ -142,6 +158,10 @@ func (r *run) run(ctx context.Context) {
 			phase = corev1.PodFailed
 		}
 	}
+	// The agent is done: the sidecars are stopped, and the pod's phase
+	// is its containers' alone (pkg/kubelet/kubelet_pods.go,
+	// getPhase, which leaves restartable init containers out).
+	sidecars.end()
 	r.mu.Lock()
 	deadlined := r.deadlined
 	r.mu.Unlock()
@@ -468,6 +488,11 @@ func (r *run) container(ctx context.Context, c corev1.Container, vols map[string
 	}
 	cfg.User = r.user(c)
 	host := &container.HostConfig{Binds: binds, Init: &init, ExtraHosts: []string{"host.docker.internal:host-gateway"}, GroupAdd: r.groups()}
+	if sc := c.SecurityContext; sc != nil && sc.Privileged != nil && *sc.Privileged {
+		if err := privileged(host); err != nil {
+			return 0, fmt.Errorf("container %s: %w", c.Name, err)
+		}
+	}
 	name := fmt.Sprintf("kubenode-%s-%s-%s", r.name, c.Name, string(r.uid)[:8])
 	res, err := r.n.docker.ContainerCreate(ctx, client.ContainerCreateOptions{Name: name, Config: cfg, HostConfig: host})
 	if err != nil {
@@ -481,8 +506,13 @@ func (r *run) container(ctx context.Context, c corev1.Container, vols map[string
 		return 0, fmt.Errorf("start container %s: %w", c.Name, err)
 	}
 	r.mu.Lock()
-	r.running = res.ID
+	r.running[c.Name] = res.ID
 	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.running, c.Name)
+		r.mu.Unlock()
+	}()
 	if r.stopped() { // a stop that came before the container ran
 		grace := 0
 		_, _ = r.n.docker.ContainerStop(ctx, res.ID, client.ContainerStopOptions{Timeout: &grace})
@@ -607,8 +637,13 @@ func (r *run) setRunning(ctx context.Context) {
 		s.Phase, s.HostIP, s.PodIP, s.StartTime = corev1.PodRunning, "127.0.0.1", "127.0.0.1", &now
 		s.InitContainerStatuses = nil
 		for _, c := range r.pod.Spec.InitContainers {
-			s.InitContainerStatuses = append(s.InitContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image, Ready: true,
-				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Completed", FinishedAt: now}}})
+			st := corev1.ContainerStatus{Name: c.Name, Image: c.Image, Ready: true,
+				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Completed", FinishedAt: now}}}
+			if isSidecar(c) {
+				started := true
+				st.Started, st.State = &started, corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}
+			}
+			s.InitContainerStatuses = append(s.InitContainerStatuses, st)
 		}
 		s.ContainerStatuses = nil
 		for _, c := range r.pod.Spec.Containers {
