@@ -6,7 +6,6 @@ import (
 	"path"
 	"slices"
 	"strconv"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -122,7 +121,7 @@ func (p *Provider) withDind(pod *corev1.Pod) {
 
 	mounts := append(slices.Clone(shared), corev1.VolumeMount{Name: dindStorage, MountPath: "/var/lib/docker"})
 	for _, m := range agent.VolumeMounts {
-		if m.Name == workVolume || strings.HasPrefix(m.Name, "data-") {
+		if m.Name == workVolume || isDataVolume(m.Name) {
 			mounts = append(mounts, m)
 		}
 	}

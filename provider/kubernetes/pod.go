@@ -246,6 +246,9 @@ func deadline(maxLifetime time.Duration) time.Duration {
 
 func dataVolume(i int) string { return "data-" + strconv.Itoa(i) }
 
+// isDataVolume says whether a volume is one of the pool's datasets.
+func isDataVolume(name string) bool { return strings.HasPrefix(name, "data-") }
+
 // volumes are the pod's: its work directory, its files (from its
 // Secret, the agent may read them only), and the pool's datasets.
 func (p *Provider) volumes(name string, spec provider.Spec) []corev1.Volume {

@@ -3,7 +3,6 @@ package harness
 import (
 	"context"
 	"crypto/sha256"
-	"debug/elf"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -267,15 +266,11 @@ func staticDockerCLI() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("Docker's CLI: %w", err)
 	}
-	f, err := elf.Open(p)
-	if err != nil {
+	switch ok, err := peers.Static(p); {
+	case err != nil:
 		return "", fmt.Errorf("Docker's CLI %s: %w", p, err)
-	}
-	defer f.Close()
-	for _, prog := range f.Progs {
-		if prog.Type == elf.PT_INTERP {
-			return "", fmt.Errorf("Docker's CLI %s is not a static build (Docker's static release is: download.docker.com/linux/static)", p)
-		}
+	case !ok:
+		return "", fmt.Errorf("Docker's CLI %s is not a static build (Docker's static release is: download.docker.com/linux/static)", p)
 	}
 	return p, nil
 }

@@ -65,7 +65,9 @@ func DindImage(ctx context.Context, cli *client.Client, dockerCLI string, preloa
 	libs := map[string]bool{}
 	for _, b := range dindBinaries {
 		files = append(files, ImageFile{Path: "bin/" + filepath.Base(b), From: b, Mode: 0o755})
-		if static(b) {
+		if ok, err := Static(b); err != nil {
+			return "", fmt.Errorf("dind image: %w (install Debian's docker.io and iptables)", err)
+		} else if ok {
 			continue
 		}
 		out, err := exec.CommandContext(ctx, "ldd", b).Output()
@@ -117,13 +119,14 @@ func DindImage(ctx context.Context, cli *client.Client, dockerCLI string, preloa
 		"\nENV PATH=/bin\nENTRYPOINT [\"/bin/dind-entrypoint\"]\n")
 }
 
-// static says whether a program has no program interpreter: ldd fails on
-// one (Debian's docker-init is tini's static build).
-func static(path string) bool {
+// Static says whether a program is a static build: it has no program
+// interpreter (ldd fails on one; Debian's docker-init is tini's static
+// build, Docker's own CLI release is static, Debian's is not).
+func Static(path string) (bool, error) {
 	f, err := elf.Open(path)
 	if err != nil {
-		return false
+		return false, err
 	}
 	defer f.Close()
-	return !slices.ContainsFunc(f.Progs, func(p *elf.Prog) bool { return p.Type == elf.PT_INTERP })
+	return !slices.ContainsFunc(f.Progs, func(p *elf.Prog) bool { return p.Type == elf.PT_INTERP }), nil
 }
