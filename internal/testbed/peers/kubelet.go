@@ -44,6 +44,7 @@ type Kubelet struct {
 	dir   string
 	sock  string
 	procs []*exec.Cmd
+	kube  *Kube
 }
 
 // KubeletOptions configure StartKubelet.
@@ -75,7 +76,7 @@ func (k *Kube) StartKubelet(ctx context.Context, opt KubeletOptions) (_ *Kubelet
 	if err != nil {
 		return nil, err
 	}
-	kl := &Kubelet{Name: opt.Name, dir: dir, sock: filepath.Join(dir, "c.sock")}
+	kl := &Kubelet{Name: opt.Name, dir: dir, sock: filepath.Join(dir, "c.sock"), kube: k}
 	defer func() {
 		if err != nil {
 			kl.Stop()
@@ -249,6 +250,14 @@ func (kl *Kubelet) Stop() {
 		_ = syscall.Unmount(m, syscall.MNT_DETACH)
 	}
 	_ = os.RemoveAll(kl.dir)
+	// The Node goes too: the test control plane has no node lifecycle
+	// controller to mark it NotReady, so the scheduler would go on binding
+	// pods to it, and their graceful deletion would wait for ever for a
+	// kubelet to confirm it (TestOrphanSecretsSwept, after
+	// TestPodOnARealKubelet, failed so in CI).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = kl.kube.Client.CoreV1().Nodes().Delete(ctx, kl.Name, metav1.DeleteOptions{})
 }
 
 // hostIP is this host's first IPv4 address that is not loopback.
