@@ -90,6 +90,11 @@ func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit, sh sha
 			// And its registration, which the forge may delete with a
 			// one-second job before any listing shows it (tookJob).
 			p.registered[name] = reg
+			if reg == 0 {
+				// Its agent registers itself (a registration token):
+				// if it ends before it did, that is a failed start.
+				p.unregistered[name] = true
+			}
 			if p.cfg.History != nil && reg != 0 {
 				// Its end is told even if no pass sees it run.
 				p.noted[reg] = noted{slot: name}

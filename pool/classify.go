@@ -64,6 +64,11 @@ type facts struct {
 	// hadMachine is set when the pool has seen a machine for the slot's
 	// runner: a registration without one then means the machine ended.
 	hadMachine bool
+	// unregistered is set when the runner's agent was to register
+	// itself (a registration token) and has not been listed registered:
+	// if its machine ends without its agent saying it took a job, it
+	// failed to start.
+	unregistered bool
 	memory
 }
 
@@ -173,6 +178,8 @@ func classifyGone(f facts, p policy) verdict {
 			v.retire = "machine taken back"
 		}
 		return v
+	case f.reg == nil && neverRegistered(f, p) && f.hadMachine:
+		return verdict{state: StateStopping, crashed: true}
 	case f.reg == nil:
 		return verdict{state: StateStopping} // nothing left of it
 	case f.phase == agent.PhaseDone && p.canEnd:
@@ -253,8 +260,21 @@ func classifyExited(f facts, p policy) verdict {
 		// Still registered, so not retired by the pool (which removes
 		// the registration first) nor ended after a job.
 		v.retire, v.crashed = "agent exited without taking a job", true
+	case neverRegistered(f, p):
+		v.retire, v.crashed = "agent exited before it registered", true
 	}
 	return v
+}
+
+// neverRegistered says whether a runner whose agent was to register
+// itself ended without doing so: no listing showed it registered and its
+// output says it neither connected nor took a job (GitHub's config.sh
+// failing, where just-in-time runners are not offered). Its machine's
+// end is a failed start, counted as a crash after registering is. Only
+// agents whose output tells can show it: a job fast enough to come and
+// go between two listings would look the same.
+func neverRegistered(f facts, p policy) bool {
+	return p.phases && f.unregistered && f.phase == agent.PhaseUnknown && f.preempted == nil
 }
 
 // classifyUnregistered: a running machine without a registration.

@@ -26,6 +26,10 @@ type fakeForge struct {
 	removals  int // RemoveRunner calls
 	refreshed int // Refresh calls
 	requests  []forge.RunnerRequest
+	// selfRegister makes Register hand out a registration token, as
+	// GitHub's does where just-in-time runners are not offered: no
+	// registration until the agent makes its own (enrol).
+	selfRegister bool
 	// keep makes Runners answer from a kept listing, read afresh only
 	// after Refresh, as the drivers keep theirs for a while (GitLab's
 	// CacheTTL); a registration is added to it, as the drivers add one.
@@ -48,6 +52,9 @@ func (f *fakeForge) Register(_ context.Context, req forge.RunnerRequest) (forge.
 	f.requests = append(f.requests, req)
 	if f.failReg != nil {
 		return forge.Credential{}, f.failReg
+	}
+	if f.selfRegister {
+		return forge.Credential{Files: map[string][]byte{".token": []byte("registration token")}}, nil
 	}
 	f.nextID++
 	f.runners[f.nextID] = &forge.Runner{ID: f.nextID, Name: req.Name, Status: forge.StatusOffline, Labels: req.Labels}
@@ -98,6 +105,14 @@ func (f *fakeForge) RemoveRunner(_ context.Context, id int64) error {
 	f.kept = slices.DeleteFunc(f.kept, func(k forge.Runner) bool { return k.ID == id })
 	f.removed = append(f.removed, r.Name)
 	return nil
+}
+
+// enrol registers a runner as its agent does with a registration token.
+func (f *fakeForge) enrol(name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nextID++
+	f.runners[f.nextID] = &forge.Runner{ID: f.nextID, Name: name, Status: forge.StatusIdle}
 }
 
 func (f *fakeForge) byName(name string) *forge.Runner {

@@ -120,6 +120,89 @@ func TestCrashLoopBacksOff(t *testing.T) {
 	}
 }
 
+// Where the agent registers itself (a registration token), an agent that
+// fails before registering (GitHub's config.sh) is a failed start too:
+// whether its machine is listed exited or was removed as it exited, the
+// pool backs off as it does for a crash after registering, not a runner a
+// pass. A runner that registers, takes a job and is gone between two
+// passes, or that the pool removes before it registered, is no failure.
+func TestSelfRegisteringCrashLoopBacksOff(t *testing.T) {
+	for _, vanish := range []bool{false, true} {
+		t.Run(fmt.Sprintf("removed_as_it_exits=%v", vanish), func(t *testing.T) {
+			h := newCapHarness(t, Config{Size: 1})
+			h.forge.selfRegister = true
+			for i := range 60 {
+				h.settle()
+				for _, name := range h.prov.running() {
+					h.out.print(name, "Http response code: NotFound from 'POST https://api.github.com/actions/runner-registration'")
+					if vanish && i%2 == 0 {
+						h.out.vanish(name)
+					} else {
+						h.prov.exit(name)
+					}
+				}
+				h.settle()
+				h.clk.Add(time.Second)
+			}
+			if h.prov.created > 7 {
+				t.Fatalf("%d runners started in a minute of failed registrations; want at most 7 (1s, 2s, 4s, ... apart)", h.prov.created)
+			}
+			b := h.pool.Backoff()
+			if b.Failures < 5 || !strings.Contains(b.Reason, "runner-registration") || !strings.Contains(b.Reason, "before it registered") && !strings.Contains(b.Reason, "without taking a job") {
+				t.Fatalf("backoff %+v; want the failures counted and the agent's last line given", b)
+			}
+			// Past the wait a runner starts, registers and takes a job
+			// that ends before the next pass: the backoff ends.
+			h.clk.Add(maxBackoff)
+			h.settle()
+			name := h.prov.running()[0]
+			h.forge.enrol(name)
+			h.out.print(name, "ready")
+			h.out.print(name, "busy")
+			h.settle()
+			if b := h.pool.Backoff(); b.Failures != 0 {
+				t.Fatalf("backoff %+v after a runner took a job, want none", b)
+			}
+		})
+	}
+}
+
+// A self-registering runner that took a job and went, registration and
+// machine, between two passes is no failed start; nor is one the pool
+// retired before it registered.
+func TestSelfRegisteringRunnerThatServedIsNoCrash(t *testing.T) {
+	h := newCapHarness(t, Config{Size: 1})
+	h.forge.selfRegister = true
+	for range 5 {
+		h.settle()
+		for _, name := range h.prov.running() {
+			h.out.print(name, "ready")
+			h.out.print(name, "busy")
+			h.out.print(name, "done")
+			h.out.vanish(name)
+		}
+		h.settle()
+		h.clk.Add(time.Second)
+	}
+	if b := h.pool.Backoff(); b.Failures != 0 {
+		t.Fatalf("backoff %+v after runners that served; want none", b)
+	}
+	if h.prov.created < 5 {
+		t.Fatalf("%d runners started for 5 jobs", h.prov.created)
+	}
+
+	// Scaled down before it registered: retired by the pool.
+	h2 := newCapHarness(t, Config{Size: 1, BootstrapTimeout: time.Minute})
+	h2.forge.selfRegister = true
+	h2.settle()
+	h2.clk.Add(2 * time.Minute)
+	h2.settle()
+	h2.settle()
+	if b := h2.pool.Backoff(); b.Failures != 0 {
+		t.Fatalf("backoff %+v after the pool retired a runner that had not registered; want none", b)
+	}
+}
+
 // A burst of jobs starts a runner per job, and none is removed as idle
 // above the pool's size while it takes its job, though the forge's list
 // still shows it idle when the jobs leave the queue, and its machine is

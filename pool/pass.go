@@ -54,6 +54,9 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 		}
 		p.apply(ctx, s, debug)
 		p.recordPass(s)
+		if s.unregistered && (s.inst == nil || s.inst.State == provider.StateExited) {
+			delete(p.unregistered, s.name) // its end is told once
+		}
 		switch {
 		case s.verdict.state == StateBusy, s.phase == agent.PhaseBusy, s.phase == agent.PhaseDone:
 			p.served = true

@@ -172,6 +172,7 @@ type Pool struct {
 	took           map[int64]time.Time          // registration seen to take a job, when
 	served         bool                         // a runner came online or took a job
 	registered     map[string]int64             // slot -> registration its create made, until a listing shows it
+	unregistered   map[string]bool              // slot -> started without a registration (its agent makes its own), until one is listed
 	refused        map[int64]refusal            // registration whose removal the forge refused after its machine went
 	backoff        Backoff                      // runners failing one after another
 	backoffChanged bool                         // since the last OnBackoff
@@ -209,25 +210,26 @@ func New(cfg Config, f Forge, prov provider.Provider, a agent.Agent, opts ...Opt
 	}
 	p := &Pool{
 		cfg: cfg, forge: f, prov: prov, agent: a,
-		log:        slog.Default(),
-		now:        time.Now,
-		names:      regexp.MustCompile(`^` + regexp.QuoteMeta(cfg.Name) + `-([0-9]+)$`),
-		trigger:    make(chan struct{}, 1),
-		pending:    map[string]op{},
-		done:       map[string]doneOp{},
-		memory:     map[string]memory{},
-		lost:       map[string]string{},
-		last:       map[string]provider.Instance{},
-		preempted:  map[string]provider.Notice{},
-		ended:      map[string]endedRunner{},
-		took:       map[int64]time.Time{},
-		registered: map[string]int64{},
-		refused:    map[int64]refusal{},
-		noted:      map[int64]noted{},
-		shapes:     map[string]string{},
-		refusals:   map[string]string{},
-		held:       map[string]time.Time{},
-		backoff:    cfg.Backoff,
+		log:          slog.Default(),
+		now:          time.Now,
+		names:        regexp.MustCompile(`^` + regexp.QuoteMeta(cfg.Name) + `-([0-9]+)$`),
+		trigger:      make(chan struct{}, 1),
+		pending:      map[string]op{},
+		done:         map[string]doneOp{},
+		memory:       map[string]memory{},
+		lost:         map[string]string{},
+		last:         map[string]provider.Instance{},
+		preempted:    map[string]provider.Notice{},
+		ended:        map[string]endedRunner{},
+		took:         map[int64]time.Time{},
+		registered:   map[string]int64{},
+		unregistered: map[string]bool{},
+		refused:      map[int64]refusal{},
+		noted:        map[int64]noted{},
+		shapes:       map[string]string{},
+		refusals:     map[string]string{},
+		held:         map[string]time.Time{},
+		backoff:      cfg.Backoff,
 	}
 	for _, o := range opts {
 		o(p)

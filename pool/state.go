@@ -25,6 +25,9 @@ type slot struct {
 	// notice is the machine whose notice alone keeps the slot: it was
 	// taken back and is listed no more.
 	notice string
+	// unregistered is set for a runner whose agent was to register
+	// itself and that no listing has shown registered yet.
+	unregistered bool
 	// verdict is set when the pass classified the slot (none is in
 	// flight on it).
 	verdict    verdict
@@ -120,6 +123,20 @@ func (p *Pool) read(ctx context.Context, act bool) (snapshot, error) {
 			snap.get(n.Name).notice = id
 		}
 	}
+	// A runner whose agent was to register itself and whose machine is
+	// gone (a container removed when it exited) before any registration
+	// was listed leaves nothing listed either: its slot is kept for one
+	// pass, so that its last output tells whether it failed to start.
+	for name := range p.unregistered {
+		_, listed := snap.slots[name]
+		_, starting := p.inflight(name, since)
+		if !listed && !starting && p.last[name].ID != "" && p.done[name].op != opRemove {
+			snap.get(name)
+		}
+	}
+	for name, s := range snap.slots {
+		s.unregistered = s.reg == nil && p.unregistered[name]
+	}
 	p.mu.Unlock()
 	snap.order = slices.Sorted(maps.Keys(snap.slots))
 	p.readPhases(ctx, snap)
@@ -180,6 +197,11 @@ func (p *Pool) remember(snap snapshot) {
 	// carries it), or once its slot is gone and not just created after
 	// the listing.
 	maps.DeleteFunc(p.registered, func(name string, _ int64) bool {
+		s, ok := snap.slots[name]
+		_, inflight := p.inflight(name, snap.since)
+		return (ok && s.reg != nil) || (!ok && !inflight)
+	})
+	maps.DeleteFunc(p.unregistered, func(name string, _ bool) bool {
 		s, ok := snap.slots[name]
 		_, inflight := p.inflight(name, snap.since)
 		return (ok && s.reg != nil) || (!ok && !inflight)
@@ -288,7 +310,7 @@ func (p *Pool) classifyAll(snap snapshot, pol policy) (view []Runner, n tally) {
 			view = append(view, r)
 			continue
 		}
-		f := facts{inst: s.inst, reg: s.reg, phase: s.phase, hadMachine: p.last[name].ID != ""}
+		f := facts{inst: s.inst, reg: s.reg, phase: s.phase, hadMachine: p.last[name].ID != "", unregistered: s.unregistered}
 		if len(p.memory) > 0 {
 			f.memory = p.memory[name]
 		}

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -17,6 +19,27 @@ func (f *Fleet) backoffPath(pool string) string {
 	return filepath.Join(f.Config.StateDir, "backoff", pool+".json")
 }
 
+// backoffRecord is a pool's backoff with the runners it counted: the
+// failures of another pool of the same name (`runfleet runner --name x`
+// against another repository, or a pool whose forge, provider, image or
+// agent changed) say nothing of this one's, and are not carried over.
+type backoffRecord struct {
+	pool.Backoff
+	Runners string `json:"runners"`
+}
+
+// runnersOf fingerprints what a pool's runners are: where they register
+// and what they run. Its size and timeouts are not in it: they change
+// how many runners start, not whether one can.
+func (f *Fleet) runnersOf(name string) string {
+	pc, _ := f.Config.Pool(name)
+	fc, _ := f.Config.Forge(pc.Forge)
+	h := sha256.New()
+	// The forge's token is left out; only a digest is kept.
+	_ = json.NewEncoder(h).Encode([]any{fc.Type, fc.URL, fc.Section, pc.Forge, pc.Provider, pc.Section, pc.Labels, pc.Agent, pc.Env, pc.Workdir, pc.Dynamic})
+	return hex.EncodeToString(h.Sum(nil)[:12])
+}
+
 // saveBackoff records a pool's backoff; none left removes the record.
 func (f *Fleet) saveBackoff(name string, b pool.Backoff) {
 	path := f.backoffPath(name)
@@ -26,24 +49,28 @@ func (f *Fleet) saveBackoff(name string, b pool.Backoff) {
 		}
 		return
 	}
-	if err := writeAtomic(path, b); err != nil {
+	if err := writeAtomic(path, backoffRecord{Backoff: b, Runners: f.runnersOf(name)}); err != nil {
 		f.log.Warn("could not record the pool's backoff", "pool", name, "err", err)
 	}
 }
 
 // SavedBackoff returns a pool's backoff as its manager last recorded it;
-// none when there is no record.
+// none when there is no record, or when it counted other runners.
 func (f *Fleet) SavedBackoff(name string) pool.Backoff {
-	var b pool.Backoff
+	var b backoffRecord
 	data, err := os.ReadFile(f.backoffPath(name))
 	if err != nil {
-		return b
+		return pool.Backoff{}
 	}
 	if err := json.Unmarshal(data, &b); err != nil {
 		f.log.Warn("unreadable backoff record; ignored", "pool", name, "err", err)
 		return pool.Backoff{}
 	}
-	return b
+	if b.Runners != f.runnersOf(name) {
+		f.log.Info("the pool's recorded backoff counted other runners (its forge, provider or agent changed); not carried over", "pool", name)
+		return pool.Backoff{}
+	}
+	return b.Backoff
 }
 
 func writeAtomic(path string, v any) error {

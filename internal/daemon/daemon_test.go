@@ -6,8 +6,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/pool"
 
 	// The drivers the configs here name.
 	_ "github.com/runfleet/runfleet/forge/gitea"
@@ -104,5 +106,45 @@ func TestGPUPoolsFitTheHost(t *testing.T) {
 				t.Errorf("a CPU-only config read the GPUs: %+v", f.Inventory)
 			}
 		})
+	}
+}
+
+// A pool's recorded backoff is carried over to a manager that runs the
+// same runners, and not to one whose pool of the same name registers
+// elsewhere (`runfleet runner --name x` against another repository) or
+// runs another agent: their failures say nothing of it.
+func TestBackoffBelongsToItsRunners(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	state := t.TempDir()
+	t.Setenv("T_TOKEN", "x")
+	fleet := func(repo, agent string) *Fleet {
+		t.Helper()
+		cfg, err := config.Parse([]byte(`
+state_dir: ` + state + `
+forges:
+  - {name: f, type: gitea, url: "http://127.0.0.1:3000", token: "${T_TOKEN}", repo: ` + repo + `}
+pools:
+  - {name: p, labels: [x], size: 1, agent: {path: ` + agent + `}}
+`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := New(cfg, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	b := pool.Backoff{Failures: 4, Until: time.Now().Add(time.Minute).UTC().Round(0), Reason: "agent exited before it registered"}
+	fleet("a/b", "/bin/true").saveBackoff("p", b)
+	if got := fleet("a/b", "/bin/true").SavedBackoff("p"); got.Failures != 4 || got.Reason != b.Reason || !got.Until.Equal(b.Until) {
+		t.Errorf("same runners: %+v, want %+v", got, b)
+	}
+	if got := fleet("a/c", "/bin/true").SavedBackoff("p"); got.Failures != 0 {
+		t.Errorf("another repository: %+v carried over", got)
+	}
+	if got := fleet("a/b", "/bin/false").SavedBackoff("p"); got.Failures != 0 {
+		t.Errorf("another agent: %+v carried over", got)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runfleet/runfleet/internal/testbed/ghsim"
 	"github.com/runfleet/runfleet/internal/testbed/harness"
 )
 
@@ -66,6 +67,41 @@ func TestGitHubCrashLoopBacksOff(t *testing.T) {
 	log, _ := os.ReadFile(f.LogPath)
 	if n := strings.Count(string(log), "agent exited without taking a job; backing off"); n < 4 || !strings.Contains(string(log), why) {
 		t.Errorf("%d backoff log lines; want one a failure, with the agent's output", n)
+	}
+	f.StopLeavesNothing()
+}
+
+// TestGitHubRegistrationTokenCrashLoopBacksOff: where GitHub offers no
+// just-in-time runners, the agent registers itself with config.sh; one
+// that fails there never shows a registration, and is a failed start all
+// the same. Before, each such runner was replaced at once: 105
+// registration tokens in 11 s, each able to enrol runners for an hour.
+// Now the pool backs off from 1s doubling, as for a crash after
+// registering.
+func TestGitHubRegistrationTokenCrashLoopBacksOff(t *testing.T) {
+	top, _, _ := harness.Listeners(t)
+	dir := t.TempDir()
+	config := "#!/bin/sh\necho 'Http response code: NotFound from POST https://github.example/api/v3/actions/runner-registration' >&2\nexit 1\n"
+	if err := os.WriteFile(filepath.Join(dir, "config.sh"), []byte(config), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "run.sh"), []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f := harness.NewGitHubFleet(t, "ghregcrash", harness.GitHubOptions{Size: 1, AgentPath: filepath.Join(dir, "run.sh"), Top: top,
+		Sim: ghsim.Options{NoJIT: true}})
+	f.Start()
+	time.Sleep(40 * time.Second)
+	n := f.GH.RegistrationTokens()
+	t.Logf("registration tokens in 40s: %d", n)
+	// Starts 1, 2, 4, 8, 16 s apart: 6 in 40 s, and a margin for a slow
+	// start.
+	if n > 8 {
+		t.Errorf("%d registration tokens in 40 s of a config.sh that fails; want at most 8", n)
+	}
+	log, _ := os.ReadFile(f.LogPath)
+	if c := strings.Count(string(log), "agent exited without taking a job; backing off"); c < 3 || !strings.Contains(string(log), "runner-registration") {
+		t.Errorf("%d backoff log lines; want one a failure, with config.sh's output", c)
 	}
 	f.StopLeavesNothing()
 }
