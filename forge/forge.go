@@ -260,6 +260,17 @@ type ExitedRemover interface {
 	RemoveExited(ctx context.Context, id int64) error
 }
 
+// Placeholder is implemented by a forge that fails a queued job at once
+// when no runner registered in its pool could take it, offline and
+// disabled ones included (Azure Pipelines): a pool that scales from zero,
+// or whose runners all come and go, keeps there a registration that is
+// never run, with the labels its runners have.
+type Placeholder interface {
+	// Placehold registers the pool's placeholder, or gives it these
+	// labels; it changes nothing when it has them.
+	Placehold(ctx context.Context, pool string, labels []string) error
+}
+
 // DemandMatcher is implemented by forges whose jobs ask for runners by more
 // than label names (Azure Pipelines' demands: "cuda" for a capability that
 // exists, "gpu -equals a100" for one with a value): it decides whether a

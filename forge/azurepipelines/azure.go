@@ -65,6 +65,8 @@ type Config struct {
 	// AgentVersion is sent when an agent is added (DefaultAgentVersion
 	// when empty).
 	AgentVersion string
+	// Architecture is the agents' Agent.OSArchitecture (X64 when empty).
+	Architecture string
 	// Manager is the manager's id, carried by its agents.
 	Manager    string
 	HTTPClient *http.Client
@@ -81,10 +83,12 @@ type Config struct {
 	Logger   *slog.Logger
 }
 
-// The user capabilities that mark an agent as a manager's.
+// The user capabilities that mark an agent as a manager's, and a pool's
+// placeholder.
 const (
-	CapManager = "runfleet.manager"
-	CapPool    = "runfleet.pool"
+	CapManager     = "runfleet.manager"
+	CapPool        = "runfleet.pool"
+	CapPlaceholder = "runfleet.placeholder"
 )
 
 // Driver talks to one Azure DevOps organisation and one of its agent
@@ -120,6 +124,9 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if cfg.CacheTTL == 0 {
 		cfg.CacheTTL = 5 * time.Second
+	}
+	if cfg.Architecture == "" {
+		cfg.Architecture = "X64"
 	}
 	if cfg.AgentVersion == "" {
 		cfg.AgentVersion = DefaultAgentVersion
@@ -350,7 +357,7 @@ func runner(a taskagent.TaskAgent) forge.Runner {
 	r.Cordoned = a.Enabled != nil && !*a.Enabled
 	if a.UserCapabilities != nil {
 		for k, v := range *a.UserCapabilities {
-			if k == CapManager || k == CapPool {
+			if k == CapManager || k == CapPool || k == CapPlaceholder {
 				continue
 			}
 			r.Labels = append(r.Labels, label(k, v))
@@ -370,10 +377,10 @@ func (d *Driver) forget(id int64) {
 }
 
 // ImplicitLabels are the capabilities every agent reports of itself that
-// pipelines demand most: its operating system, and its version (the
-// server adds an Agent.Version demand to every job).
+// pipelines demand most: its operating system and architecture, and its
+// version (the server adds an Agent.Version demand to every job).
 func (d *Driver) ImplicitLabels() []string {
-	return []string{"Agent.OS=Linux", "Agent.Version=" + d.cfg.AgentVersion}
+	return []string{"Agent.OS=Linux", "Agent.OSArchitecture=" + d.cfg.Architecture, "Agent.Version=" + d.cfg.AgentVersion}
 }
 
 // Meets matches a job's demands to a pool's labels as capabilities

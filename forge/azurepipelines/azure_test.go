@@ -265,6 +265,9 @@ func TestJobsFromJobRequests(t *testing.T) {
 	sim := newSim(t, azsim.Options{PageSize: 2})
 	d := newDriver(t, sim, "m1")
 	ctx := context.Background()
+	if err := d.Placehold(ctx, "gpu", []string{"cuda", "gpu=a100"}); err != nil {
+		t.Fatal(err)
+	}
 	var specs []azsim.JobSpec
 	for i := range 5 {
 		specs = append(specs, azsim.JobSpec{Name: fmt.Sprintf("job %d", i), Demands: []string{"cuda", "gpu -equals a100"}})
@@ -467,4 +470,71 @@ func agentByName(sim *azsim.Server, name string) *azsim.Agent {
 		}
 	}
 	return nil
+}
+
+// Azure DevOps fails a job at once when no agent registered in the pool
+// meets its demands: with no agent, a pool of size 0 would never see it
+// queued. The pool's placeholder, registered with its capabilities and the
+// system capabilities an agent reports, keeps such jobs queued; it is
+// disabled, so no job is ever given to it; a second Placehold changes
+// nothing, and one with other labels updates it in place.
+func TestPlaceholderKeepsJobsQueued(t *testing.T) {
+	sim := newSim(t, azsim.Options{})
+	d := newDriver(t, sim, "m1")
+	ctx := context.Background()
+	demands := []string{"gpu -equals a100", "Agent.OS -equals Linux", "Agent.OSArchitecture -equals X64"}
+	ids, err := sim.QueueRun("gpu", azsim.JobSpec{Name: "before", Demands: demands})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := request(t, sim, ids[0]); r.Result != "failed" || !strings.Contains(string(r.Log), "No agent found in pool gpu which satisfies the specified demands") {
+		t.Fatalf("a job with no agent in the pool: result %q, log %q; want it failed at once", r.Result, r.Log)
+	}
+	for range 2 {
+		if err := d.Placehold(ctx, "gpu", []string{"gpu=a100", "cuda"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	agents := sim.Agents()
+	if len(agents) != 1 || agents[0].Name != "gpu-placeholder" || agents[0].Enabled || agents[0].SystemCaps["Agent.OSArchitecture"] != "X64" {
+		t.Fatalf("agents %+v, want one disabled placeholder with system capabilities", agents)
+	}
+	ids, err = sim.QueueRun("gpu", azsim.JobSpec{Name: "after", Demands: demands})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := request(t, sim, ids[0]); r.Result != "" || r.AgentID != 0 {
+		t.Fatalf("with the placeholder: result %q, agent %d; want it queued", r.Result, r.AgentID)
+	}
+	jobs, err := d.Jobs(ctx, forge.JobQueued)
+	if err != nil || len(jobs) != 1 {
+		t.Fatalf("queued jobs %v (%v), want the one", jobs, err)
+	}
+	// The pool's labels change: updated in place, never deleted, and
+	// the queued job that the new labels do not meet fails.
+	if err := d.Placehold(ctx, "gpu", []string{"gpu=h100"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(sim.AllAgents()); n != 1 {
+		t.Fatalf("%d agents ever added, want the placeholder updated in place", n)
+	}
+	if r := request(t, sim, ids[0]); r.Result != "failed" {
+		t.Fatalf("a job only the old labels met: result %q", r.Result)
+	}
+	// Not one of the pool's runners.
+	list, err := d.Runners(ctx)
+	if err != nil || len(list) != 1 || slices.Contains(list[0].Labels, CapPlaceholder) {
+		t.Fatalf("runners %+v (%v)", list, err)
+	}
+}
+
+func request(t *testing.T, sim *azsim.Server, id int64) azsim.Request {
+	t.Helper()
+	for _, r := range sim.Requests() {
+		if r.ID == id {
+			return r
+		}
+	}
+	t.Fatalf("no request %d", id)
+	return azsim.Request{}
 }

@@ -31,6 +31,10 @@ type section struct {
 	// the agent, as the agent's own configuration does; the agent
 	// reports its own when it connects.
 	AgentVersion string `json:"agent_version"`
+	// Architecture is the runners' Agent.OSArchitecture, as the agent
+	// reports .NET's RuntimeInformation.OSArchitecture: X64 (the
+	// default) or ARM64.
+	Architecture string `json:"architecture"`
 	// CacheTTL is how long a listing of agents is reused (5s).
 	CacheTTL config.Duration `json:"cache_ttl"`
 }
@@ -74,6 +78,14 @@ func decode(c forge.Config) (section, error) {
 		bad("pool", "is required: the agent pool's name or id")
 	case s.Pool.ID < 0:
 		bad("pool", "%d is not a pool id", s.Pool.ID)
+	}
+	switch strings.ToUpper(s.Architecture) {
+	case "":
+		s.Architecture = "X64"
+	case "X64", "ARM64":
+		s.Architecture = strings.ToUpper(s.Architecture)
+	default:
+		bad("architecture", "%q is not X64 or ARM64", s.Architecture)
 	}
 	if s.AgentVersion == "" {
 		s.AgentVersion = DefaultAgentVersion
@@ -120,6 +132,7 @@ func (driver) Open(c forge.Config, env forge.Env) (forge.Forge, error) {
 		PoolID:       s.Pool.ID,
 		Project:      s.Project,
 		AgentVersion: s.AgentVersion,
+		Architecture: s.Architecture,
 		CacheTTL:     s.CacheTTL.Duration,
 		Manager:      env.Manager,
 		Version:      env.Version,

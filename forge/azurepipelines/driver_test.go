@@ -23,13 +23,13 @@ func check(t *testing.T, u, section, tok string) error {
 
 // Every problem of an azure-pipelines forge's section is named at once.
 func TestCheck(t *testing.T) {
-	for _, ok := range []string{`{"pool":"gpu"}`, `{"pool":12}`, `{"pool":"gpu","project":"ml","agent_version":"4.275.0","cache_ttl":"10s"}`} {
+	for _, ok := range []string{`{"pool":"gpu"}`, `{"pool":12}`, `{"pool":"gpu","project":"ml","agent_version":"4.275.0","cache_ttl":"10s"}`, `{"pool":"gpu","architecture":"arm64"}`} {
 		if err := check(t, "https://dev.azure.com/acme", ok, "pat"); err != nil {
 			t.Errorf("%s: %v", ok, err)
 		}
 	}
-	err := check(t, "dev.azure.com/acme", `{"agent_version":"latest","colour":"red"}`, "")
-	for _, want := range []string{"token: is required", "url: ", "pool: is required", `agent_version: "latest" is not a version`, "colour"} {
+	err := check(t, "dev.azure.com/acme", `{"agent_version":"latest","colour":"red","architecture":"sparc"}`, "")
+	for _, want := range []string{"token: is required", "url: ", "pool: is required", `agent_version: "latest" is not a version`, "colour", `architecture: "sparc" is not X64 or ARM64`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not say %q", err, want)
 		}

@@ -44,18 +44,7 @@ func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.C
 	caps := capabilities(req.Labels)
 	caps[CapManager] = d.cfg.Manager
 	caps[CapPool] = poolOf(req.Name)
-	exp := big.NewInt(int64(key.E)).Bytes()
-	agent := taskagent.TaskAgent{
-		Name: &req.Name,
-		Authorization: &taskagent.TaskAgentAuthorization{
-			PublicKey: &taskagent.TaskAgentPublicKey{Exponent: &exp, Modulus: new(key.N.Bytes())},
-		},
-		MaxParallelism:    new(1),
-		ProvisioningState: new("Provisioned"),
-		Version:           &d.cfg.AgentVersion,
-		Enabled:           new(true),
-		UserCapabilities:  &caps,
-	}
+	agent := d.newAgent(req.Name, &key.PublicKey, caps)
 	var added *taskagent.TaskAgent
 	err = d.call(ctx, "add agent "+req.Name, func(ctx context.Context) (err error) {
 		added, err = api.AddAgent(ctx, taskagent.AddAgentArgs{Agent: &agent, PoolId: &poolID})
@@ -92,6 +81,41 @@ func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.C
 		return append(list, forge.Runner{ID: id, Name: req.Name, Status: forge.StatusOffline, Labels: req.Labels})
 	})
 	return forge.Credential{RunnerID: id, Files: files}, nil
+}
+
+// newAgent is an agent as the agent's configuration adds it: its public
+// key, one job at a time, its version, its user capabilities and the
+// system capabilities its scan reports (AgentCapabilitiesProvider: the
+// agent's name, OS, architecture and version; the agent reports them
+// again, with the tools it finds, when it connects).
+func (d *Driver) newAgent(name string, key *rsa.PublicKey, caps map[string]string) taskagent.TaskAgent {
+	exp := big.NewInt(int64(key.E)).Bytes()
+	sys := d.systemCapabilities(name)
+	return taskagent.TaskAgent{
+		Name: &name,
+		Authorization: &taskagent.TaskAgentAuthorization{
+			PublicKey: &taskagent.TaskAgentPublicKey{Exponent: &exp, Modulus: new(key.N.Bytes())},
+		},
+		MaxParallelism:     new(1),
+		ProvisioningState:  new("Provisioned"),
+		Version:            &d.cfg.AgentVersion,
+		Enabled:            new(true),
+		UserCapabilities:   &caps,
+		SystemCapabilities: &sys,
+	}
+}
+
+// systemCapabilities are those of the agent's own scan that runfleet
+// knows before the agent runs (AgentCapabilitiesProvider.cs): the rest
+// (the tools on PATH, the environment) only the agent finds, and a pool
+// declares those a job demands in its labels.
+func (d *Driver) systemCapabilities(name string) map[string]string {
+	return map[string]string{
+		"Agent.Name":           name,
+		"Agent.OS":             "Linux",
+		"Agent.OSArchitecture": d.cfg.Architecture,
+		"Agent.Version":        d.cfg.AgentVersion,
+	}
 }
 
 func idOf(a *taskagent.TaskAgent) int {

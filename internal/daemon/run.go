@@ -138,6 +138,38 @@ func (f *Fleet) startPool(p *pool.Pool) {
 		defer close(r.done)
 		p.Run(ctx)
 	}()
+	// A one-shot runner (`runfleet runner --single`) leaves none: its
+	// job comes to the runner it started.
+	if pc, ok := f.Config.Pool(p.Name()); ok && !pc.Single {
+		if ph, ok := f.conns[pc.Forge].(forge.Placeholder); ok {
+			go f.placehold(ctx, pc.Name, ph, slices.Compact(slices.Sorted(slices.Values(f.runnerLabels(pc)))))
+		}
+	}
+}
+
+// placehold keeps a pool's placeholder registration (forge.Placeholder)
+// where the forge fails jobs that no registered runner could take,
+// retrying from 1 s doubling to 5 minutes until it is there; an error no
+// retry fixes is reported once.
+func (f *Fleet) placehold(ctx context.Context, pool string, ph forge.Placeholder, labels []string) {
+	wait := time.Second
+	for {
+		err := ph.Placehold(ctx, pool, labels)
+		switch {
+		case err == nil, ctx.Err() != nil:
+			return
+		case errors.Is(err, forge.ErrRejected):
+			f.log.Error("the pool's placeholder registration was refused: its jobs fail while it has no runner", "pool", pool, "err", err)
+			return
+		}
+		f.log.Warn("the pool's placeholder registration failed; retrying", "pool", pool, "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Minute)
+	}
 }
 
 // poll reads a forge's queue every interval, so that a job whose webhook
@@ -292,20 +324,9 @@ func (f *Fleet) pools() []*pool.Pool {
 func (f *Fleet) demandPools(cfg *config.Config) []demand.Pool {
 	var out []demand.Pool
 	for _, pc := range cfg.Pools {
-		labels := f.providerLabels(pc)
+		labels := f.runnerLabels(pc)
 		if l, ok := f.conns[pc.Forge].(forge.Labeler); ok {
 			labels = append(labels, l.ImplicitLabels()...)
-		}
-		if pc.GPUsPerRunner != 0 && pc.HasHardwareLabels() && f.GPUs != nil {
-			units := f.GPUs.Units()
-			for i := range units {
-				labels = append(labels, gpu.Labels(units[i:i+1], f.Inventory.CUDA)...)
-			}
-			n := len(units)
-			if pc.GPUsPerRunner > 0 {
-				n = int(pc.GPUsPerRunner)
-			}
-			labels = append(labels, fmt.Sprintf("gpus-%d", n))
 		}
 		dp := demand.Pool{Name: pc.Name, Forge: pc.Forge, Labels: labels}
 		if m, ok := f.conns[pc.Forge].(forge.DemandMatcher); ok {
@@ -317,6 +338,25 @@ func (f *Fleet) demandPools(cfg *config.Config) []demand.Pool {
 		out = append(out, dp)
 	}
 	return out
+}
+
+// runnerLabels are the labels a pool's runners may register with: the
+// pool's and its provider's, and the hardware labels of the GPUs they may
+// get.
+func (f *Fleet) runnerLabels(pc config.Pool) []string {
+	labels := f.providerLabels(pc)
+	if pc.GPUsPerRunner != 0 && pc.HasHardwareLabels() && f.GPUs != nil {
+		units := f.GPUs.Units()
+		for i := range units {
+			labels = append(labels, gpu.Labels(units[i:i+1], f.Inventory.CUDA)...)
+		}
+		n := len(units)
+		if pc.GPUsPerRunner > 0 {
+			n = int(pc.GPUsPerRunner)
+		}
+		labels = append(labels, fmt.Sprintf("gpus-%d", n))
+	}
+	return labels
 }
 
 // RunnerCounts counts the pools' runners by state, for the metrics.

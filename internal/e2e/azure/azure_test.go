@@ -46,7 +46,7 @@ func TestAzurePool(t *testing.T) {
 			}
 			harness.Eventually(t, 2*time.Minute, "10 jobs done", func() bool { done, _ := harness.AZCompleted(sim); return done == 10 })
 			took := time.Since(start)
-			harness.Eventually(t, time.Minute, "the pool refilled", func() bool { return harness.IdleAzure(sim) == 2 && len(sim.Agents()) == 2 })
+			harness.Eventually(t, time.Minute, "the pool refilled", func() bool { return harness.IdleAzure(sim) == 2 && len(harness.AZRunners(sim)) == 2 })
 			after, by := managerCalls(sim)
 			t.Logf("%s: 10 jobs in %s; Azure DevOps calls per job in steady state: %.2f (%d calls; all the manager's calls by route: %v)",
 				mode, took.Round(time.Millisecond), float64(after-before)/10, after-before, by)
@@ -60,7 +60,7 @@ func TestAzurePool(t *testing.T) {
 			if len(agents) != 10 {
 				t.Errorf("10 jobs ran on %d distinct agents, want 10", len(agents))
 			}
-			for _, a := range sim.AllAgents() {
+			for _, a := range harness.AZAdded(sim) {
 				if a.Jobs > 1 {
 					t.Errorf("agent %d (%s) took %d jobs", a.ID, a.Name, a.Jobs)
 				}
@@ -91,7 +91,7 @@ func TestAzureSecondJobNeverTaken(t *testing.T) {
 	}
 	harness.Eventually(t, 2*time.Minute, "8 jobs done", func() bool { done, _ := harness.AZCompleted(sim); return done == 8 })
 	most := 0
-	for _, a := range sim.AllAgents() {
+	for _, a := range harness.AZAdded(sim) {
 		most = max(most, a.Jobs)
 		if a.Jobs > 1 {
 			t.Errorf("agent %d (%s) took %d jobs", a.ID, a.Name, a.Jobs)
@@ -101,7 +101,7 @@ func TestAzureSecondJobNeverTaken(t *testing.T) {
 	if ok != 8 {
 		t.Errorf("%d of 8 jobs succeeded", ok)
 	}
-	t.Logf("8 jobs on agents that ignore --once: %d agents added in all, at most %d job per agent; %d succeeded", len(sim.AllAgents()), most, ok)
+	t.Logf("8 jobs on agents that ignore --once: %d agents added in all, at most %d job per agent; %d succeeded", len(harness.AZAdded(sim)), most, ok)
 	f.StopLeavesNothing()
 }
 
@@ -130,14 +130,18 @@ func TestAzureCrashAdopts(t *testing.T) {
 	if len(reqs) != 2 {
 		t.Errorf("%d job requests, want the 2 queued", len(reqs))
 	}
-	harness.Eventually(t, time.Minute, "the pool back at 2 idle agents", func() bool { return harness.IdleAzure(sim) == 2 && len(sim.Agents()) == 2 })
-	t.Logf("both jobs succeeded across the crash; %d agents added in all, %d now", len(sim.AllAgents()), len(sim.Agents()))
+	harness.Eventually(t, time.Minute, "the pool back at 2 idle agents", func() bool { return harness.IdleAzure(sim) == 2 && len(harness.AZRunners(sim)) == 2 })
+	t.Logf("both jobs succeeded across the crash; %d agents added in all, %d now", len(harness.AZAdded(sim)), len(harness.AZRunners(sim)))
 	f.StopLeavesNothing()
 }
 
 // TestAzureScaleFromZero scales a pool of size 0 (max 2) on the pool's job
-// requests: three jobs run, and the pool shrinks back to zero. A job whose
-// demands no pool meets starts nothing, and the manager says so.
+// requests: three jobs run, and the pool shrinks back to zero. The strict
+// azsim fails at once, as Azure DevOps does, a job that no agent
+// registered in the pool meets: the pool's placeholder agent, registered
+// with its capabilities and never run, is what keeps its jobs queued
+// (before it, the pool never saw one). A job whose demands the pool does
+// not meet fails at the service and starts nothing.
 func TestAzureScaleFromZero(t *testing.T) {
 	top, _, status := harness.Listeners(t)
 	f := harness.NewAzureFleet(t, "azzero", harness.AzureOptions{Size: 0, Max: 2, Top: top,
@@ -145,12 +149,22 @@ func TestAzureScaleFromZero(t *testing.T) {
 	sim := f.AZ
 	f.Start()
 	harness.Eventually(t, 30*time.Second, "the server", func() bool { code, _ := harness.Get(t, status+"/healthz"); return code == 200 })
-	if _, err := sim.QueueRun("azzero", azsim.JobSpec{Name: "needs an h100", Demands: []string{"gpu -equals h100"}, Script: "true"}); err != nil {
+	harness.Eventually(t, 30*time.Second, "the pool's placeholder", func() bool { return len(sim.Agents()) == 1 })
+	if a := sim.Agents()[0]; a.Name != "azzero-placeholder" || a.Enabled || a.UserCaps["gpu"] != "a100" {
+		t.Fatalf("placeholder %+v, want azzero-placeholder, disabled, with the pool's capabilities", a)
+	}
+	h100, err := sim.QueueRun("azzero", azsim.JobSpec{Name: "needs an h100", Demands: []string{"gpu -equals h100"}, Script: "true"})
+	if err != nil {
 		t.Fatal(err)
 	}
-	harness.Eventually(t, 30*time.Second, "the unmet job reported", func() bool { return f.LogHas("no pool meets") })
-	if n := len(sim.AllAgents()); n != 0 {
-		t.Fatalf("%d agents for a job no pool meets", n)
+	time.Sleep(3 * time.Second) // a poll
+	if n := len(sim.AllAgents()); n != 1 {
+		t.Fatalf("%d agents for a job no pool meets, want the placeholder alone", n)
+	}
+	for _, r := range sim.Requests() {
+		if r.ID == h100[0] && (r.Result != "failed" || !strings.Contains(string(r.Log), "No agent found")) {
+			t.Fatalf("the h100 job: %q %q, want failed by the service", r.Result, r.Log)
+		}
 	}
 	start := time.Now()
 	if _, err := sim.QueueRun("azzero", harness.AZJobs(3, "sleep 1", "gpu -equals A100", "azzero")...); err != nil {
@@ -158,19 +172,18 @@ func TestAzureScaleFromZero(t *testing.T) {
 	}
 	most := 0
 	harness.Eventually(t, 2*time.Minute, "3 jobs done", func() bool {
-		most = max(most, len(sim.Agents()))
+		most = max(most, len(harness.AZRunners(sim)))
 		done, _ := harness.AZCompleted(sim)
-		return done == 3
+		return done == 4 // and the h100 job that failed
 	})
 	_, ok := harness.AZCompleted(sim)
 	t.Logf("3 jobs from zero: %d succeeded in %s, at most %d agents at once", ok, time.Since(start).Round(time.Millisecond), most)
 	if ok != 3 || most > 2 {
 		t.Errorf("%d of 3 succeeded, %d agents at once (max 2)", ok, most)
 	}
-	if _, page := harness.Get(t, status+"/"); !strings.Contains(page, "needs an h100") {
-		t.Error("the status page does not show the job no pool meets")
-	}
-	harness.Eventually(t, 45*time.Second, "no agent after idle_timeout", func() bool { return len(sim.Agents()) == 0 })
+	harness.Eventually(t, 45*time.Second, "no agent after idle_timeout but the placeholder", func() bool {
+		return len(sim.Agents()) == 1 && sim.Agents()[0].Name == "azzero-placeholder"
+	})
 	f.StopLeavesNothing()
 }
 
@@ -186,14 +199,14 @@ func TestChaosAzure(t *testing.T) {
 
 // TestRunnerAzureSingle: `runfleet runner --driver azure-pipelines
 // --single`, with the PAT in REPO_TOKEN and the pool in the project URL,
-// runs one job and leaves no agent registered.
+// runs one job and leaves no agent registered, not even a placeholder.
+// The job is queued once the runner's agent is registered: Azure DevOps
+// fails at once a job that no registered agent meets, and a one-shot
+// runner keeps no placeholder.
 func TestRunnerAzureSingle(t *testing.T) {
 	run := harness.NeedAzureAgent(t)
 	sim := azsim.New(azsim.Options{Token: harness.AZToken, Pools: []string{"ml"}})
 	t.Cleanup(sim.Close)
-	if _, err := sim.QueueRun("ml", azsim.JobSpec{Name: "train", Demands: []string{"cml"}, Script: "echo trained on $(hostname)"}); err != nil {
-		t.Fatal(err)
-	}
 	state := t.TempDir()
 	cmd, out := harness.StartRunner(t, []string{"REPO_TOKEN=" + harness.AZToken, "AGENT_ALLOW_RUNASROOT=1", "XDG_STATE_HOME=" + state},
 		"runner", "--driver", "azure-pipelines", "--repo", sim.URL+"/models?pool=ml", "--single", "--labels", "cml", "--agent", run, "--log", "debug")
@@ -206,6 +219,10 @@ func TestRunnerAzureSingle(t *testing.T) {
 			}
 		}
 	})
+	harness.Eventually(t, time.Minute, "the runner's agent registered", func() bool { return len(sim.Agents()) == 1 })
+	if _, err := sim.QueueRun("ml", azsim.JobSpec{Name: "train", Demands: []string{"cml"}, Script: "echo trained on $(hostname)"}); err != nil {
+		t.Fatal(err)
+	}
 	took := harness.WaitExit(t, cmd, 2*time.Minute)
 	reqs := sim.Requests()
 	if len(reqs) != 1 || reqs[0].Result != "succeeded" {
@@ -283,6 +300,6 @@ echo "dataset read-only"`
 	}
 	harness.AgentNamesWithin(t, sim, "seed", 4)
 	harness.Eventually(t, time.Minute, "4 idle agents again", func() bool { return harness.IdleAzure(sim) == 4 })
-	t.Logf("4 jobs, each on its own GPU (%d distinct), the CUDA 12.4 image, OOM score 1000, the dataset read-only; %d agents added in all", len(seen), len(sim.AllAgents()))
+	t.Logf("4 jobs, each on its own GPU (%d distinct), the CUDA 12.4 image, OOM score 1000, the dataset read-only; %d agents added in all", len(seen), len(harness.AZAdded(sim)))
 	f.StopLeavesNothing()
 }

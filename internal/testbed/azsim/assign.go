@@ -89,6 +89,41 @@ func (s *Server) jobMessage(req *Request) map[string]any {
 	}
 }
 
+// failUnmeetable fails a queued job request that no agent registered in
+// its pool could ever take, whatever its state: Azure DevOps fails such a
+// job at once with "No agent found in pool <pool> which satisfies the
+// specified demands", rather than queue it, which is why a pool that
+// scales from zero needs an agent registered and never run (KEDA's
+// "placeholder agent": kedacore/keda-docs, scalers/azure-pipelines;
+// kedacore/keda#5988; lippertmarkus.com/2023/02/26/keda-azure-pipelines-agent:
+// "The Azure Pipeline needs at least one agent in the pool to not fail
+// instantly with No agent found when we scale to zero"). Offline and
+// disabled agents count: a job that only they meet waits, and the
+// service says "All eligible agents are disabled or offline". Called with
+// s.mu held.
+func (s *Server) failUnmeetable(req *Request) {
+	if req.AgentID != 0 || req.Result != "" {
+		return
+	}
+	for _, a := range s.agents {
+		if !a.Deleted && a.PoolID == req.PoolID && meets(a.capabilities(), req.Demands) {
+			return
+		}
+	}
+	req.Log = append(req.Log, fmt.Sprintf("##[error]No agent found in pool %s which satisfies the specified demands: %s\n",
+		s.pools[req.PoolID].Name, strings.Join(req.Demands, ", "))...)
+	s.finishRequest(req, "failed", false)
+}
+
+// failUnmeetableAll applies failUnmeetable to every queued request: an
+// agent deleted, or its capabilities changed, may leave some that none
+// meets. Called with s.mu held.
+func (s *Server) failUnmeetableAll() {
+	for _, id := range slices.Sorted(maps.Keys(s.requests)) {
+		s.failUnmeetable(s.requests[id])
+	}
+}
+
 // finishRequest ends a job request and frees its agent; an agent shutting
 // down gets no other. Called with s.mu held.
 func (s *Server) finishRequest(req *Request, result string, shuttingDown bool) {

@@ -289,6 +289,7 @@ func (s *Server) QueueRun(poolName string, jobs ...JobSpec) ([]int64, error) {
 		}
 		s.requests[r.ID] = r
 		ids = append(ids, r.ID)
+		s.failUnmeetable(r)
 	}
 	s.assign()
 	return ids, nil

@@ -312,7 +312,11 @@ type agentBody struct {
 	MaxParallelism    *int              `json:"maxParallelism"`
 	ProvisioningState string            `json:"provisioningState"`
 	UserCapabilities  map[string]string `json:"userCapabilities"`
-	Authorization     *struct {
+	// SystemCapabilities are what the agent's configuration scanned
+	// (AgentCapabilitiesProvider, NixCapabilitiesProvider): its session
+	// reports them again at each start.
+	SystemCapabilities map[string]string `json:"systemCapabilities"`
+	Authorization      *struct {
 		PublicKey *struct {
 			Exponent []byte `json:"exponent"`
 			Modulus  []byte `json:"modulus"`
@@ -353,7 +357,10 @@ func (s *Server) addAgent(w http.ResponseWriter, r *http.Request) {
 	}
 	s.nextID++
 	a := &Agent{ID: s.nextID, PoolID: pid, Name: b.Name, Version: b.Version, Enabled: b.Enabled == nil || *b.Enabled,
-		UserCaps: b.UserCapabilities, SystemCaps: map[string]string{}, Created: time.Now().UTC()}
+		UserCaps: b.UserCapabilities, SystemCaps: maps.Clone(b.SystemCapabilities), Created: time.Now().UTC()}
+	if a.SystemCaps == nil {
+		a.SystemCaps = map[string]string{}
+	}
 	if a.UserCaps == nil {
 		a.UserCaps = map[string]string{}
 	}
@@ -405,6 +412,7 @@ func (s *Server) updateAgent(w http.ResponseWriter, r *http.Request) {
 	}
 	if b.UserCapabilities != nil {
 		a.UserCaps = b.UserCapabilities
+		s.failUnmeetableAll()
 	}
 	if a.Enabled {
 		s.assign()
@@ -434,6 +442,7 @@ func (s *Server) deleteAgent(w http.ResponseWriter, r *http.Request) {
 			delete(s.tokens, tok)
 		}
 	}
+	s.failUnmeetableAll()
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -170,13 +171,27 @@ forges:
 // IdleAzure counts the agents online, enabled and without a job.
 func IdleAzure(sim *azsim.Server) int {
 	n := 0
-	for _, a := range sim.Agents() {
+	for _, a := range AZRunners(sim) {
 		if a.Online && a.Enabled && a.Request == 0 {
 			n++
 		}
 	}
 	return n
 }
+
+// AZRunners are the agents not deleted, but the pools' placeholders
+// (registered with a pool's capabilities and never run).
+func AZRunners(sim *azsim.Server) []azsim.Agent {
+	return slices.DeleteFunc(sim.Agents(), placeholder)
+}
+
+// AZAdded are the agents ever added, deleted ones included, but the
+// placeholders.
+func AZAdded(sim *azsim.Server) []azsim.Agent {
+	return slices.DeleteFunc(sim.AllAgents(), placeholder)
+}
+
+func placeholder(a azsim.Agent) bool { return a.UserCaps["runfleet.placeholder"] != "" }
 
 // AZCompleted counts the finished job requests, and those that succeeded.
 func AZCompleted(sim *azsim.Server) (done, ok int) {
@@ -253,7 +268,7 @@ func CheckAzureSecrets(t testing.TB, sim *azsim.Server) {
 func AgentNamesWithin(t testing.TB, sim *azsim.Server, pool string, n int) {
 	t.Helper()
 	names := map[string]bool{}
-	for _, a := range sim.AllAgents() {
+	for _, a := range AZAdded(sim) {
 		names[a.Name] = true
 		ok := false
 		for i := 1; i <= n; i++ {
@@ -294,7 +309,7 @@ func (f *Fleet) azureChaos() ChaosForge {
 		ready: func() int { return IdleAzure(sim) },
 		names: func() ([]string, error) {
 			var names []string
-			for _, a := range sim.Agents() {
+			for _, a := range AZRunners(sim) {
 				names = append(names, a.Name)
 			}
 			return names, nil
