@@ -371,6 +371,35 @@ func TestRateLimitIsObeyed(t *testing.T) {
 	}
 }
 
+// A request the service delayed for the consumption limit comes back done,
+// with X-RateLimit-Remaining 0 and X-RateLimit-Reset minutes away but no
+// Retry-After: the next calls go on, paced by the delay the service
+// applied, not held until the reset (which failed every call for up to 5
+// minutes, the disable that stops an agent's second job included).
+func TestDelayedRequestsDoNotHoldUntilReset(t *testing.T) {
+	sim := newSim(t, azsim.Options{})
+	d := newDriver(t, sim, "m1", func(c *Config) { c.CallTimeout = 5 * time.Second })
+	ctx := context.Background()
+	a := connect(t, sim, d, "gpu-1")
+	sim.Delay(3, 200*time.Millisecond)
+	start := time.Now()
+	for range 3 {
+		if _, err := d.Runners(ctx); err != nil {
+			t.Fatal(err)
+		}
+		d.Refresh()
+	}
+	if err := d.Cordon(ctx, a.id); err != nil {
+		t.Fatalf("a disable after delayed answers: %v, want it through", err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("4 calls took %s after 3 delayed by 200ms: held for the reset", took)
+	}
+	if st := d.Stats(); st.RateRemaining != 190 {
+		t.Errorf("stats %+v: want the last remaining (190)", st)
+	}
+}
+
 // Every request the driver sends is one it is documented to: a known
 // route, with an api-version.
 func TestOnlyDocumentedCalls(t *testing.T) {

@@ -11,14 +11,23 @@ import (
 
 // Azure DevOps limits each identity's use of its services (global
 // consumption, in TSTUs, over a sliding five minutes). It delays requests
-// beyond the limit, and then refuses them with 429; its answers say how
-// near the limit a client is: Retry-After (seconds before sending more),
-// X-RateLimit-Remaining and X-RateLimit-Reset (when the usage is back
-// under the limit, as epoch seconds). The Go client reads none of them
-// and sends each request once, so the driver's transport does, by hand
-// (forge.HoldTransport): it holds every request while a Retry-After or an
-// exhausted limit says to, and sends again a request refused with 429
-// after the wait, a few times, within the call's time.
+// beyond the limit (from milliseconds to 30 s each, the request still
+// carried out), and then refuses them with 429; its answers say how near
+// the limit a client is (learn.microsoft.com/azure/devops/integrate/
+// concepts/rate-limits): Retry-After (seconds before sending more, the one
+// the docs ask clients to obey), X-RateLimit-Remaining (0 once requests
+// are delayed), X-RateLimit-Delay (how long this one was) and
+// X-RateLimit-Reset (when usage would be back to 0 if all of it stopped:
+// not when requests may be sent). The Go client reads none of them and
+// sends each request once, so the driver's transport does, by hand
+// (forge.HoldTransport): it holds every request while a Retry-After says
+// to; while requests are delayed and no Retry-After came, it paces them
+// by the delay the service applied, rather than add to it; and it sends
+// again a request refused with 429 after the wait, a few times, within
+// the call's time.
+
+// maxDelay is the longest delay the service applies to a request.
+const maxDelay = 30 * time.Second
 
 // maxLimitRetries is how often a request refused with 429 is sent again.
 const maxLimitRetries = 3
@@ -53,9 +62,9 @@ func (l *limits) note(resp *http.Response) bool {
 			l.mu.Lock()
 			l.remaining = int64(n)
 			l.mu.Unlock()
-			if n <= 0 {
-				if reset, err := strconv.ParseInt(resp.Header.Get("X-RateLimit-Reset"), 10, 64); err == nil {
-					l.hold.Set(time.Until(time.Unix(reset, 0)))
+			if n <= 0 && resp.Header.Get("Retry-After") == "" {
+				if s, err := strconv.ParseFloat(resp.Header.Get("X-RateLimit-Delay"), 64); err == nil && s > 0 {
+					l.hold.Set(min(time.Duration(s*float64(time.Second)), maxDelay))
 				}
 			}
 		}

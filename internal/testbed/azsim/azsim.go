@@ -176,6 +176,8 @@ type Server struct {
 	calls     []Call
 	throttle  int           // REST calls still to answer 429
 	retry     time.Duration // their Retry-After
+	delayed   int           // REST calls still to delay
+	delay     time.Duration // by how long each
 	limited   int
 	down      bool
 	stop      chan struct{}
@@ -339,6 +341,20 @@ func (s *Server) Calls() []Call {
 func (s *Server) Throttle(n int, retryAfter time.Duration) {
 	s.mu.Lock()
 	s.throttle, s.retry = n, retryAfter
+	s.mu.Unlock()
+}
+
+// Delay delays the next n REST calls by d each and answers them as the
+// service answers a request it delayed for the global consumption limit:
+// carried out, with X-RateLimit-Remaining 0 ("if requests are already
+// being delayed or blocked, it's 0"), X-RateLimit-Delay (how long it was
+// delayed, seconds with three decimals), X-RateLimit-Reset (when usage
+// would be back to 0 if all of it stopped: minutes away) and no
+// Retry-After, which the service sends only when the client must wait
+// (learn.microsoft.com/azure/devops/integrate/concepts/rate-limits).
+func (s *Server) Delay(n int, d time.Duration) {
+	s.mu.Lock()
+	s.delayed, s.delay = n, d
 	s.mu.Unlock()
 }
 

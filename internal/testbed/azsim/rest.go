@@ -78,7 +78,11 @@ func (s *Server) handle(mux *http.ServeMux, pattern string, rt route, h http.Han
 			s.throttle--
 			s.limited++
 		}
-		retry := s.retry
+		delayed := rt.pat && !throttled && s.delayed > 0
+		if delayed {
+			s.delayed--
+		}
+		retry, delay := s.retry, s.delay
 		s.mu.Unlock()
 		switch {
 		case down:
@@ -97,6 +101,13 @@ func (s *Server) handle(mux *http.ServeMux, pattern string, rt route, h http.Han
 			rec.Header().Set("X-RateLimit-Reset", strconv.FormatInt(time.Now().Add(retry).Unix(), 10))
 			fail(rec, http.StatusTooManyRequests, "VssRequestThrottledException", "TF400733: The request has been blocked due to exceeding usage of resource 'ATCPU'.")
 			return
+		case delayed:
+			time.Sleep(delay)
+			rec.Header().Set("X-RateLimit-Resource", "ATCPU")
+			rec.Header().Set("X-RateLimit-Limit", "200")
+			rec.Header().Set("X-RateLimit-Remaining", "0")
+			rec.Header().Set("X-RateLimit-Delay", strconv.FormatFloat(delay.Seconds(), 'f', 3, 64))
+			rec.Header().Set("X-RateLimit-Reset", strconv.FormatInt(time.Now().Add(5*time.Minute).Unix(), 10))
 		case rt.pat:
 			rec.Header().Set("X-RateLimit-Remaining", "190")
 		}
