@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/big"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -566,4 +568,53 @@ func request(t *testing.T, sim *azsim.Server, id int64) azsim.Request {
 	}
 	t.Fatalf("no request %d", id)
 	return azsim.Request{}
+}
+
+// Azure DevOps Server takes REST API versions up to its own: 6.0 for
+// Server 2020, 5.0 for 2019, and refuses a later one. Microsoft's client
+// reads the server's resource locations and asks for no later version
+// than each offers, the job requests call (written by hand on the same
+// client) included: every call a pool makes goes through on either.
+func TestAzureDevOpsServerVersions(t *testing.T) {
+	for _, v := range []string{"6.0", "5.0"} {
+		t.Run(v, func(t *testing.T) {
+			sim := newSim(t, azsim.Options{APIVersion: v})
+			// The server refuses a version later than its own.
+			req, _ := http.NewRequest(http.MethodGet, sim.URL+"/_apis/distributedtask/pools?api-version=7.1", nil)
+			req.SetBasicAuth("", testPAT)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "VssVersionOutOfRangeException") {
+				t.Fatalf("api-version 7.1 on a %s server: %d %s", v, resp.StatusCode, body)
+			}
+			d := newDriver(t, sim, "m1")
+			ctx := context.Background()
+			if err := d.Placehold(ctx, "gpu", []string{"cuda"}); err != nil {
+				t.Fatal(err)
+			}
+			a := connect(t, sim, d, "gpu-1")
+			if _, err := sim.QueueRun("gpu", azsim.JobSpec{Name: "x", Demands: []string{"cuda"}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.Jobs(ctx, forge.JobQueued); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.Runners(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Cordon(ctx, a.id); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range sim.Calls() {
+				num, _, _ := strings.Cut(c.APIVersion, "-")
+				if c.APIVersion != "" && (c.Status >= 300 || compareVersions(num, v) > 0) {
+					t.Errorf("%s %s at api-version %s: %d", c.Method, c.Route, c.APIVersion, c.Status)
+				}
+			}
+		})
+	}
 }

@@ -66,11 +66,17 @@ type Options struct {
 	// when 0; the service waits 50s).
 	LongPoll time.Duration
 	// LockTimeout is how long a job request's lock lasts without
-	// renewal before the job fails (5m when 0, as the service's).
+	// renewal before the job fails (10m when 0, as the service's).
 	LockTimeout time.Duration
 	// NoDemandsFilter answers 400 to a listing of agents filtered by
 	// demands, as a server that does not take the filter would.
 	NoDemandsFilter bool
+	// APIVersion is the latest REST API version the server takes: 7.1
+	// (Azure DevOps Services, Server 2022) when empty; 6.0 is Azure
+	// DevOps Server 2020, 5.0 Server 2019 (learn.microsoft.com/rest/api/
+	// azure/devops, "API and TFS version mapping"). Its resource
+	// locations say so, and a request for a later version is refused.
+	APIVersion string
 }
 
 // Agent is an agent in a pool.
@@ -196,8 +202,14 @@ func New(opt Options) *Server {
 	if opt.LongPoll <= 0 {
 		opt.LongPoll = 20 * time.Second
 	}
+	if opt.APIVersion == "" {
+		opt.APIVersion = "7.1"
+	}
 	if opt.LockTimeout <= 0 {
-		opt.LockTimeout = 5 * time.Minute
+		// A job request's lockedUntil is ten minutes after it was
+		// given or renewed, as in a response the service sent
+		// (kedacore/keda, pkg/scalers/azure_pipelines_scaler_test.go).
+		opt.LockTimeout = 10 * time.Minute
 	}
 	s := &Server{
 		opt: opt, nextID: 0, nextReq: 100, lastBuild: 500,

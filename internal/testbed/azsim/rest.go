@@ -34,6 +34,23 @@ func location(id, area, resource, route, released string) map[string]any {
 	}
 }
 
+// locationsUpTo are the resource locations of a server whose REST API goes
+// up to version max: no resource's versions go beyond it.
+func locationsUpTo(max string) []map[string]any {
+	out := make([]map[string]any, len(locations))
+	for i, l := range locations {
+		c := maps.Clone(l)
+		if versionLess(max, c["maxVersion"].(string)) {
+			c["maxVersion"] = max
+		}
+		if versionLess(max, c["releasedVersion"].(string)) {
+			c["releasedVersion"] = max
+		}
+		out[i] = c
+	}
+	return out
+}
+
 // taskAgentArea is the resource area of pools, agents and job requests.
 const taskAgentArea = "a85b8835-c1a1-4aac-ae97-1c3d0ba72dbd"
 
@@ -169,16 +186,17 @@ func (s *Server) checkVersion(w http.ResponseWriter, r *http.Request) (string, b
 		return "", false
 	}
 	major, _ := strconv.Atoi(m[1])
-	minor, _ := strconv.Atoi(m[2])
-	if major > 7 || major == 7 && minor > 1 || major < 1 {
+	if versionLess(s.opt.APIVersion, m[1]+"."+m[2]) || major < 1 {
 		fail(w, http.StatusBadRequest, "VssVersionOutOfRangeException",
-			fmt.Sprintf("The requested REST API version of %s is out of range for this server. The latest REST API version for this server is 7.1.", v))
+			fmt.Sprintf("The requested REST API version of %s is out of range for this server. The latest REST API version for this server is %s.", v, s.opt.APIVersion))
 		return "", false
 	}
 	return v, true
 }
 
-func (s *Server) options(w http.ResponseWriter, r *http.Request) { list(w, locations) }
+func (s *Server) options(w http.ResponseWriter, r *http.Request) {
+	list(w, locationsUpTo(s.opt.APIVersion))
+}
 
 func (s *Server) resourceAreas(w http.ResponseWriter, r *http.Request) {
 	list(w, []map[string]any{{"id": taskAgentArea, "name": "distributedtask", "locationUrl": s.URL + "/"}})
