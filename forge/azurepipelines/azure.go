@@ -67,6 +67,8 @@ type Config struct {
 	AgentVersion string
 	// Architecture is the agents' Agent.OSArchitecture (X64 when empty).
 	Architecture string
+	// AcceptTeeEula is written into each agent's settings (TFVC).
+	AcceptTeeEula bool
 	// Manager is the manager's id, carried by its agents.
 	Manager    string
 	HTTPClient *http.Client

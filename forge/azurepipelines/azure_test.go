@@ -618,3 +618,37 @@ func TestAzureDevOpsServerVersions(t *testing.T) {
 		})
 	}
 }
+
+// A name the pool already holds is refused: the driver looks the name up,
+// as the agent's configuration does, rather than rely on the answer's
+// status. One left by this manager is removed by the pool, and a retry
+// adds it; another's is a refusal no retry fixes, that says what to do.
+// An agent's settings carry acceptTeeEula where the forge sets it, as
+// config.sh --acceptTeeEula writes it.
+func TestRegisterNameTaken(t *testing.T) {
+	sim := newSim(t, azsim.Options{})
+	d := newDriver(t, sim, "m1", func(c *Config) { c.AcceptTeeEula = true })
+	ctx := context.Background()
+	cred, err := d.Register(ctx, forge.RunnerRequest{Name: "gpu-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var settings map[string]any
+	if err := json.Unmarshal(cred.Files[FileAgent], &settings); err != nil || settings["acceptTeeEula"] != true {
+		t.Errorf(".agent %v (%v), want acceptTeeEula true", settings, err)
+	}
+	_, err = d.Register(ctx, forge.RunnerRequest{Name: "gpu-1"})
+	if err == nil || errors.Is(err, forge.ErrRejected) || !strings.Contains(err.Error(), "left in the pool from before") {
+		t.Fatalf("this manager's name taken: %v, want a retryable error saying so", err)
+	}
+	other := newDriver(t, sim, "m2")
+	_, err = other.Register(ctx, forge.RunnerRequest{Name: "gpu-1"})
+	if !errors.Is(err, forge.ErrRejected) || !strings.Contains(err.Error(), "not this manager's") {
+		t.Fatalf("another manager's name: %v, want a refusal", err)
+	}
+	plain := newDriver(t, sim, "m3")
+	cred, err = plain.Register(ctx, forge.RunnerRequest{Name: "gpu-2"})
+	if err != nil || strings.Contains(string(cred.Files[FileAgent]), "acceptTeeEula") {
+		t.Errorf(".agent %s (%v), want no acceptTeeEula unless set", cred.Files[FileAgent], err)
+	}
+}

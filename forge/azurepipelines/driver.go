@@ -31,6 +31,10 @@ type section struct {
 	// the agent, as the agent's own configuration does; the agent
 	// reports its own when it connects.
 	AgentVersion string `json:"agent_version"`
+	// AcceptTeeEula accepts the Team Explorer Everywhere licence in each
+	// agent's settings, as config.sh --acceptTeeEula does: what a Linux
+	// agent needs to check out TFVC repositories.
+	AcceptTeeEula bool `json:"accept_tee_eula"`
 	// Architecture is the runners' Agent.OSArchitecture, as the agent
 	// reports .NET's RuntimeInformation.OSArchitecture: X64 (the
 	// default) or ARM64.
@@ -125,19 +129,20 @@ func (driver) Open(c forge.Config, env forge.Env) (forge.Forge, error) {
 		return nil, err
 	}
 	return New(Config{
-		URL:          c.URL,
-		RunnerURL:    c.RunnerURL,
-		Token:        c.Token.Reveal(),
-		PoolName:     s.Pool.Name,
-		PoolID:       s.Pool.ID,
-		Project:      s.Project,
-		AgentVersion: s.AgentVersion,
-		Architecture: s.Architecture,
-		CacheTTL:     s.CacheTTL.Duration,
-		Manager:      env.Manager,
-		Version:      env.Version,
-		Logger:       env.Logger,
-		Budget:       env.Budget,
+		URL:           c.URL,
+		RunnerURL:     c.RunnerURL,
+		Token:         c.Token.Reveal(),
+		PoolName:      s.Pool.Name,
+		PoolID:        s.Pool.ID,
+		Project:       s.Project,
+		AgentVersion:  s.AgentVersion,
+		Architecture:  s.Architecture,
+		AcceptTeeEula: s.AcceptTeeEula,
+		CacheTTL:      s.CacheTTL.Duration,
+		Manager:       env.Manager,
+		Version:       env.Version,
+		Logger:        env.Logger,
+		Budget:        env.Budget,
 	})
 }
 

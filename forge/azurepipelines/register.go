@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/big"
+	"net/http"
 	"net/url"
 	"strings"
 
@@ -51,12 +52,13 @@ func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.C
 		return err
 	})
 	if err != nil {
-		if status(err) == 409 {
-			// An agent of that name is left from before (a crash after
-			// adding it): the next listing shows it, and the pool
-			// removes it.
-			d.kept.Drop()
-			return forge.Credential{}, err
+		if st := status(err); st == http.StatusConflict || st == http.StatusBadRequest {
+			// The agent's own configuration looks a name up before it
+			// adds one, rather than rely on the server's answer for a
+			// name taken: so does the driver, once refused.
+			if taken := d.nameTaken(ctx, api, poolID, req.Name); taken != nil {
+				return forge.Credential{}, taken
+			}
 		}
 		if e := rejectDefinitive(err); e != err {
 			return forge.Credential{}, e
@@ -118,6 +120,32 @@ func (d *Driver) systemCapabilities(name string) map[string]string {
 	}
 }
 
+// nameTaken looks up an agent of the name in the pool. One of this
+// manager's, left from before (a crash after adding it), the pool removes
+// once the next listing shows it: a retry then adds the name. Another's
+// no retry fixes. nil when the name is free, or could not be looked up.
+func (d *Driver) nameTaken(ctx context.Context, api taskagent.Client, poolID int, name string) error {
+	var agents *[]taskagent.TaskAgent
+	err := d.call(ctx, "look up agent "+name, func(ctx context.Context) (err error) {
+		agents, err = api.GetAgents(ctx, taskagent.GetAgentsArgs{PoolId: &poolID, AgentName: &name, IncludeCapabilities: new(true)})
+		return err
+	})
+	if err != nil || agents == nil {
+		return nil
+	}
+	for _, a := range *agents {
+		if a.Name == nil || !strings.EqualFold(*a.Name, name) {
+			continue
+		}
+		if a.UserCapabilities != nil && (*a.UserCapabilities)[CapManager] == d.cfg.Manager {
+			d.kept.Drop()
+			return fmt.Errorf("azure-pipelines: an agent named %s is left in the pool from before; the pool removes it, then adds the name again", name)
+		}
+		return fmt.Errorf("%w: azure-pipelines: the agent pool has an agent named %s that is not this manager's: rename or delete it, or give the pool another name", forge.ErrRejected, name)
+	}
+	return nil
+}
+
 func idOf(a *taskagent.TaskAgent) int {
 	if a == nil || a.Id == nil {
 		return 0
@@ -143,6 +171,9 @@ type agentSettings struct {
 	PoolName   string `json:"poolName,omitempty"`
 	ServerURL  string `json:"serverUrl"`
 	WorkFolder string `json:"workFolder"`
+	// AcceptTeeEula is the agent's own setting (AgentSettings), written
+	// by config.sh --acceptTeeEula.
+	AcceptTeeEula bool `json:"acceptTeeEula,omitempty"`
 }
 
 // credentialData is the .credentials file (CredentialData): the OAuth
@@ -192,7 +223,7 @@ func (d *Driver) agentFiles(a *taskagent.TaskAgent, poolID int, key *rsa.Private
 	}
 	settings := agentSettings{
 		AgentID: *a.Id, AgentName: *a.Name, PoolID: poolID, PoolName: d.cfg.PoolName,
-		ServerURL: serverURL, WorkFolder: "_work",
+		ServerURL: serverURL, WorkFolder: "_work", AcceptTeeEula: d.cfg.AcceptTeeEula,
 	}
 	creds := credentialData{Scheme: "OAuth", Data: map[string]string{
 		"clientId":         a.Authorization.ClientId.String(),
