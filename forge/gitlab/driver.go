@@ -27,6 +27,11 @@ type section struct {
 	Group   ref    `json:"group"`   // full path or id
 	// RunUntagged lets the runners take jobs without tags.
 	RunUntagged bool `json:"run_untagged"`
+	// AccessLevel is the runners' access_level: ref_protected (the
+	// default: jobs of protected branches only, so that no job of an
+	// unprotected branch runs where protected variables could be
+	// reached) or not_protected (any job, what GitLab makes by default).
+	AccessLevel string `json:"access_level"`
 	// MaximumTimeout caps a job's timeout on these runners (at least
 	// 10m, as GitLab requires).
 	MaximumTimeout config.Duration `json:"maximum_timeout"`
@@ -97,6 +102,13 @@ func decode(c forge.Config) (section, Scope, error) {
 	if s.Scope != "project" && s.Project != "" || s.Scope != "group" && s.Group != "" {
 		bad("scope", "%s: set one of project and group, matching the scope", s.Scope)
 	}
+	switch s.AccessLevel {
+	case "":
+		s.AccessLevel = AccessRefProtected
+	case AccessRefProtected, AccessNotProtected:
+	default:
+		bad("access_level", "%q is not ref_protected or not_protected", s.AccessLevel)
+	}
 	if d := s.MaximumTimeout.Duration; d != 0 && d < 10*time.Minute {
 		bad("maximum_timeout", "%s is under GitLab's minimum of 10m", d)
 	}
@@ -132,6 +144,7 @@ func (driver) Open(c forge.Config, env forge.Env) (forge.Forge, error) {
 		Token:          c.Token.Reveal(),
 		Scope:          sc,
 		RunUntagged:    s.RunUntagged,
+		AccessLevel:    s.AccessLevel,
 		MaximumTimeout: s.MaximumTimeout.Duration,
 		CacheTTL:       s.CacheTTL.Duration,
 		Version:        env.Version,
@@ -171,9 +184,11 @@ func (driver) RepoConfig(repo string) (string, json.RawMessage, error) {
 	if path == "" {
 		return "", nil, fmt.Errorf("%q names no project", repo)
 	}
-	s := map[string]string{"project": path}
+	// As cml runner's: runners that take the jobs of any branch, merge
+	// requests' included.
+	s := map[string]string{"project": path, "access_level": AccessNotProtected}
 	if !strings.Contains(path, "/") {
-		s = map[string]string{"group": path}
+		s = map[string]string{"group": path, "access_level": AccessNotProtected}
 	}
 	b, err := json.Marshal(s)
 	return u.Scheme + "://" + u.Host, b, err

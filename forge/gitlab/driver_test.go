@@ -27,13 +27,13 @@ func check(t *testing.T, section string, tok string) error {
 // Every problem of a gitlab forge's section is named at once.
 func TestCheck(t *testing.T) {
 	for _, ok := range []string{`{"project":"acme/models"}`, `{"project":42}`, `{"group":"acme"}`, `{"scope":"instance"}`,
-		`{"project":"acme/ml/models","run_untagged":true,"maximum_timeout":"3h"}`} {
+		`{"project":"acme/ml/models","run_untagged":true,"maximum_timeout":"3h"}`, `{"project":"acme/models","access_level":"not_protected"}`} {
 		if err := check(t, ok, "glpat-x"); err != nil {
 			t.Errorf("%s: %v", ok, err)
 		}
 	}
-	err := check(t, `{"scope":"project","group":"acme","maximum_timeout":"5m","colour":"red"}`, "")
-	for _, want := range []string{"token: is required", "project: is required", "scope: project: set one of", "maximum_timeout: 5m0s is under", "colour"} {
+	err := check(t, `{"scope":"project","group":"acme","maximum_timeout":"5m","colour":"red","access_level":"protected"}`, "")
+	for _, want := range []string{"token: is required", "project: is required", "scope: project: set one of", "maximum_timeout: 5m0s is under", "colour", `access_level: "protected" is not ref_protected or not_protected`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not say %q", err, want)
 		}
@@ -51,10 +51,10 @@ func TestRepoConfig(t *testing.T) {
 	d, _ := forge.Lookup("gitlab")
 	rd := d.(forge.RepoDriver)
 	cases := map[string][2]string{
-		"https://gitlab.com/acme/ml/models":             {"https://gitlab.com", `{"project":"acme/ml/models"}`},
-		"https://gitlab.example.com/acme/models.git":    {"https://gitlab.example.com", `{"project":"acme/models"}`},
-		"https://gitlab.example.com/acme/models/-/jobs": {"https://gitlab.example.com", `{"project":"acme/models"}`},
-		"http://127.0.0.1:8080/acme":                    {"http://127.0.0.1:8080", `{"group":"acme"}`},
+		"https://gitlab.com/acme/ml/models":             {"https://gitlab.com", `{"access_level":"not_protected","project":"acme/ml/models"}`},
+		"https://gitlab.example.com/acme/models.git":    {"https://gitlab.example.com", `{"access_level":"not_protected","project":"acme/models"}`},
+		"https://gitlab.example.com/acme/models/-/jobs": {"https://gitlab.example.com", `{"access_level":"not_protected","project":"acme/models"}`},
+		"http://127.0.0.1:8080/acme":                    {"http://127.0.0.1:8080", `{"access_level":"not_protected","group":"acme"}`},
 	}
 	for in, want := range cases {
 		u, sec, err := rd.RepoConfig(in)
@@ -83,7 +83,7 @@ func TestParseWebhook(t *testing.T) {
 		t.Fatal(err)
 	}
 	job := sim.Jobs()[0]
-	body := `{"object_kind":"build","build_id":` + itoa(job.ID) + `,"build_name":"train","build_status":"pending",` +
+	body := `{"object_kind":"build","ref":"main","tag":false,"build_id":` + itoa(job.ID) + `,"build_name":"train","build_status":"pending",` +
 		`"build_created_at":"2026-11-23 10:00:00 UTC","build_started_at":null,"build_finished_at":null,"build_duration":null,` +
 		`"pipeline_id":` + itoa(job.PipelineID) + `,"project_id":` + itoa(job.ProjectID) + `,"runner":null,"environment":null}`
 	req := func(tok, event, body string) (forge.Delivery, error) {

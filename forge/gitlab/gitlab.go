@@ -52,6 +52,10 @@ type Config struct {
 	Scope Scope
 	// RunUntagged lets the runners take jobs without tags.
 	RunUntagged bool
+	// AccessLevel is the runners' access_level: ref_protected (the
+	// default) takes only jobs of protected branches and tags;
+	// not_protected takes any.
+	AccessLevel string
 	// MaximumTimeout caps the jobs' timeout on these runners; 0 leaves
 	// the project's.
 	MaximumTimeout time.Duration
@@ -82,6 +86,7 @@ type Driver struct {
 
 	kept    forge.Kept // the listing of runners, between reads
 	mu      sync.Mutex
+	prot    protectedRefs   // the project's protected branches, for ref_protected runners
 	scopeID int64           // the project's or group's id, once resolved
 	losing  forge.Following // runners whose lost job is being re-run
 	retried map[int64]bool  // jobs retried already
@@ -96,6 +101,9 @@ func (d *Driver) Stats() forge.Stats { return forge.Stats{Calls: d.calls.Load(),
 
 // New returns a driver. It makes no call.
 func New(cfg Config) (*Driver, error) {
+	if cfg.AccessLevel == "" {
+		cfg.AccessLevel = AccessRefProtected
+	}
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = 30 * time.Second
 	}
@@ -242,6 +250,7 @@ func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.C
 		TagList:     &req.Labels,
 		RunUntagged: gl.Ptr(d.cfg.RunUntagged),
 		Locked:      gl.Ptr(true),
+		AccessLevel: gl.Ptr(d.cfg.AccessLevel),
 	}
 	switch d.cfg.Scope.Kind {
 	case "project":
@@ -360,7 +369,7 @@ func (d *Driver) listRunners(ctx context.Context) ([]forge.Runner, error) {
 			// GitLab says "offline" of a runner that contacted it, but not
 			// within the last hours, "never_contacted" of one that did not
 			// (https://docs.gitlab.com/api/runners/#list-owned-runners).
-			out = append(out, forge.Runner{ID: r.ID, Name: r.Description, Status: st, Connected: r.Status == "online" || r.Status == "offline"})
+			out = append(out, forge.Runner{ID: r.ID, Name: r.Description, Status: st, Connected: r.Status == "online" || r.Status == "offline", Cordoned: r.Paused})
 		}
 		page = next
 	}
@@ -405,6 +414,32 @@ func (d *Driver) projectJobs(ctx context.Context, id int64, states ...gl.BuildSt
 		page = next
 	}
 	return out, nil
+}
+
+// Cordon pauses a runner the moment it is seen to take its job
+// (forge.Cordoner): gitlab-runner's --max-builds 1 is the runner's own
+// word, and GitLab hands an active runner's token a job whenever it asks
+// (lib/api/ci/runner.rb, POST /jobs/request checks only that the runner
+// is active), also while its first job runs; a paused runner gets none.
+func (d *Driver) Cordon(ctx context.Context, id int64) error {
+	err := d.call(ctx, "pause runner "+strconv.FormatInt(id, 10), func(o gl.RequestOptionFunc) (*gl.Response, error) {
+		_, resp, err := d.api.Runners.UpdateRunnerDetails(id, &gl.UpdateRunnerDetailsOptions{Paused: gl.Ptr(true)}, o)
+		return resp, err
+	})
+	if status(err) == http.StatusNotFound {
+		d.forget(id)
+		return fmt.Errorf("%w: %w", forge.ErrNotFound, err)
+	}
+	if err != nil {
+		return err
+	}
+	d.kept.Change(id, func(list []forge.Runner, i int) []forge.Runner {
+		if i >= 0 {
+			list[i].Cordoned = true
+		}
+		return list
+	})
+	return nil
 }
 
 // RemoveRunner pauses the runner, so that it takes no job, waits for a
@@ -491,6 +526,9 @@ func (d *Driver) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, err
 			continue // not runnable yet: no demand
 		}
 		fj.Labels = d.labels(fj.Labels)
+		if st == forge.JobQueued && !d.mayTake(ctx, id, j.Ref, j.Tag) {
+			fj.Labels = []string{NotProtected}
+		}
 		out = append(out, fj)
 	}
 	return out, nil

@@ -614,3 +614,115 @@ func TestRunnerConnection(t *testing.T) {
 		t.Errorf("%d runners listed, want %d", len(rs), len(want))
 	}
 }
+
+// Runners are created ref_protected unless the forge says not_protected:
+// GitLab then gives them only jobs of protected branches, so a job of an
+// unprotected branch (a merge request's, anyone's push) never runs where a
+// protected job could follow it. Demand agrees: such a job is labelled
+// NotProtected and starts no runner that could not take it. Without
+// access_level GitLab makes a runner not_protected, and it takes any job.
+func TestAccessLevel(t *testing.T) {
+	ctx := context.Background()
+	opt := glsim.Options{ProtectedBranches: []string{"main", "release/*"}}
+	d, sim := newDriver(t, opt, gitlab.Config{})
+	cred, err := d.Register(ctx, forge.RunnerRequest{Name: "t-1", Labels: []string{"t"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := sim.Runners(); len(r) != 1 || r[0].AccessLevel != "ref_protected" {
+		t.Fatalf("runners %+v, want one ref_protected", r)
+	}
+	for _, ref := range []string{"feature/x", "release/1.2", "main"} {
+		if _, err := sim.CreatePipeline("acme/models", glsim.JobSpec{Name: ref, Tags: []string{"t"}, Script: "true", Ref: ref}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	jobs, err := d.Jobs(ctx, forge.JobQueued)
+	if err != nil || len(jobs) != 3 {
+		t.Fatalf("queued %v (%v)", jobs, err)
+	}
+	for _, j := range jobs {
+		unprotected := j.Name == "feature/x"
+		if got := slices.Equal(j.Labels, []string{gitlab.NotProtected}); got != unprotected {
+			t.Errorf("job %s labelled %v", j.Name, j.Labels)
+		}
+	}
+	// The runner's token gets the protected jobs, never the other.
+	taken := map[string]bool{}
+	for range 2 {
+		id, _ := requestJob(t, sim, cred.Env[gitlab.EnvToken])
+		for _, j := range sim.Jobs() {
+			if j.ID == id {
+				taken[j.Ref] = true
+			}
+		}
+	}
+	if !taken["main"] || !taken["release/1.2"] {
+		t.Errorf("a ref_protected runner took %v, want main and release/1.2", taken)
+	}
+	res, err := http.Post(sim.URL+"/api/v4/jobs/request", "application/json",
+		strings.NewReader(`{"token":"`+cred.Env[gitlab.EnvToken]+`","info":{"name":"gitlab-runner"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusNoContent {
+		t.Errorf("a ref_protected runner asking for the unprotected job: %d, want 204", res.StatusCode)
+	}
+
+	// not_protected: the unprotected job is demand, and taken.
+	open, sim2 := newDriver(t, opt, gitlab.Config{AccessLevel: gitlab.AccessNotProtected})
+	if _, err := sim2.CreatePipeline("acme/models", glsim.JobSpec{Name: "mr", Tags: []string{"t"}, Script: "true", Ref: "feature/y"}); err != nil {
+		t.Fatal(err)
+	}
+	jobs, err = open.Jobs(ctx, forge.JobQueued)
+	if err != nil || len(jobs) != 1 || !slices.Equal(jobs[0].Labels, []string{"t"}) {
+		t.Fatalf("queued %+v (%v), want the job with its tags", jobs, err)
+	}
+	cred, err = open.Register(ctx, forge.RunnerRequest{Name: "t-2", Labels: []string{"t"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requestJob(t, sim2, cred.Env[gitlab.EnvToken])
+	if r := sim2.Runners(); r[0].AccessLevel != "not_protected" {
+		t.Errorf("runner %+v, want not_protected", r[0])
+	}
+}
+
+// GitLab hands an active runner's token a job whenever it asks, also
+// while its first job runs: a job that reads CI_SERVER_TOKEN could take
+// more. The pool pauses a runner the moment it takes its job (Cordon);
+// paused, its token gets no other, and the listing says it is cordoned.
+func TestCordonPausesTheRunner(t *testing.T) {
+	ctx := context.Background()
+	d, sim := newDriver(t, glsim.Options{}, gitlab.Config{CacheTTL: -1})
+	cred, err := d.Register(ctx, forge.RunnerRequest{Name: "t-1", Labels: []string{"t"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := sim.CreatePipeline("acme/models", glsim.JobSpec{Name: "j", Tags: []string{"t"}, Script: "sleep 60"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	requestJob(t, sim, cred.Env[gitlab.EnvToken])
+	if err := d.Cordon(ctx, cred.RunnerID); err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.Post(sim.URL+"/api/v4/jobs/request", "application/json",
+		strings.NewReader(`{"token":"`+cred.Env[gitlab.EnvToken]+`","info":{"name":"gitlab-runner"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusNoContent {
+		t.Errorf("a paused runner's token asking for a second job: %d, want 204", res.StatusCode)
+	}
+	list, err := d.Runners(ctx)
+	if err != nil || len(list) != 1 || !list[0].Cordoned || list[0].Status != forge.StatusBusy {
+		t.Errorf("runners %+v (%v), want the one cordoned and busy", list, err)
+	}
+	if err := d.Cordon(ctx, 999999); !errors.Is(err, forge.ErrNotFound) {
+		t.Errorf("cordon of a runner that is gone: %v, want ErrNotFound", err)
+	}
+}

@@ -62,6 +62,9 @@ func (d *Driver) ParseWebhook(r *http.Request, secret []byte) (forge.Delivery, e
 	}
 	if st == forge.JobQueued {
 		j.Labels = d.tags(r.Context(), e.ProjectID, e.BuildID)
+		if !d.mayTake(r.Context(), e.ProjectID, e.Ref, e.Tag) {
+			j.Labels = []string{NotProtected}
+		}
 	}
 	dl.Job = &j
 	return dl, nil

@@ -9,7 +9,9 @@
 // messages; runner lists per project, group and instance with GitLab's
 // pagination headers (20 a page unless per_page says, 100 at most);
 // runner details, pause and deletion; a runner's jobs; a project's jobs
-// by scope; job cancel and retry. Errors have GitLab's shapes: {"message":
+// by scope, each with its ref; a project's protected branches; job cancel
+// and retry. A runner's access_level decides, as GitLab's, whether it may
+// take jobs of unprotected refs. Errors have GitLab's shapes: {"message":
 // "404 Project Not Found"}, {"error": "runner_type is missing"}, and 401
 // without a valid PRIVATE-TOKEN or bearer token. While the rate limit is
 // exhausted every call is answered 429 with RateLimit-* and Retry-After.
@@ -27,6 +29,7 @@
 package glsim
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -34,6 +37,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -64,17 +68,27 @@ type Options struct {
 	// not yet completed), as GitLab does while it archives the trace:
 	// the runner must send it again.
 	AcceptFinalLater bool
+	// ProtectedBranches are the projects' protected branches, by name or
+	// wildcard (release/*); ["main"] when nil, as GitLab protects a new
+	// project's default branch
+	// (docs.gitlab.com/user/project/repository/branches/protected).
+	ProtectedBranches []string
 }
 
 // Runner is a runner at GitLab.
 type Runner struct {
-	ID             int64
-	Description    string
-	Type           string // instance_type, group_type, project_type
-	ProjectID      int64
-	GroupID        int64
-	Tags           []string
-	RunUntagged    bool
+	ID          int64
+	Description string
+	Type        string // instance_type, group_type, project_type
+	ProjectID   int64
+	GroupID     int64
+	Tags        []string
+	RunUntagged bool
+	// AccessLevel is not_protected (GitLab's default) or ref_protected:
+	// a ref_protected runner takes only jobs of protected refs
+	// (app/models/ci/runner.rb, can_pick?: "return false if
+	// self.ref_protected? && !build.protected?").
+	AccessLevel    string
 	Locked         bool
 	Paused         bool
 	MaximumTimeout int64
@@ -91,6 +105,8 @@ type JobSpec struct {
 	Stage  string   // "test" when empty
 	Tags   []string // the job's tags
 	Script string   // run by the stand-in runner with sh -c
+	// Ref is the branch the pipeline runs for ("main" when empty).
+	Ref string
 	// Timeout is the job's timeout (1h when zero), given to the runner.
 	Timeout time.Duration
 }
@@ -102,6 +118,10 @@ type Job struct {
 	Tags                      []string
 	Script                    string
 	Timeout                   time.Duration
+	// Ref is its pipeline's branch; Protected is set when the branch is
+	// protected, as GitLab marks a build of a protected ref.
+	Ref       string
+	Protected bool
 	// Status is created, pending, running, success, failed or canceled.
 	Status        string
 	FailureReason string
@@ -243,8 +263,9 @@ func (s *Server) CreatePipeline(projectPath string, jobs ...JobSpec) (int64, err
 		j := &Job{
 			ID: s.id(), PipelineID: pipeline, ProjectID: pr.ID, Name: spec.Name, Stage: spec.Stage,
 			Tags: slices.Clone(spec.Tags), Script: spec.Script, Timeout: spec.Timeout,
-			Status: "pending", CreatedAt: time.Now().UTC(),
+			Status: "pending", CreatedAt: time.Now().UTC(), Ref: cmp.Or(spec.Ref, "main"),
 		}
+		j.Protected = s.protected(j.Ref)
 		if j.Stage == "" {
 			j.Stage = "test"
 		}
@@ -262,6 +283,26 @@ func (s *Server) CreatePipeline(projectPath string, jobs ...JobSpec) (int64, err
 		s.deliver(j, pr.Path)
 	}
 	return pipeline, nil
+}
+
+// protectedBranches are the projects' protected branches.
+func (s *Server) protectedBranches() []string {
+	if s.opt.ProtectedBranches == nil {
+		return []string{"main"}
+	}
+	return s.opt.ProtectedBranches
+}
+
+// protected reports whether a branch is protected: named, or matched by a
+// wildcard, where * matches any characters, slashes included.
+func (s *Server) protected(ref string) bool {
+	for _, p := range s.protectedBranches() {
+		re := "^" + strings.ReplaceAll(regexp.QuoteMeta(p), `\*`, ".*") + "$"
+		if ok, _ := regexp.MatchString(re, ref); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // CancelJob cancels a job, as a user pressing Cancel does: a running

@@ -40,7 +40,7 @@ func (s *Server) deliver(j Job, projectPath string) {
 	s.mu.Unlock()
 	name := projectPath[strings.LastIndex(projectPath, "/")+1:]
 	body, _ := json.Marshal(map[string]any{
-		"object_kind": "build", "ref": "main", "tag": false, "before_sha": sha, "sha": sha,
+		"object_kind": "build", "ref": j.Ref, "tag": false, "before_sha": sha, "sha": sha,
 		"build_id": j.ID, "build_name": j.Name, "build_stage": j.Stage, "build_status": j.Status,
 		"build_created_at": t(j.CreatedAt), "build_started_at": t(j.StartedAt), "build_finished_at": t(j.FinishedAt),
 		"build_duration": duration, "build_queued_duration": nil, "build_allow_failure": false,

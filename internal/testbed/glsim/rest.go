@@ -30,6 +30,7 @@ func (s *Server) restRoutes(mux *http.ServeMux) {
 	api("DELETE /runners/{rid}", s.deleteRunner)
 	api("GET /runners/{rid}/jobs", s.runnerJobs)
 	api("GET /projects/{id}/jobs", s.projectJobs)
+	api("GET /projects/{id}/protected_branches", s.listProtectedBranches)
 	api("GET /projects/{id}/jobs/{jid}", s.getJob)
 	api("POST /projects/{id}/jobs/{jid}/cancel", s.cancelJob)
 	api("POST /projects/{id}/jobs/{jid}/retry", s.retryJob)
@@ -247,6 +248,14 @@ func (s *Server) createRunner(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	run.MaximumTimeout = timeout
+	run.AccessLevel = "not_protected"
+	if al, ok := str(p, "access_level"); ok {
+		if al != "not_protected" && al != "ref_protected" {
+			invalid(w, "access_level does not have a valid value")
+			return
+		}
+		run.AccessLevel = al
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch typ {
@@ -381,7 +390,7 @@ func (s *Server) runner(w http.ResponseWriter, r *http.Request) *Runner {
 func (s *Server) details(run *Runner) map[string]any {
 	d := run.brief()
 	d["tag_list"] = nonNil(run.Tags)
-	d["run_untagged"], d["locked"], d["access_level"] = run.RunUntagged, run.Locked, "not_protected"
+	d["run_untagged"], d["locked"], d["access_level"] = run.RunUntagged, run.Locked, run.AccessLevel
 	d["maximum_timeout"], d["maintenance_note"] = nil, nil
 	if run.MaximumTimeout > 0 {
 		d["maximum_timeout"] = run.MaximumTimeout
@@ -431,6 +440,23 @@ func (s *Server) updateRunner(w http.ResponseWriter, r *http.Request) {
 		run.Tags = list(p, "tag_list")
 	}
 	writeJSON(w, http.StatusOK, s.details(run))
+}
+
+// listProtectedBranches is GET /projects/:id/protected_branches
+// (docs.gitlab.com/api/protected_branches): each with its id and name.
+func (s *Server) listProtectedBranches(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.project(r.PathValue("id")) == nil {
+		fail(w, http.StatusNotFound, "404 Project Not Found")
+		return
+	}
+	out := []map[string]any{}
+	for i, name := range s.protectedBranches() {
+		out = append(out, map[string]any{"id": i + 1, "name": name, "allow_force_push": false, "code_owner_approval_required": false,
+			"push_access_levels": []any{}, "merge_access_levels": []any{}, "unprotect_access_levels": []any{}})
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // deleteRunner deletes a runner whatever it runs, as GitLab does: its
@@ -558,7 +584,7 @@ func (s *Server) retryJob(w http.ResponseWriter, r *http.Request) {
 	n := &Job{
 		ID: s.id(), PipelineID: j.PipelineID, ProjectID: j.ProjectID, Name: j.Name, Stage: j.Stage,
 		Tags: slices.Clone(j.Tags), Script: j.Script, Timeout: j.Timeout, Status: "pending",
-		RetryOf: j.ID, CreatedAt: time.Now().UTC(),
+		RetryOf: j.ID, CreatedAt: time.Now().UTC(), Ref: j.Ref, Protected: j.Protected,
 	}
 	s.jobs[n.ID] = n
 	out, snap, path := s.jobJSON(n), *n, s.projects[n.ProjectID].Path
@@ -576,10 +602,10 @@ func (s *Server) jobJSON(j *Job) map[string]any {
 		return at.Format(time.RFC3339Nano)
 	}
 	out := map[string]any{
-		"id": j.ID, "name": j.Name, "stage": j.Stage, "status": j.Status, "ref": "main", "tag": false,
+		"id": j.ID, "name": j.Name, "stage": j.Stage, "status": j.Status, "ref": j.Ref, "tag": false,
 		"allow_failure": false, "coverage": nil, "tag_list": nonNil(j.Tags),
 		"created_at": t(j.CreatedAt), "started_at": t(j.StartedAt), "finished_at": t(j.FinishedAt), "erased_at": nil,
-		"pipeline": map[string]any{"id": j.PipelineID, "project_id": j.ProjectID, "ref": "main", "sha": sha, "status": j.Status},
+		"pipeline": map[string]any{"id": j.PipelineID, "project_id": j.ProjectID, "ref": j.Ref, "sha": sha, "status": j.Status},
 		"web_url":  s.URL + "/" + s.projects[j.ProjectID].Path + "/-/jobs/" + strconv.FormatInt(j.ID, 10),
 		"runner":   nil, "runner_manager": nil, "artifacts": []any{},
 	}

@@ -112,6 +112,9 @@ func (s *Server) nextJobFor(run *Runner) *Job {
 		if len(j.Tags) == 0 && !run.RunUntagged || !covers(run.Tags, j.Tags) {
 			continue
 		}
+		if run.AccessLevel == "ref_protected" && !j.Protected {
+			continue
+		}
 		return j
 	}
 	return nil
@@ -149,8 +152,8 @@ func (s *Server) jobPayload(j *Job) map[string]any {
 			"pipeline_id": j.PipelineID, "time_in_queue_seconds": time.Since(j.CreatedAt).Seconds(),
 		},
 		"git_info": map[string]any{
-			"repo_url": repo, "ref": "main", "sha": sha, "before_sha": "0000000000000000000000000000000000000000",
-			"ref_type": "branch", "refspecs": []string{"+refs/heads/main:refs/remotes/origin/main"}, "depth": 20,
+			"repo_url": repo, "ref": j.Ref, "sha": sha, "before_sha": "0000000000000000000000000000000000000000",
+			"ref_type": "branch", "refspecs": []string{"+refs/heads/" + j.Ref + ":refs/remotes/origin/" + j.Ref}, "depth": 20,
 		},
 		"runner_info": map[string]any{"timeout": timeout},
 		"variables":   vars,
