@@ -151,8 +151,8 @@ func TestSelfRegisteringCrashLoopBacksOff(t *testing.T) {
 			if b.Failures < 5 || !strings.Contains(b.Reason, "runner-registration") || !strings.Contains(b.Reason, "before it registered") && !strings.Contains(b.Reason, "without taking a job") {
 				t.Fatalf("backoff %+v; want the failures counted and the agent's last line given", b)
 			}
-			// Past the wait a runner starts, registers and takes a job
-			// that ends before the next pass: the backoff ends.
+			// Past the wait a runner starts, registers and takes a job:
+			// the backoff ends.
 			h.clk.Add(maxBackoff)
 			h.settle()
 			name := h.prov.running()[0]
