@@ -447,15 +447,7 @@ func (d *Driver) Cordon(ctx context.Context, id int64) error {
 // would delete a busy runner, and its job would be lost.
 func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 	what := "remove runner " + strconv.FormatInt(id, 10)
-	err := d.call(ctx, what, func(o gl.RequestOptionFunc) (*gl.Response, error) {
-		_, resp, err := d.api.Runners.UpdateRunnerDetails(id, &gl.UpdateRunnerDetailsOptions{Paused: gl.Ptr(true)}, o)
-		return resp, err
-	})
-	if status(err) == http.StatusNotFound {
-		d.forget(id)
-		return fmt.Errorf("%w: %w", forge.ErrNotFound, err)
-	}
-	if err != nil {
+	if err := d.Cordon(ctx, id); err != nil {
 		return err
 	}
 	select {
@@ -464,7 +456,7 @@ func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 	case <-time.After(d.cfg.SettleTime):
 	}
 	var running []*gl.Job
-	err = d.call(ctx, what, func(o gl.RequestOptionFunc) (*gl.Response, error) {
+	err := d.call(ctx, what, func(o gl.RequestOptionFunc) (*gl.Response, error) {
 		var resp *gl.Response
 		var err error
 		running, resp, err = d.api.Runners.ListRunnerJobs(id, &gl.ListRunnerJobsOptions{Status: gl.Ptr("running")}, o)

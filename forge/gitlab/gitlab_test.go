@@ -187,11 +187,7 @@ func TestRunnersPagesAndBusy(t *testing.T) {
 // none is given. It returns the job's id and token.
 func requestJob(t *testing.T, sim *glsim.Server, runnerToken string) (int64, string) {
 	t.Helper()
-	res, err := http.Post(sim.URL+"/api/v4/jobs/request", "application/json",
-		strings.NewReader(`{"token":"`+runnerToken+`","info":{"name":"gitlab-runner"}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := postJobRequest(t, sim, runnerToken)
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusCreated {
 		t.Fatalf("job request: %d", res.StatusCode)
@@ -204,6 +200,25 @@ func requestJob(t *testing.T, sim *glsim.Server, runnerToken string) (int64, str
 		t.Fatal(err)
 	}
 	return j.ID, j.Token
+}
+
+// postJobRequest asks for a job as gitlab-runner does.
+func postJobRequest(t *testing.T, sim *glsim.Server, runnerToken string) *http.Response {
+	t.Helper()
+	res, err := http.Post(sim.URL+"/api/v4/jobs/request", "application/json",
+		strings.NewReader(`{"token":"`+runnerToken+`","info":{"name":"gitlab-runner"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// askForJob asks for a job and returns the answer's status alone.
+func askForJob(t *testing.T, sim *glsim.Server, runnerToken string) int {
+	t.Helper()
+	res := postJobRequest(t, sim, runnerToken)
+	res.Body.Close()
+	return res.StatusCode
 }
 
 // finishJob ends a job as its runner does.
@@ -660,14 +675,8 @@ func TestAccessLevel(t *testing.T) {
 	if !taken["main"] || !taken["release/1.2"] {
 		t.Errorf("a ref_protected runner took %v, want main and release/1.2", taken)
 	}
-	res, err := http.Post(sim.URL+"/api/v4/jobs/request", "application/json",
-		strings.NewReader(`{"token":"`+cred.Env[gitlab.EnvToken]+`","info":{"name":"gitlab-runner"}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Body.Close()
-	if res.StatusCode != http.StatusNoContent {
-		t.Errorf("a ref_protected runner asking for the unprotected job: %d, want 204", res.StatusCode)
+	if code := askForJob(t, sim, cred.Env[gitlab.EnvToken]); code != http.StatusNoContent {
+		t.Errorf("a ref_protected runner asking for the unprotected job: %d, want 204", code)
 	}
 
 	// not_protected: the unprotected job is demand, and taken.
@@ -709,14 +718,8 @@ func TestCordonPausesTheRunner(t *testing.T) {
 	if err := d.Cordon(ctx, cred.RunnerID); err != nil {
 		t.Fatal(err)
 	}
-	res, err := http.Post(sim.URL+"/api/v4/jobs/request", "application/json",
-		strings.NewReader(`{"token":"`+cred.Env[gitlab.EnvToken]+`","info":{"name":"gitlab-runner"}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Body.Close()
-	if res.StatusCode != http.StatusNoContent {
-		t.Errorf("a paused runner's token asking for a second job: %d, want 204", res.StatusCode)
+	if code := askForJob(t, sim, cred.Env[gitlab.EnvToken]); code != http.StatusNoContent {
+		t.Errorf("a paused runner's token asking for a second job: %d, want 204", code)
 	}
 	list, err := d.Runners(ctx)
 	if err != nil || len(list) != 1 || !list[0].Cordoned || list[0].Status != forge.StatusBusy {
