@@ -14,6 +14,9 @@ import (
 // it is returned to its caller but not kept, so that it cannot hide the
 // change for a whole time to live. The zero value keeps nothing yet.
 type Kept struct {
+	// Now is the clock (time.Now if nil), for tests that compress time.
+	Now func() time.Time
+
 	mu      sync.Mutex
 	list    []Runner
 	at      time.Time // when the kept listing was read; zero: none kept
@@ -25,7 +28,11 @@ type Kept struct {
 func (k *Kept) Get(ttl time.Duration) (list []Runner, ok bool, stamp int64) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if !k.at.IsZero() && time.Since(k.at) < ttl {
+	now := time.Now
+	if k.Now != nil {
+		now = k.Now
+	}
+	if !k.at.IsZero() && now().Sub(k.at) < ttl {
 		return slices.Clone(k.list), true, k.changes
 	}
 	return nil, false, k.changes

@@ -277,6 +277,7 @@ func (p *Pool) Owns(name string) bool { return p.names.MatchString(name) }
 // exponential backoff, from 1s up to one minute.
 func (p *Pool) Run(ctx context.Context) {
 	p.watch(ctx)
+	go p.watchTakes(ctx)
 	backoff := time.Duration(0)
 	for {
 		wait := p.cfg.Resync

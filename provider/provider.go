@@ -256,6 +256,15 @@ type OutputReader interface {
 	Output(ctx context.Context, inst Instance, max int64) (io.ReadCloser, error)
 }
 
+// LocalOutput is implemented by OutputReaders whose output is a file on
+// the manager's host, cheap to read several times a second: the pool
+// then watches idle agents' output for the moment one takes a job, where
+// a forge must be told at once (forge.Cordoner).
+type LocalOutput interface {
+	OutputReader
+	LocalOutput()
+}
+
 // CallCounter is implemented by providers that count the requests they
 // send to their backend's API (the apiserver, a cloud's endpoint), for the
 // metrics.

@@ -14,7 +14,7 @@
 // client here is written by hand, on net/http.
 //
 // A runner's OAuth client is what its agent authenticates with; the
-// manager's token, app password or access token never reaches it. The
+// manager's API token or access token never reaches it. The
 // runner carries the manager id in its name (<manager>.<runner>), since
 // labels take only lowercase letters, digits and dots: a manager lists
 // only its own runners. Bitbucket's runner has no single-job mode, so the
@@ -34,8 +34,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -65,9 +67,11 @@ type Config struct {
 	// Repositories are the repositories whose pipelines are read for
 	// demand in a workspace scope; the scope's own repository otherwise.
 	Repositories []string
-	// Token authenticates the manager: a workspace or repository access
-	// token (sent as a bearer token); with Username, an app password or
-	// API token (basic); or CML's REPO_TOKEN, base64 of user:password.
+	// Token authenticates the manager: a workspace, project or
+	// repository access token (sent as a bearer token); with Username
+	// (the Atlassian account's email), an API token (basic; API tokens
+	// replaced app passwords, turned off in June 2026); or CML's
+	// REPO_TOKEN, base64 of user:token.
 	Token    string
 	Username string
 	// Manager is the manager's id, carried in its runners' names.
@@ -81,8 +85,19 @@ type Config struct {
 	// CacheTTL is how long a listing of runners is reused (5s if 0;
 	// negative: never).
 	CacheTTL time.Duration
-	Version  string
-	Logger   *slog.Logger
+	// IdleCacheTTL is how long a listing is reused while it is calm:
+	// every runner online, idle and enabled, none made since (idleGap of
+	// the budget if 0; never longer than CacheTTL when that is negative).
+	IdleCacheTTL time.Duration
+	// IdlePollMax is the longest the pipelines of a repository go unread
+	// while none is pending or in progress and the runners are calm: the
+	// wait doubles from firstIdleGap to it (idleGap of the budget if 0).
+	IdlePollMax time.Duration
+	// Clock is the driver's clock (time.Now if nil), for tests that
+	// compress time.
+	Clock   func() time.Time
+	Version string
+	Logger  *slog.Logger
 }
 
 // Driver talks to one Bitbucket workspace or repository.
@@ -104,16 +119,29 @@ type Driver struct {
 	// listing showed disabled and without a step: their step is over,
 	// and none can come.
 	cordoned map[int64]bool
-	ended    map[int64]bool
+	// late holds the runners disabled after their step ended, or listed
+	// offline while enabled: they may have failed a step unrun.
+	late  map[int64]bool
+	ended map[int64]bool
 	// pipelinesYML keeps each commit's runs-on per step name.
 	pipelinesYML map[string]map[string][]string
 	// steps holds the step each runner was last listed running, for
 	// the re-run of a lost one (kept after the runner goes: a lost
 	// runner may be deleted before the pool reports it); rerun the
 	// pipelines run again.
-	steps  map[int64]string
-	rerun  map[string]bool
-	losing forge.Following
+	steps map[int64]string
+	rerun map[string]bool
+	// checked holds the ended pipelines rescueUnrun has read;
+	// scanning is set while it reads, scanAgain when it was called then.
+	checked             map[string]bool
+	scanning, scanAgain bool
+	losing              forge.Following
+	// pace is, per repository, when its pipelines are read next while
+	// none runs (idle.go).
+	pace map[string]*pace
+	// reads are the repositories' jobs as last read, by repository and
+	// status, reused while the limit is near.
+	reads map[string]jobsRead
 }
 
 // New returns a driver. It makes no call.
@@ -123,6 +151,18 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if cfg.CacheTTL == 0 {
 		cfg.CacheTTL = 5 * time.Second
+	}
+	if cfg.IdleCacheTTL == 0 {
+		cfg.IdleCacheTTL = idleGap(cfg.Budget)
+	}
+	if cfg.CacheTTL < 0 {
+		cfg.IdleCacheTTL = cfg.CacheTTL
+	}
+	if cfg.IdlePollMax == 0 {
+		cfg.IdlePollMax = idleGap(cfg.Budget)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -139,8 +179,9 @@ func New(cfg Config) (*Driver, error) {
 		return nil, errors.New("bitbucket: no workspace")
 	}
 	d := &Driver{cfg: cfg, log: cfg.Logger, auth: authorization(cfg.Username, cfg.Token),
-		uuids: map[int64]string{}, cordoned: map[int64]bool{}, ended: map[int64]bool{},
-		pipelinesYML: map[string]map[string][]string{}, steps: map[int64]string{}, rerun: map[string]bool{}}
+		uuids: map[int64]string{}, cordoned: map[int64]bool{}, late: map[int64]bool{}, ended: map[int64]bool{},
+		pipelinesYML: map[string]map[string][]string{}, steps: map[int64]string{}, rerun: map[string]bool{}, checked: map[string]bool{}, pace: map[string]*pace{}, reads: map[string]jobsRead{}}
+	d.kept.Now = cfg.Clock
 	d.rl = &limits{}
 	hc := &http.Client{}
 	if cfg.HTTPClient != nil {
@@ -157,8 +198,8 @@ func New(cfg Config) (*Driver, error) {
 }
 
 // authorization is the Authorization header for the credentials: basic
-// with a username (an app password or API token), basic when the token is
-// CML's REPO_TOKEN (base64 of user:password), bearer otherwise (a
+// with a username (an API token), basic when the token is CML's
+// REPO_TOKEN (base64 of user:token), bearer otherwise (a
 // workspace, project or repository access token).
 func authorization(user, token string) string {
 	if user != "" {
@@ -196,18 +237,62 @@ func (d *Driver) Stats() forge.Stats {
 	return forge.Stats{Calls: d.calls.Load(), RateRemaining: -1, RateLimitWaits: d.rl.Waits()}
 }
 
-// apiError is an answer other than 2xx, with Bitbucket's message
-// ({"type": "error", "error": {"message": ...}}).
+// apiError is an answer other than 2xx, with Bitbucket's words: its
+// standardized error object (developer.atlassian.com/cloud/bitbucket/rest/intro,
+// "Standardized error responses": {"type": "error", "error": {"message",
+// "detail", "fields"}}), whose detail is words or an object; for a
+// credential without a scope, the scopes it lacks.
 type apiError struct {
 	Status  int
 	Message string
+	// Required are the scopes Bitbucket said the call requires, where it
+	// refused it for them (error.detail.required).
+	Required []string
 }
 
 func (e *apiError) Error() string {
-	if e.Message == "" {
+	switch {
+	case len(e.Required) > 0:
+		return fmt.Sprintf("%d %s: the credential lacks the scope for it: Bitbucket requires %s (docs/forges/bitbucket.md lists what runfleet needs)",
+			e.Status, http.StatusText(e.Status), strings.Join(e.Required, " and "))
+	case e.Message == "":
 		return fmt.Sprintf("%d %s", e.Status, http.StatusText(e.Status))
 	}
 	return fmt.Sprintf("%d %s: %s", e.Status, http.StatusText(e.Status), e.Message)
+}
+
+// answerError reads an answer's error object: its message, its detail
+// (words, or an object whose required names the scopes a refused call
+// needs) and its fields' complaints, in that order.
+func answerError(code int, body []byte) *apiError {
+	e := &apiError{Status: code}
+	var eb struct {
+		Error struct {
+			Message string                     `json:"message"`
+			Detail  json.RawMessage            `json:"detail"`
+			Fields  map[string]json.RawMessage `json:"fields"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &eb) != nil {
+		return e
+	}
+	words := []string{}
+	if m := strings.TrimSpace(eb.Error.Message); m != "" {
+		words = append(words, m)
+	}
+	var detail string
+	var scopes struct{ Required []string }
+	switch {
+	case json.Unmarshal(eb.Error.Detail, &detail) == nil && strings.TrimSpace(detail) != "":
+		words = append(words, strings.TrimSpace(detail))
+	case json.Unmarshal(eb.Error.Detail, &scopes) == nil:
+		e.Required = scopes.Required
+	}
+	for _, k := range slices.Sorted(maps.Keys(eb.Error.Fields)) {
+		words = append(words, k+": "+strings.Trim(string(eb.Error.Fields[k]), "[]\""))
+	}
+	e.Message = strings.Join(words, "; ")
+	return e
 }
 
 // status is an error's HTTP status, 0 when it has none.
@@ -222,6 +307,9 @@ func status(err error) int {
 // refused or without the permission, a workspace or repository that does
 // not exist, a request refused as invalid) as forge.ErrRejected.
 func rejectDefinitive(err error) error {
+	if errors.Is(err, forge.ErrRejected) {
+		return err
+	}
 	switch status(err) {
 	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
 		return fmt.Errorf("%w: %w", forge.ErrRejected, err)
@@ -236,6 +324,10 @@ func (d *Driver) call(ctx context.Context, what, method, path string, body, out 
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.CallTimeout)
 	defer cancel()
 	if err := d.send(ctx, method, path, body, out); err != nil {
+		if e, ok := errors.AsType[*apiError](err); ok && len(e.Required) > 0 {
+			// A credential without the scope: no retry fixes it.
+			return fmt.Errorf("%w: bitbucket %s (%s): %w", forge.ErrRejected, what, d.where(), err)
+		}
 		return fmt.Errorf("bitbucket %s (%s): %w", what, d.where(), err)
 	}
 	return nil
@@ -278,16 +370,7 @@ func (d *Driver) send(ctx context.Context, method, path string, body, out any) e
 		return err
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		e := &apiError{Status: resp.StatusCode}
-		var eb struct {
-			Error struct {
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		if json.Unmarshal(b, &eb) == nil {
-			e.Message = eb.Error.Message
-		}
-		return e
+		return answerError(resp.StatusCode, b)
 	}
 	if out == nil || len(b) == 0 {
 		return nil

@@ -27,9 +27,9 @@ type section struct {
 	Repository string `json:"repository"`
 	// Repositories are read for demand in a workspace scope.
 	Repositories []string `json:"repositories"`
-	// Username, with token as an app password or API token, is basic
-	// authentication; without it the token is an access token, or CML's
-	// REPO_TOKEN.
+	// Username (the Atlassian account's email), with token as an API
+	// token, is basic authentication; without it the token is an access
+	// token, or CML's REPO_TOKEN.
 	Username string `json:"username"`
 	// CacheTTL is how long a listing of runners is reused (5s).
 	CacheTTL config.Duration `json:"cache_ttl"`
@@ -51,7 +51,7 @@ func decode(c forge.Config) (section, error) {
 		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
 	}
 	if c.Token == "" {
-		bad("token", "is required (a workspace or repository access token, an app password or API token with username, or CML's REPO_TOKEN; \"${ENV_VAR}\" or token_file)")
+		bad("token", "is required (a workspace, project or repository access token, an API token with username, or CML's REPO_TOKEN; \"${ENV_VAR}\" or token_file)")
 	}
 	if c.URL != "" {
 		if u, err := url.Parse(c.URL); err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {

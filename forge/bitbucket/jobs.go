@@ -21,7 +21,10 @@ type pipeline struct {
 	UUID        string `json:"uuid"`
 	BuildNumber int64  `json:"build_number"`
 	State       struct {
-		Name string `json:"name"`
+		Name   string `json:"name"`
+		Result *struct {
+			Name string `json:"name"`
+		} `json:"result"`
 	} `json:"state"`
 	Target struct {
 		Commit struct {
@@ -87,7 +90,15 @@ func (d *Driver) demandRepos() []string {
 }
 
 func (d *Driver) repoJobs(ctx context.Context, repo string, st forge.JobStatus) ([]forge.Job, error) {
+	if st == forge.JobQueued && d.skipRead(repo) {
+		return nil, nil // idle when last read (idle.go)
+	}
+	key := fmt.Sprint(repo, " ", st)
+	if jobs, ok := d.lastRead(key); ok {
+		return jobs, nil // the hour's calls are nearly spent (limits.go)
+	}
 	base := repoPath(d.cfg.Workspace, repo) + "/pipelines"
+	busy := false
 	q := url.Values{"status": {"PENDING", "IN_PROGRESS"}, "sort": {"-created_on"}, "pagelen": {"100"}}
 	path := base + "?" + q.Encode()
 	var out []forge.Job
@@ -100,6 +111,7 @@ func (d *Driver) repoJobs(ctx context.Context, repo string, st forge.JobStatus) 
 			if pl.State.Name != "PENDING" && pl.State.Name != "IN_PROGRESS" {
 				continue // a server that ignores the filter
 			}
+			busy = true
 			jobs, err := d.pipelineJobs(ctx, repo, base, pl, st)
 			if err != nil {
 				return nil, err
@@ -111,11 +123,37 @@ func (d *Driver) repoJobs(ctx context.Context, repo string, st forge.JobStatus) 
 		}
 		path = p.Next
 	}
+	d.paced(repo, busy)
+	d.mu.Lock()
+	d.reads[key] = jobsRead{at: d.cfg.Clock(), jobs: out}
+	d.mu.Unlock()
 	return out, nil
 }
 
+// jobsRead is a repository's jobs as last read.
+type jobsRead struct {
+	at   time.Time
+	jobs []forge.Job
+}
+
+// lastRead returns a repository's jobs as last read, while Bitbucket says
+// the hour's calls are nearly spent and the read is younger than
+// IdleCacheTTL.
+func (d *Driver) lastRead(key string) ([]forge.Job, bool) {
+	if !d.rl.nearLimit() {
+		return nil, false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r, ok := d.reads[key]
+	if !ok || d.cfg.Clock().Sub(r.at) >= d.cfg.IdleCacheTTL {
+		return nil, false
+	}
+	return slices.Clone(r.jobs), true
+}
+
 func (d *Driver) pipelineJobs(ctx context.Context, repo, base string, pl pipeline, st forge.JobStatus) ([]forge.Job, error) {
-	steps, err := listAll[step](ctx, d, "list steps of pipeline "+pl.UUID, base+"/"+url.PathEscape(pl.UUID)+"/steps?pagelen=100")
+	steps, err := d.stepsOf(ctx, base, pl.UUID)
 	if status(err) == http.StatusNotFound {
 		return nil, nil // the pipeline went meanwhile
 	}

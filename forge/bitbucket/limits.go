@@ -29,6 +29,18 @@ type limits struct {
 	hold   forge.Hold
 	mu     sync.Mutex
 	streak time.Duration // the last hold, doubled by each 429 in a row
+	// near is set while Bitbucket says less than a fifth of the hour's
+	// calls is left (X-RateLimit-NearLimit, sent to access tokens on
+	// its scaled endpoints: "Introducing Scaled Rate Limits for
+	// Bitbucket Cloud API"); the driver then reads only what it must.
+	near bool
+}
+
+// nearLimit reports whether Bitbucket last said the limit is near.
+func (l *limits) nearLimit() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.near
 }
 
 // Waits returns how many times a request waited for the limit.
@@ -43,6 +55,9 @@ func (l *limits) transport(next http.RoundTripper) http.RoundTripper {
 func (l *limits) note(resp *http.Response) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if v := resp.Header.Get("X-RateLimit-NearLimit"); v != "" {
+		l.near = v == "true"
+	}
 	if resp.StatusCode != http.StatusTooManyRequests {
 		l.streak = 0
 		return false

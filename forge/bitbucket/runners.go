@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/runfleet/runfleet/forge"
 )
@@ -151,8 +150,15 @@ func atRunnerLimit(err error) bool {
 
 // Runners lists the scope's runners that carry this manager's name, by
 // their runner names: busy while they run a step, idle when online,
-// cordoned when disabled. A listing is reused for CacheTTL.
+// cordoned when disabled. A listing is reused for CacheTTL, or for
+// IdleCacheTTL while it is calm (idle.go).
 func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
+	if list, ok := d.keptCalm(); ok {
+		return list, nil
+	}
+	if list, ok, _ := d.kept.Get(d.cfg.IdleCacheTTL); ok && d.rl.nearLimit() {
+		return list, nil // the hour's calls are nearly spent (limits.go)
+	}
 	list, ok, stamp := d.kept.Get(d.cfg.CacheTTL)
 	if ok {
 		return list, nil
@@ -184,6 +190,11 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 		if fr.Cordoned && r.State.Step == nil {
 			d.ended[fr.ID] = true // disabled, no step: none can come
 		}
+		if r.State.Status == stateOffline && r.State.Step == nil {
+			// Stopped while enabled: it may have been given a step as
+			// it stopped, and failed it (rescueUnrun, once deleted).
+			d.late[fr.ID] = true
+		}
 		for _, l := range r.Labels {
 			if l != LabelSelfHosted && l != LabelLinux {
 				fr.Labels = append(fr.Labels, l)
@@ -194,7 +205,7 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 		list = append(list, fr)
 	}
 	d.mu.Unlock()
-	d.kept.Keep(list, stamp, time.Now(), d.cfg.CacheTTL > 0)
+	d.kept.Keep(list, stamp, d.cfg.Clock(), d.cfg.CacheTTL > 0)
 	return list, nil
 }
 
@@ -221,24 +232,37 @@ func (d *Driver) uuid(ctx context.Context, id int64) (string, error) {
 }
 
 // Cordon disables a runner: Bitbucket gives it no step, and the step it
-// runs goes on.
+// runs goes on. The pool cordons a runner once its agent took a step; one
+// that Bitbucket says runs none then had its step end first, and may have
+// been given the next as it stopped (rescueUnrun, once it is deleted).
 func (d *Driver) Cordon(ctx context.Context, id int64) error {
+	r, err := d.disable(ctx, id)
+	if err == nil && r.State.Step == nil {
+		d.mu.Lock()
+		d.late[id] = true
+		d.mu.Unlock()
+	}
+	return err
+}
+
+// disable disables a runner and returns it as Bitbucket answered.
+func (d *Driver) disable(ctx context.Context, id int64) (runner, error) {
+	var r runner
 	u, err := d.uuid(ctx, id)
 	if err != nil {
-		return err
+		return r, err
 	}
 	path, err := d.runnersPath(ctx)
 	if err != nil {
-		return err
+		return r, err
 	}
-	var r runner
 	err = d.call(ctx, "disable runner "+u, http.MethodPut, path+"/"+url.PathEscape(u)+"/state", map[string]string{"status": stateDisabled}, &r)
 	if status(err) == http.StatusNotFound {
 		d.forget(id)
-		return fmt.Errorf("%w: %w", forge.ErrNotFound, err)
+		return r, fmt.Errorf("%w: %w", forge.ErrNotFound, err)
 	}
 	if err != nil {
-		return err
+		return r, err
 	}
 	// Cordoned because it took a step: the kept listing counts it busy
 	// until a listing shows its step over.
@@ -252,7 +276,7 @@ func (d *Driver) Cordon(ctx context.Context, id int64) error {
 	d.cordoned[id] = true
 	d.mu.Unlock()
 	d.noteStep(id, r)
-	return nil
+	return r, nil
 }
 
 // noteStep keeps the step a runner runs, as an answer about it says, for
@@ -278,14 +302,16 @@ func (d *Driver) keepStep(id int64, r runner) {
 // showed disabled and without a step is deleted at once: no step can come
 // to it. Any other is disabled first (unless the driver did already), so
 // that no step is given to it while it is read, then deleted if it runs
-// none; one that runs a step stays disabled, and goes once it ends.
+// none; one that runs a step stays disabled, and goes once it ends. One
+// that may have failed a step unrun as it stopped (late) has the latest
+// pipelines looked at once it is deleted (rescueUnrun).
 func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 	d.mu.Lock()
-	ended, cordoned := d.ended[id], d.cordoned[id]
+	ended, cordoned, late := d.ended[id], d.cordoned[id], d.late[id]
 	d.mu.Unlock()
 	if !ended {
 		if !cordoned {
-			if err := d.Cordon(ctx, id); err != nil {
+			if _, err := d.disable(ctx, id); err != nil {
 				return err
 			}
 		}
@@ -298,13 +324,51 @@ func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 			return fmt.Errorf("bitbucket runner %s runs step %s: %w", r.UUID, r.State.Step.UUID, forge.ErrBusy)
 		}
 	}
-	return d.delete(ctx, id)
+	if err := d.delete(ctx, id); err != nil {
+		return err
+	}
+	if late {
+		d.rescueUnrun(context.WithoutCancel(ctx))
+	}
+	return nil
 }
 
-// RemoveExited deletes a runner whose agent has exited: it takes no step
-// any more, so neither disabling it nor reading it is needed
-// (forge.ExitedRemover).
-func (d *Driver) RemoveExited(ctx context.Context, id int64) error { return d.delete(ctx, id) }
+// RemoveExited deletes a runner whose agent has exited (forge.
+// ExitedRemover), unless Bitbucket holds a step for it: it gives an
+// enabled runner its next step the moment its step ends, and the runner
+// is stopped then, so such a step never runs on it. A runner with a step
+// is not deleted (the autoscaler deletes only runners without one:
+// runners-autoscaler autoscaler/strategy/pct_runners_idle.py); Bitbucket
+// fails the step once the runner is offline, the driver then runs its
+// pipeline again (Lost), and the runner goes at a later pass. One listed
+// disabled without a step is deleted at once. One this driver never
+// disabled may have failed such a step as it stopped (rescueUnrun).
+func (d *Driver) RemoveExited(ctx context.Context, id int64) error {
+	d.mu.Lock()
+	ended, cordoned, late := d.ended[id], d.cordoned[id], d.late[id]
+	d.mu.Unlock()
+	if !ended {
+		r, err := d.read(ctx, id)
+		if err != nil {
+			return err
+		}
+		if r.State.Step != nil {
+			d.kept.Set(id, forge.StatusBusy)
+			d.Lost(ctx, forge.Runner{ID: id, Name: r.Name})
+			return fmt.Errorf("bitbucket runner %s, whose agent exited, holds step %s: %w", r.UUID, r.State.Step.UUID, forge.ErrBusy)
+		}
+	}
+	if err := d.delete(ctx, id); err != nil {
+		return err
+	}
+	if late || !ended && !cordoned {
+		// Its step ended with no disable from this manager before (one
+		// that was down, or started since): it may have been given the
+		// next step as it stopped, and failed it at once.
+		d.rescueUnrun(context.WithoutCancel(ctx))
+	}
+	return nil
+}
 
 // read reads one runner.
 func (d *Driver) read(ctx context.Context, id int64) (runner, error) {
@@ -354,6 +418,7 @@ func (d *Driver) forget(id int64) {
 	d.mu.Lock()
 	delete(d.uuids, id)
 	delete(d.cordoned, id)
+	delete(d.late, id)
 	delete(d.ended, id)
 	d.mu.Unlock()
 }

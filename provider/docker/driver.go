@@ -97,6 +97,9 @@ func (p *Provider) Honours() []string {
 	return []string{dynamic.KeyCPU, dynamic.KeyMem, dynamic.KeyImage}
 }
 
+// LocalOutput: the output is a file on this host (provider.LocalOutput).
+func (*Provider) LocalOutput() {}
+
 // Output opens the end of the copy of a container's output, which
 // outlives the container.
 func (p *Provider) Output(_ context.Context, inst provider.Instance, max int64) (io.ReadCloser, error) {

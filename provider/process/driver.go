@@ -59,6 +59,9 @@ func (p *Provider) logPath(name string, created time.Time) string {
 	return filepath.Join(p.logDir(), fmt.Sprintf("%s-%d.log", name, created.UnixNano()))
 }
 
+// LocalOutput: the output is a file on this host (provider.LocalOutput).
+func (*Provider) LocalOutput() {}
+
 // Output opens the end of a runner's output.
 func (p *Provider) Output(_ context.Context, inst provider.Instance, max int64) (io.ReadCloser, error) {
 	r, err := provider.TailFile(p.logPath(inst.Name, inst.Created), max)

@@ -344,6 +344,9 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 	return nil
 }
 
+// LocalOutput: the output is a file on this host (provider.LocalOutput).
+func (*Provider) LocalOutput() {}
+
 // Output opens the end of a runner's output (sbatch's --output).
 func (p *Provider) Output(_ context.Context, inst provider.Instance, max int64) (io.ReadCloser, error) {
 	if inst.ID == "" {

@@ -138,6 +138,104 @@ func TestBitbucketScaleFromZero(t *testing.T) {
 	f.StopLeavesNothing()
 }
 
+// TestBitbucketDefaultCheck runs a pool at the real runner's pace (a
+// check every 30 s, 2 s to set a step up) on a queue of quick steps that
+// Bitbucket hands out on its side: each runner is disabled while it sets
+// its step up, before the step ends, so none is given a second one, and
+// every step succeeds on a runner of its own.
+func TestBitbucketDefaultCheck(t *testing.T) {
+	f := harness.NewBitbucketFleet(t, "bbpace", harness.BitbucketOptions{Size: 1,
+		Sim: bbsim.Options{RunnerCheck: 30 * time.Second, StepSetup: 2 * time.Second}, Forge: "    poll_interval: 5s\n"})
+	sim := f.BB
+	f.Start()
+	harness.Eventually(t, time.Minute, "an idle runner online", func() bool { return harness.IdleBitbucket(sim) == 1 })
+	if _, err := sim.RunPipeline("bbpace", harness.BBSteps(3, "true", "bbpace")...); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 3*time.Minute, "3 steps done", func() bool { done, _ := harness.BBCompleted(sim); return done == 3 })
+	byUUID := map[string]bbsim.Runner{}
+	for _, r := range sim.AllRunners() {
+		byUUID[r.UUID] = r
+	}
+	for _, s := range sim.Steps() {
+		r := byUUID[s.Runner]
+		if s.Result != "SUCCESSFUL" {
+			t.Errorf("step %s: %s on %s\n%s", s.Name, s.Result, r.Name, harness.TailString(string(s.Log), 2000))
+			continue
+		}
+		if r.Disabled.IsZero() || !r.Disabled.Before(s.Completed) || r.Steps != 1 {
+			t.Errorf("step %s: runner %s disabled at %s, its step ended at %s; %d steps given to it, want 1",
+				s.Name, r.Name, r.Disabled.Format(time.StampMilli), s.Completed.Format(time.StampMilli), r.Steps)
+			continue
+		}
+		t.Logf("step %s: taken %s after it was assigned, runner disabled %s after that, %s before the step ended",
+			s.Name, s.Started.Sub(s.Assigned).Round(time.Millisecond), r.Disabled.Sub(s.Started).Round(time.Millisecond),
+			s.Completed.Sub(r.Disabled).Round(time.Millisecond))
+	}
+	f.StopLeavesNothing()
+}
+
+// TestBitbucketHostileJob runs steps that read their runner's OAuth
+// client from the processes' environments (in a container, as Atlassian's
+// runner runs: its own runner's only) and use it: a step asks for a step
+// for its runner five times over five seconds and gets only its own (the
+// pool disabled the runner as it took it), and the runner's token is
+// refused on the manager's calls (create a runner, read pipelines). No
+// runner is given or runs a second step. The manager's token has the
+// least permissions docs/forges/bitbucket.md gives, which the stand-in
+// checks on each call: none is refused.
+func TestBitbucketHostileJob(t *testing.T) {
+	const name = "bbhostile"
+	f := harness.NewBitbucketFleet(t, name, harness.BitbucketOptions{Size: 2, Max: 3, Docker: true, Forge: "    poll_interval: 2s\n",
+		Sim: bbsim.Options{Scopes: []string{"read:repository:bitbucket", "read:pipeline:bitbucket", "write:pipeline:bitbucket", "write:runner:bitbucket"}}})
+	sim := f.BB
+	f.Start()
+	harness.Eventually(t, time.Minute, "2 idle runners online", func() bool { return harness.IdleBitbucket(sim) == 2 })
+	if _, err := sim.RunPipeline(name, harness.BBSteps(4, harness.BBHostileScript(name), name)...); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 3*time.Minute, "4 steps done", func() bool { done, _ := harness.BBCompleted(sim); return done == 4 })
+	requests := 0
+	for i, s := range sim.Steps() {
+		log := string(s.Log)
+		if i == 0 {
+			var lines []string
+			for _, l := range strings.Split(log, "\n") {
+				if strings.HasPrefix(l, "hostile:") {
+					lines = append(lines, l)
+				}
+			}
+			t.Logf("step %s (%s) printed:\n%s", s.Name, s.UUID, strings.Join(lines, "\n"))
+		}
+		if s.Result != "SUCCESSFUL" || !strings.Contains(log, "token granted") {
+			t.Fatalf("step %s: %s; the hostile step must find its runner's OAuth client and get a token\n%s", s.Name, s.Result, harness.TailString(log, 3000))
+		}
+		for _, line := range strings.Split(log, "\n") {
+			switch {
+			case strings.Contains(line, "hostile: step request"):
+				requests++
+				if !strings.Contains(line, " 204 ") && !strings.HasSuffix(line, "step="+s.UUID) {
+					t.Errorf("step %s: %s (its own step is %s)", s.Name, line, s.UUID)
+				}
+			case strings.Contains(line, "hostile: create runner"), strings.Contains(line, "hostile: read pipelines"):
+				if !strings.HasSuffix(line, " 401") {
+					t.Errorf("step %s: %s, want 401", s.Name, line)
+				}
+			}
+		}
+	}
+	for _, r := range sim.AllRunners() {
+		if r.Steps > 1 || r.Ran > 1 {
+			t.Errorf("runner %s was given %d steps and fetched %d", r.Name, r.Steps, r.Ran)
+		}
+	}
+	if refused := sim.ScopeRefusals(); len(refused) > 0 {
+		t.Errorf("the manager's calls refused for its token's scopes: %v", refused)
+	}
+	t.Logf("4 steps on 4 runners; %d step requests with the runners' own OAuth clients, each answered with the asking step or none; runner tokens refused on the manager's calls; no manager call refused for its least scopes", requests)
+	f.StopLeavesNothing()
+}
+
 // TestChaosBitbucket is the chaos test for a pool of Bitbucket runners: a
 // manager killed between creating a runner and starting it, or while
 // runners are disabled and deleted after their steps, leaves nothing the
@@ -149,7 +247,7 @@ func TestChaosBitbucket(t *testing.T) {
 }
 
 // TestRunnerBitbucketSingle: `runfleet runner --driver bitbucket --single`,
-// with CML's REPO_TOKEN (base64 of user:app password) and the repository
+// with CML's REPO_TOKEN (base64 of email:API token) and the repository
 // URL, runs one step and leaves no runner registered.
 func TestRunnerBitbucketSingle(t *testing.T) {
 	bin := harness.NeedBitbucketRunner(t)
@@ -207,9 +305,11 @@ func TestBitbucketLostStepReruns(t *testing.T) {
 	for _, p := range f.RunnerPIDs() {
 		_ = syscall.Kill(-p, syscall.SIGKILL)
 	}
-	harness.Eventually(t, 2*time.Minute, "the pipeline run again and its step done", func() bool {
+	// The re-run starts at once; the lost step fails once its runner's
+	// heartbeat lapses (10 s), maybe after the re-run passed.
+	harness.Eventually(t, 2*time.Minute, "the pipeline run again, its step done, the lost one failed", func() bool {
 		steps := sim.Steps()
-		return len(steps) == 2 && steps[1].State == "COMPLETED"
+		return len(steps) == 2 && steps[0].State == "COMPLETED" && steps[1].State == "COMPLETED"
 	})
 	steps := sim.Steps()
 	for _, s := range steps {

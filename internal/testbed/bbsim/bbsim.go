@@ -8,7 +8,7 @@
 // Bitbucket's paged shape: values, page, pagelen, size, next), a
 // pipeline's steps, and a file at a commit (src); errors have Bitbucket's
 // shape ({"type": "error", "error": {"message": ...}}); credentials are an
-// access token (bearer) or a user and app password (basic), anything else
+// access token (bearer) or a user and API token (basic), anything else
 // 401; while throttled, calls are answered 429 with no Retry-After, as
 // Bitbucket does. And the runner calls of Atlassian's runners-autoscaler,
 // which Bitbucket does not document: under /internal, a workspace's or a
@@ -20,14 +20,26 @@
 // runner's state is UNREGISTERED until it first connects, then ONLINE or
 // OFFLINE, or DISABLED; it names the step the runner runs.
 //
+// Steps are assigned to runners by the server, as Bitbucket does: the
+// runner's own log says it is "checking for new steps assigned to the
+// runner ... every 30 seconds", and Bitbucket's runner docs describe a
+// workspace queue from which each step goes to a compatible runner once
+// one is available (support.atlassian.com/bitbucket-cloud/docs/runners).
+// The oldest pending step whose runs-on labels a runner has goes to an
+// enabled, online runner that holds no step, the moment one is there: when
+// the step is queued, when a runner comes online or is enabled, and when
+// its step ends, before anyone could disable it. The assignment shows at
+// once in the runner's state.step (the autoscaler counts a runner with a
+// step busy: runners-autoscaler autoscaler/strategy/pct_runners_idle.py);
+// disabling a runner does not take its step back.
+//
 // The runner's own protocol is not published, and is this package's
 // invention (under /runner-api): an OAuth client-credentials grant for the
 // runner's client at /oauth/token; a heartbeat (PUT state ONLINE) that
-// keeps it online; a request for its next step, which gives it the oldest
-// pending step whose runs-on labels it has, while it is enabled and runs
-// no other; the step's log and result. A runner that stops its heartbeat
-// goes OFFLINE, and the step it ran fails. A runner deleted while it runs
-// a step loses the step.
+// keeps it online; a request for the step assigned to it; the step's log
+// and result. A runner that stops its heartbeat goes OFFLINE, and the step
+// assigned to it fails, run or not. A runner deleted with a step loses
+// the step.
 package bbsim
 
 import (
@@ -53,8 +65,8 @@ type Options struct {
 	Repos []string
 	// Token is the access token the API takes as a bearer token.
 	Token string
-	// User and Password are taken with basic authentication (an app
-	// password); none when User is empty.
+	// User and Password are taken with basic authentication (an
+	// Atlassian account's email and API token); none when User is empty.
 	User, Password string
 	// RunnerHost is the host runners reach the simulator at
 	// (host.docker.internal for containers); the server then listens on
@@ -63,8 +75,44 @@ type Options struct {
 	// PageLen is the default page length (10, as Bitbucket's).
 	PageLen int
 	// Heartbeat is how long a runner stays ONLINE without a heartbeat
-	// (30s when 0).
+	// (when 0, three of the runner's checks and at least 30s: 90s by
+	// default; Bitbucket does not publish it).
 	Heartbeat time.Duration
+	// RunnerCheck is how often the stand-in runner checks for the step
+	// assigned to it and says it is online: 30s when 0, as Bitbucket's
+	// runner logs ("checking for new steps assigned to the runner after
+	// 0 seconds and then every 30 seconds"). The simulator hands it to its
+	// runner with the runner's access token.
+	RunnerCheck time.Duration
+	// StepSetup is how long the stand-in runner takes between taking a
+	// step and running its script: Bitbucket's runner first starts the
+	// step's build container and clones the repository (its log:
+	// "Setting up step" ... "Cloning" ... "Executing step"), which takes
+	// seconds on any machine; 2s when 0. A test's shorter setup is
+	// harsher on the manager, which must disable the runner before the
+	// step ends. Handed to the runner with its access token.
+	StepSetup time.Duration
+	// HourlyLimit, when set, is the access token's limit of calls to
+	// /2.0/repositories/* over a rolling hour ("API request limits":
+	// 1,000, scaled up to 10,000 for large workspaces). Those calls are
+	// answered with Bitbucket's rate-limit headers, as Bitbucket answers
+	// access tokens' calls to its scaled endpoints ("Introducing Scaled
+	// Rate Limits for Bitbucket Cloud API", bitbucket.org/blog):
+	// X-RateLimit-Limit, X-RateLimit-Resource ("api") and
+	// X-RateLimit-NearLimit (true once less than 20% is left), and 429
+	// past the limit.
+	HourlyLimit int
+	// Scopes are the manager's credential's scopes, in an API token's
+	// words (read:repository:bitbucket, ...), each call checked against
+	// them (scope.go); every scope when nil.
+	Scopes []string
+	// ErrorShape is where the runner limit's 400 puts its words, among
+	// the places Bitbucket's standardized error object has for them
+	// (developer.atlassian.com/cloud/bitbucket/rest/intro, "Standardized
+	// error responses": a short error.message, and error.detail): "" or
+	// "message" for the message, "detail" for the detail under a generic
+	// message. Bitbucket does not publish which the limit uses.
+	ErrorShape string
 }
 
 // Runner is a registered runner.
@@ -74,7 +122,8 @@ type Runner struct {
 	Name      string
 	Labels    []string
 	Enabled   bool
-	Connected bool // it has connected once
+	Disabled  time.Time // when it was last disabled
+	Connected bool      // it has connected once
 	Seen      time.Time
 	Step      string // the step it runs, "" for none
 	ClientID  string
@@ -84,8 +133,9 @@ type Runner struct {
 	// DeletedBusy is set when it was deleted while it ran a step: the
 	// step was lost.
 	DeletedBusy bool
-	// Steps counts the steps it was given.
-	Steps int
+	// Steps counts the steps assigned to it; Ran those it fetched to
+	// run.
+	Steps, Ran int
 }
 
 // Online reports whether it connected and its heartbeat is current.
@@ -106,14 +156,16 @@ type Step struct {
 	Pipeline  string
 	Repo      string // the repository's slug
 	Build     int64
+	Commit    string // its pipeline's target: a re-run has the same
 	Name      string
 	RunsOn    []string
 	Script    string
 	State     string // PENDING, IN_PROGRESS, COMPLETED
 	Result    string // SUCCESSFUL, FAILED, ERROR
-	Runner    string // the runner's uuid
+	Runner    string // the runner's uuid, once assigned
 	Queued    time.Time
-	Started   time.Time
+	Assigned  time.Time
+	Started   time.Time // when its runner fetched it
 	Completed time.Time
 	Log       []byte
 }
@@ -145,18 +197,20 @@ type Server struct {
 	wsUUID    string
 	repos     map[string]string // slug -> uuid
 
-	mu        sync.Mutex
-	runners   map[string]*Runner // by uuid
-	pipelines []*pipeline
-	files     map[string]string // commit -> bitbucket-pipelines.yml
-	tokens    map[string]string // runner access token -> runner uuid
-	calls     []Call
-	throttle  int
-	limited   int
-	down      bool
-	build     int64
-	stop      chan struct{}
-	stopped   sync.WaitGroup
+	mu            sync.Mutex
+	runners       map[string]*Runner // by uuid
+	pipelines     []*pipeline
+	files         map[string]string // commit -> bitbucket-pipelines.yml
+	tokens        map[string]string // runner access token -> runner uuid
+	calls         []Call
+	throttle      int
+	limited       int
+	hour          []time.Time // the rolling hour's limited calls
+	scopeRefusals []string
+	down          bool
+	build         int64
+	stop          chan struct{}
+	stopped       sync.WaitGroup
 }
 
 // New starts a simulator. Close it when done.
@@ -167,8 +221,14 @@ func New(opt Options) *Server {
 	if opt.PageLen <= 0 {
 		opt.PageLen = 10
 	}
+	if opt.StepSetup <= 0 {
+		opt.StepSetup = 2 * time.Second
+	}
+	if opt.RunnerCheck <= 0 {
+		opt.RunnerCheck = 30 * time.Second
+	}
 	if opt.Heartbeat <= 0 {
-		opt.Heartbeat = 30 * time.Second
+		opt.Heartbeat = max(3*opt.RunnerCheck, 30*time.Second)
 	}
 	s := &Server{opt: opt, wsUUID: newUUID(), repos: map[string]string{},
 		runners: map[string]*Runner{}, files: map[string]string{}, tokens: map[string]string{}, stop: make(chan struct{})}
@@ -239,12 +299,13 @@ func (s *Server) start(repo, commit string, steps []StepSpec) []string {
 	p := &pipeline{UUID: newUUID(), Repo: repo, Build: s.build, Commit: commit, Created: time.Now().UTC(), specs: slices.Clone(steps)}
 	var ids []string
 	for _, sp := range steps {
-		st := &Step{UUID: newUUID(), Pipeline: p.UUID, Repo: repo, Build: p.Build, Name: sp.Name,
+		st := &Step{UUID: newUUID(), Pipeline: p.UUID, Repo: repo, Build: p.Build, Commit: commit, Name: sp.Name,
 			RunsOn: slices.Clone(sp.RunsOn), Script: sp.Script, State: "PENDING", Queued: time.Now().UTC()}
 		p.Steps = append(p.Steps, st)
 		ids = append(ids, st.UUID)
 	}
 	s.pipelines = append(s.pipelines, p)
+	s.assign()
 	return ids
 }
 
@@ -365,15 +426,30 @@ func (s *Server) Connect(uuid string) error {
 	return nil
 }
 
-// Take gives a runner its next step, as its request would, and returns
-// the step's uuid ("" for none).
+// Take fetches the step assigned to a runner, as its request would, and
+// returns the step's uuid ("" for none).
 func (s *Server) Take(uuid string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if st := s.next(s.runners[uuid]); st != nil {
+	s.assign()
+	if st := s.fetch(s.runners[uuid]); st != nil {
 		return st.UUID
 	}
 	return ""
+}
+
+// Offline marks a runner offline, as a runner that stops says: the step
+// assigned to it fails.
+func (s *Server) Offline(uuid string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.runners[uuid]
+	if !ok || r.Deleted {
+		return fmt.Errorf("bbsim: no runner %s", uuid)
+	}
+	r.Seen = time.Time{}
+	s.lapse(time.Now())
+	return nil
 }
 
 // Finish ends a step with a result, as its runner would.
@@ -401,27 +477,56 @@ func (s *Server) step(uuid string) *Step {
 	return nil
 }
 
-// next gives an enabled, online runner without a step the oldest pending
-// step whose runs-on labels it has. Called with s.mu held.
-func (s *Server) next(r *Runner) *Step {
-	if r == nil || r.Deleted || !r.Enabled || r.Step != "" {
-		return nil
-	}
-	for _, p := range s.pipelines {
-		for _, st := range p.Steps {
-			if st.State != "PENDING" || len(st.RunsOn) == 0 || (r.Scope != "" && s.repos[st.Repo] != r.Scope) {
-				continue
-			}
-			if !hasAll(r.Labels, st.RunsOn) {
-				continue
-			}
-			st.State, st.Runner, st.Started = "IN_PROGRESS", r.UUID, time.Now().UTC()
-			r.Step = st.UUID
-			r.Steps++
-			return st
+// assign gives each pending step, oldest first, to an enabled, online
+// runner of its scope that holds no step and has its runs-on labels, the
+// oldest such runner first. Called with s.mu held.
+func (s *Server) assign() {
+	now := time.Now()
+	var free []*Runner
+	for _, r := range s.runners {
+		if !r.Deleted && r.Enabled && r.Step == "" && r.online(now, s.opt.Heartbeat) {
+			free = append(free, r)
 		}
 	}
-	return nil
+	if len(free) == 0 {
+		return
+	}
+	slices.SortFunc(free, func(a, b *Runner) int { return a.Created.Compare(b.Created) })
+	for _, p := range s.pipelines {
+		for _, st := range p.Steps {
+			if st.State != "PENDING" || len(st.RunsOn) == 0 {
+				continue
+			}
+			i := slices.IndexFunc(free, func(r *Runner) bool {
+				return (r.Scope == "" || s.repos[st.Repo] == r.Scope) && hasAll(r.Labels, st.RunsOn)
+			})
+			if i < 0 {
+				continue
+			}
+			r := free[i]
+			free = slices.Delete(free, i, i+1)
+			st.State, st.Runner, st.Assigned = "IN_PROGRESS", r.UUID, now.UTC()
+			r.Step = st.UUID
+			r.Steps++
+			if len(free) == 0 {
+				return
+			}
+		}
+	}
+}
+
+// fetch hands a runner the step assigned to it, noting when it first did.
+// Called with s.mu held.
+func (s *Server) fetch(r *Runner) *Step {
+	if r == nil || r.Deleted || r.Step == "" {
+		return nil
+	}
+	st := s.step(r.Step)
+	if st != nil && st.Started.IsZero() {
+		st.Started = time.Now().UTC()
+		r.Ran++
+	}
+	return st
 }
 
 func hasAll(have, want []string) bool {
@@ -433,15 +538,31 @@ func hasAll(have, want []string) bool {
 	return true
 }
 
-// finish completes a step and frees its runner. Called with s.mu held.
+// finish completes a step and frees its runner, which may be given the
+// next step at once. Called with s.mu held.
 func (s *Server) finish(st *Step, result string) {
 	st.State, st.Result, st.Completed = "COMPLETED", result, time.Now().UTC()
 	if r, ok := s.runners[st.Runner]; ok && r.Step == st.UUID {
 		r.Step = ""
 	}
+	s.assign()
 }
 
-// expire fails the steps of runners whose heartbeat stopped.
+// lapse fails the steps of runners whose heartbeat stopped. Called with
+// s.mu held.
+func (s *Server) lapse(now time.Time) {
+	for _, r := range s.runners {
+		if r.Step != "" && !r.online(now, s.opt.Heartbeat) {
+			if st := s.step(r.Step); st != nil {
+				st.Log = append(st.Log, "The runner went offline with the step assigned to it.\n"...)
+				s.finish(st, "ERROR")
+			}
+		}
+	}
+}
+
+// expire fails the steps of runners whose heartbeat stopped, and assigns
+// the steps that wait to runners that came free.
 func (s *Server) expire() {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
@@ -451,16 +572,9 @@ func (s *Server) expire() {
 			return
 		case <-t.C:
 		}
-		now := time.Now()
 		s.mu.Lock()
-		for _, r := range s.runners {
-			if r.Step != "" && !r.online(now, s.opt.Heartbeat) {
-				if st := s.step(r.Step); st != nil {
-					st.Log = append(st.Log, "The runner went offline while it ran the step.\n"...)
-					s.finish(st, "ERROR")
-				}
-			}
-		}
+		s.lapse(time.Now())
+		s.assign()
 		s.mu.Unlock()
 	}
 }

@@ -42,12 +42,17 @@ func (s *Server) handle(mux *http.ServeMux, pattern string, runner bool, h func(
 			s.throttle--
 			s.limited++
 		}
+		if !runner && !down && !throttled && s.rateLimited(rec, r) {
+			throttled = true
+			s.limited++
+		}
 		s.mu.Unlock()
 		switch {
 		case down:
 			fail(rec, http.StatusServiceUnavailable, "Bitbucket is unavailable")
 		case !runner && !s.authorized(r):
 			fail(rec, http.StatusUnauthorized, "Token is invalid, expired, or not supported for this endpoint.")
+		case !runner && !s.scoped(rec, r):
 		case throttled:
 			// Bitbucket says nothing of when to come back.
 			fail(rec, http.StatusTooManyRequests, "Rate limit for this resource has been exceeded")
@@ -431,7 +436,7 @@ func (s *Server) createRunner(w http.ResponseWriter, r *http.Request, body []byt
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.sortedRunners(scope)) >= maxRunners {
-		fail(w, http.StatusBadRequest, fmt.Sprintf("Maximum number of runners (%d) reached", maxRunners))
+		s.failShaped(w, http.StatusBadRequest, fmt.Sprintf("Maximum number of runners (%d) reached", maxRunners))
 		return
 	}
 	rn := &Runner{UUID: newUUID(), Scope: scope, Name: req.Name, Labels: labels, Enabled: true,
@@ -461,7 +466,7 @@ func (s *Server) getRunner(w http.ResponseWriter, r *http.Request, _ []byte) {
 	}
 }
 
-// deleteRunner removes a runner; a step it runs is lost.
+// deleteRunner removes a runner; the step assigned to it is lost.
 func (s *Server) deleteRunner(w http.ResponseWriter, r *http.Request, _ []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -472,7 +477,7 @@ func (s *Server) deleteRunner(w http.ResponseWriter, r *http.Request, _ []byte) 
 	rn.Deleted = true
 	if st := s.step(rn.Step); st != nil && st.State == "IN_PROGRESS" {
 		rn.DeletedBusy = true
-		st.Log = append(st.Log, "The runner was deleted while it ran the step.\n"...)
+		st.Log = append(st.Log, "The runner was deleted with the step assigned to it.\n"...)
 		s.finish(st, "ERROR")
 	}
 	for tok, id := range s.tokens {
@@ -500,7 +505,11 @@ func (s *Server) setState(w http.ResponseWriter, r *http.Request, body []byte) {
 	if rn == nil {
 		return
 	}
+	if rn.Enabled && req.Status == "DISABLED" {
+		rn.Disabled = time.Now()
+	}
 	rn.Enabled = req.Status == "ENABLED"
+	s.assign()
 	writeJSON(w, http.StatusOK, s.runnerJSON(rn, time.Now(), false))
 }
 
@@ -539,4 +548,25 @@ func (s *Server) Unexpected() []string {
 		}
 	}
 	return out
+}
+
+// rateLimited counts an access token's call to /2.0/repositories/* in
+// the rolling hour, sets Bitbucket's rate-limit headers, and reports a
+// call past HourlyLimit. Called with s.mu held.
+func (s *Server) rateLimited(w http.ResponseWriter, r *http.Request) bool {
+	if s.opt.HourlyLimit <= 0 || !strings.HasPrefix(r.URL.Path, "/2.0/repositories/") || !strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
+		return false
+	}
+	now := time.Now()
+	s.hour = slices.DeleteFunc(s.hour, func(t time.Time) bool { return now.Sub(t) >= time.Hour })
+	over := len(s.hour) >= s.opt.HourlyLimit
+	if !over {
+		s.hour = append(s.hour, now)
+	}
+	left := s.opt.HourlyLimit - len(s.hour)
+	h := w.Header()
+	h.Set("X-RateLimit-Limit", strconv.Itoa(s.opt.HourlyLimit))
+	h.Set("X-RateLimit-Resource", "api")
+	h.Set("X-RateLimit-NearLimit", strconv.FormatBool(left*5 < s.opt.HourlyLimit))
+	return over
 }

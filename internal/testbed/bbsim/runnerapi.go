@@ -34,7 +34,8 @@ func (s *Server) token(w http.ResponseWriter, r *http.Request, _ []byte) {
 		if !rn.Deleted && rn.ClientID == id && rn.Secret == secret && secret != "" {
 			tok := "bbrunner-" + randHex(24)
 			s.tokens[tok] = rn.UUID
-			writeJSON(w, http.StatusOK, map[string]any{"access_token": tok, "token_type": "Bearer", "expires_in": 3600})
+			writeJSON(w, http.StatusOK, map[string]any{"access_token": tok, "token_type": "Bearer", "expires_in": 3600,
+				"check_interval_ms": s.opt.RunnerCheck.Milliseconds(), "step_setup_ms": s.opt.StepSetup.Milliseconds()})
 			return
 		}
 	}
@@ -76,12 +77,14 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request, body []byte) 
 	rn.Seen = time.Now()
 	if req.Status == "OFFLINE" {
 		rn.Seen = time.Time{}
+		s.lapse(time.Now())
 	}
+	s.assign()
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// nextStep gives the runner the step it runs, or its next one: 204 when
-// there is none (it is disabled, or no step wants it).
+// nextStep gives the runner the step assigned to it: 204 when there is
+// none.
 func (s *Server) nextStep(w http.ResponseWriter, r *http.Request, _ []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -90,10 +93,8 @@ func (s *Server) nextStep(w http.ResponseWriter, r *http.Request, _ []byte) {
 		return
 	}
 	rn.Connected, rn.Seen = true, time.Now()
-	st := s.step(rn.Step)
-	if st == nil {
-		st = s.next(rn)
-	}
+	s.assign()
+	st := s.fetch(rn)
 	if st == nil {
 		w.WriteHeader(http.StatusNoContent)
 		return

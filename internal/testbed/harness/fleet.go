@@ -181,6 +181,8 @@ type Fleet struct {
 	// Killed counts the runners a test killed mid-job on purpose: their
 	// registrations may go while the forge still counts them busy.
 	Killed int
+	// crashes counts the managers Kill9 killed.
+	crashes int
 	// slurm is set for a fleet of Slurm jobs, whose manager runs as cred
 	// (the cluster's ordinary user) from bin.
 	slurm bool
@@ -449,7 +451,7 @@ func (f *Fleet) StopLeavesNothing() {
 			}
 		}
 	} else if f.BB != nil {
-		checkBitbucketLeftNothing(f.T, f.BB, f.Killed)
+		checkBitbucketLeftNothing(f.T, f.BB, f.Killed, f.crashes > 0)
 	} else if r := f.Runners(); len(r) != 0 {
 		f.T.Errorf("%d registrations left after shutdown", len(r))
 	}
@@ -493,6 +495,7 @@ func (f *Fleet) Kill9() {
 	f.T.Helper()
 	_ = f.Cmd.Process.Signal(syscall.SIGKILL)
 	<-f.waitErr
+	f.crashes++
 }
 
 func (f *Fleet) dumpLogs() {

@@ -37,6 +37,7 @@ type runner struct {
 	api, uuid, account, repo string
 	token                    string
 	work                     string
+	setup                    time.Duration // before a step's script runs
 	hc                       *http.Client
 }
 
@@ -70,11 +71,11 @@ func run(ctx context.Context) error {
 	if r.api == "" || r.uuid == "" || r.account == "" || id == "" || secret == "" || r.work == "" {
 		return errors.New("ACCOUNT_UUID, RUNNER_UUID, OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, WORKING_DIRECTORY and BITBUCKET_RUNNER_API_URL are required")
 	}
-	if err := r.login(ctx, id, secret); err != nil {
+	poll, err := r.login(ctx, id, secret)
+	if err != nil {
 		return err
 	}
-	poll := 500 * time.Millisecond
-	logf("Updating runner status to \"ONLINE\" and checking for new steps assigned to the runner after 0 seconds and then every %s.", poll)
+	logf("Updating runner status to \"ONLINE\" and checking for new steps assigned to the runner after 0 seconds and then every %g seconds.", poll.Seconds())
 	defer func() {
 		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -102,39 +103,46 @@ func run(ctx context.Context) error {
 }
 
 // login takes an access token for the runner's OAuth client, retrying
-// while the API cannot be reached.
-func (r *runner) login(ctx context.Context, id, secret string) error {
+// while the API cannot be reached, and returns how often to check for a
+// step: the simulator's word, 30 s (the real runner's) without it.
+func (r *runner) login(ctx context.Context, id, secret string) (time.Duration, error) {
 	form := url.Values{"grant_type": {"client_credentials"}, "client_id": {id}, "client_secret": {secret}}
 	for attempt := 0; ; attempt++ {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.api+"/oauth/token", strings.NewReader(form.Encode()))
 		if err != nil {
-			return err
+			return 0, err
 		}
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		resp, err := r.hc.Do(req)
 		if err == nil {
 			var tok struct {
 				AccessToken string `json:"access_token"`
+				CheckMS     int64  `json:"check_interval_ms"`
+				SetupMS     int64  `json:"step_setup_ms"`
 			}
 			err = json.NewDecoder(resp.Body).Decode(&tok)
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusUnauthorized {
-				return errors.New("the runner's OAuth client was refused: it was deleted, or its secret is wrong")
+				return 0, errors.New("the runner's OAuth client was refused: it was deleted, or its secret is wrong")
 			}
 			if err == nil && tok.AccessToken != "" {
 				r.token = tok.AccessToken
-				return nil
+				r.setup = time.Duration(tok.SetupMS) * time.Millisecond
+				if tok.CheckMS > 0 {
+					return time.Duration(tok.CheckMS) * time.Millisecond, nil
+				}
+				return 30 * time.Second, nil
 			}
 			if err == nil {
 				err = fmt.Errorf("the token endpoint answered %s", resp.Status)
 			}
 		}
 		if attempt >= 30 {
-			return fmt.Errorf("no access token: %v", err)
+			return 0, fmt.Errorf("no access token: %v", err)
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return 0, ctx.Err()
 		case <-time.After(time.Second):
 		}
 	}
@@ -184,7 +192,16 @@ func (r *runner) runStep(ctx context.Context, st step) {
 			}
 		}
 	}()
-	out, err := r.exec(ctx, st)
+	logf("Setting up step %s.", st.Name)
+	var out []byte
+	var err error
+	select {
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-time.After(r.setup):
+		logf("Executing step.")
+		out, err = r.exec(ctx, st)
+	}
 	stopHB()
 	result, status := "SUCCESSFUL", "PASSED"
 	if err != nil {
