@@ -287,6 +287,12 @@ func (p *Pool) cordon(ctx context.Context, name string, id int64) {
 			m.cordoned = 0
 			p.memory[name] = m
 		}
+		if errors.Is(err, forge.ErrRejected) && !p.backoff.Halted {
+			// The forge will not cordon for this manager (a token without
+			// the scope): a runner it cannot cordon may take a second
+			// job, so no more start.
+			p.halt("the forge refused to cordon a runner that took its job, so no more start; fix the config and reload: " + err.Error())
+		}
 		p.mu.Unlock()
 		p.Trigger()
 	})

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -445,6 +447,33 @@ func TestFailedCordonIsRetried(t *testing.T) {
 	h.settle()
 	if len(cf.cordons) != 1 {
 		t.Fatalf("cordons %v, want gpu-1 once the forge answers", cf.cordons)
+	}
+}
+
+// A cordon the forge refuses for good (forge.ErrRejected: a token without
+// the scope) halts the pool: a runner it cannot cordon may take a second
+// job, so no more start, and the reason says why.
+func TestRefusedCordonHalts(t *testing.T) {
+	h, cf := newCordonHarness(t)
+	h.settle()
+	h.online()
+	h.forge.set("gpu-1", forge.StatusBusy)
+	cf.mu.Lock()
+	cf.failing = fmt.Errorf("%w: the access token lacks the scope for it", forge.ErrRejected)
+	cf.mu.Unlock()
+	h.settle()
+	h.settle()
+	b := h.pool.Backoff()
+	if !b.Halted || !strings.Contains(b.Reason, "refused to cordon") || !strings.Contains(b.Reason, "lacks the scope") {
+		t.Fatalf("backoff %+v, want the pool halted with the forge's refusal", b)
+	}
+	created := h.prov.created
+	h.forge.set("gpu-1", forge.StatusIdle)
+	h.prov.exit("gpu-1")
+	h.settle()
+	h.settle()
+	if h.prov.created != created {
+		t.Fatalf("created %d runners after the refusal, want none", h.prov.created-created)
 	}
 }
 

@@ -22,10 +22,19 @@ func (d *Driver) Agent(cfg agent.Config) (agent.Agent, error) {
 	return Agent{Path: path, InContainer: !cfg.Local, WaitTimeout: cfg.IdleTimeout}, nil
 }
 
-// Agent runs `gitlab-runner run-single` for one job: --executor shell
+// Agent runs `gitlab-runner run-single` for one job: the shell executor
 // unless the pool's env sets RUNNER_EXECUTOR (docker, where the pool
 // mounts the engine on purpose), --max-builds 1, and --wait-timeout from
 // the pool's idle timeout so that a runner nobody removes still exits.
+//
+// The runner's glrt- token reaches gitlab-runner in a config file
+// (--config, --runner: commands/single.go loads the named runner from it
+// once, at start), never in its environment, which the shell executor
+// hands to every job (executors/shell/shell.go: Env: os.Environ()). A job
+// runs as gitlab-runner's user, so it could still read that file or the
+// process: the file's hooks (tokenGuard) hold the job's first command
+// until the token is dead, which the pool sees to the moment the runner
+// takes its job (Driver.Cordon resets it).
 type Agent struct {
 	Path string
 	// InContainer is set when the agent runs in a machine's image, whose
@@ -36,10 +45,15 @@ type Agent struct {
 	WaitTimeout time.Duration
 }
 
-// Spec gives gitlab-runner its URL and glrt- token in its environment
-// (CI_SERVER_URL, CI_SERVER_TOKEN), never as arguments.
+// ConfigFile is the runner's config.toml, written in its working
+// directory: the only place its token is.
+const ConfigFile = "gitlab-runner.toml"
+
+// Spec gives gitlab-runner its URL and token in ConfigFile, never in its
+// environment or arguments.
 func (g Agent) Spec(r agent.Runner, cred forge.Credential) (provider.Spec, error) {
-	if cred.Env[EnvToken] == "" || cred.Env[EnvURL] == "" {
+	url, token := cred.Env[EnvURL], cred.Env[EnvToken]
+	if token == "" || url == "" {
 		return provider.Spec{}, fmt.Errorf("gitlab-runner %s: credential has no runner token or URL", r.Name)
 	}
 	env := map[string]string{}
@@ -49,10 +63,17 @@ func (g Agent) Spec(r agent.Runner, cred forge.Credential) (provider.Spec, error
 		env = agent.BaseEnv(r.Env)
 	}
 	maps.Copy(env, cred.Env)
-	env["RUNNER_NAME"] = r.Name
 	executor := cmp.Or(env["RUNNER_EXECUTOR"], "shell")
 	delete(env, "RUNNER_EXECUTOR")
-	args := []string{"run-single", "--executor", executor, "--max-builds", "1"}
+	// The credential's URL and token go in the config file only: the
+	// shell executor hands the environment to the job.
+	delete(env, EnvToken)
+	delete(env, EnvURL)
+	cfg, err := runnerConfig(r.Name, url, token, executor)
+	if err != nil {
+		return provider.Spec{}, fmt.Errorf("gitlab-runner %s: %w", r.Name, err)
+	}
+	args := []string{"run-single", "--config", ConfigFile, "--runner", r.Name, "--max-builds", "1"}
 	if g.WaitTimeout > 0 {
 		args = append(args, "--wait-timeout", strconv.Itoa(int(max(g.WaitTimeout.Seconds(), 1))))
 	}
@@ -63,6 +84,7 @@ func (g Agent) Spec(r agent.Runner, cred forge.Credential) (provider.Spec, error
 		Command:    g.Path,
 		Args:       args,
 		Env:        env,
+		Files:      map[string][]byte{ConfigFile: cfg},
 		BusyMarker: string(phaseMarkers[agent.PhaseBusy]),
 	}, nil
 }

@@ -4,7 +4,7 @@
 // The manager creates one runner per slot with POST /user/runners, which
 // answers with the runner's own glrt- token: that token, and nothing of
 // the access token that created it, goes to the runner's agent
-// (gitlab-runner run-single, in its environment). A GitLab runner token
+// (gitlab-runner run-single, in a config file of its own). A GitLab runner token
 // is not single-use, so the manager deletes each runner once its one job
 // has ended, and the runners a crashed manager left are found by their
 // description (the runner's name) and removed by the pool and by
@@ -14,6 +14,7 @@ package gitlab
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -158,10 +159,40 @@ func (d *Driver) call(ctx context.Context, what string, f func(opt gl.RequestOpt
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.CallTimeout)
 	defer cancel()
 	if _, err := f(gl.WithContext(ctx)); err != nil {
+		if need, ok := scopeShort(err); ok {
+			return scopeError{fmt.Sprintf("gitlab %s (%s): the access token lacks the scope for it: GitLab takes %s (docs/forges/gitlab.md gives each call's)",
+				what, d.where(), strings.Join(strings.Fields(need), " or ")), err}
+		}
 		return fmt.Errorf("gitlab %s (%s): %w", what, d.where(), err)
 	}
 	return nil
 }
+
+// scopeShort returns the scopes GitLab names when it refused a call for
+// the token's scopes: 403 with insufficient_scope and the scopes that
+// would do (lib/api/api_guard.rb, InsufficientScopeError).
+func scopeShort(err error) (string, bool) {
+	var e *gl.ErrorResponse
+	if !errors.As(err, &e) || e.Response == nil || e.Response.StatusCode != http.StatusForbidden {
+		return "", false
+	}
+	var b struct{ Error, Scope string }
+	if json.Unmarshal(e.Body, &b) != nil || b.Error != "insufficient_scope" {
+		return "", false
+	}
+	return b.Scope, true
+}
+
+// scopeError is a call refused for the token's scopes: no retry fixes it
+// (forge.ErrRejected), and its words name the scopes, not the client's
+// rendering of GitLab's body.
+type scopeError struct {
+	msg string
+	err error
+}
+
+func (e scopeError) Error() string   { return e.msg }
+func (e scopeError) Unwrap() []error { return []error{forge.ErrRejected, e.err} }
 
 func (d *Driver) where() string {
 	if d.cfg.Scope.Kind == "instance" {
@@ -416,22 +447,45 @@ func (d *Driver) projectJobs(ctx context.Context, id int64, states ...gl.BuildSt
 	return out, nil
 }
 
-// Cordon pauses a runner the moment it is seen to take its job
-// (forge.Cordoner): gitlab-runner's --max-builds 1 is the runner's own
-// word, and GitLab hands an active runner's token a job whenever it asks
-// (lib/api/ci/runner.rb, POST /jobs/request checks only that the runner
-// is active), also while its first job runs; a paused runner gets none.
+// Cordon resets the token of a runner the moment it is seen to take its
+// job, and pauses it (forge.Cordoner). gitlab-runner's --max-builds 1 is
+// the runner's own word, and GitLab hands an active runner's token a job
+// whenever it asks (lib/api/ci/runner.rb, POST /jobs/request checks only
+// that the runner is active), also while its first job runs. The reset
+// kills the token the job could read, which its runner's hooks wait for
+// (tokenGuard); gitlab-runner needs it no more, reporting the job with
+// the job's own token. The new token is thrown away. The pause comes
+// second, so that a runner listed paused had its token reset (a pass
+// that finds it paused cordons it no more), and shows in GitLab.
 func (d *Driver) Cordon(ctx context.Context, id int64) error {
+	err := d.call(ctx, "reset runner token "+strconv.FormatInt(id, 10), func(o gl.RequestOptionFunc) (*gl.Response, error) {
+		_, resp, err := d.api.Runners.ResetRunnerAuthenticationToken(id, o)
+		return resp, err
+	})
+	if err != nil {
+		return d.gone(id, err)
+	}
+	return d.pause(ctx, id)
+}
+
+// gone is err, as forge.ErrNotFound (the runner forgotten) when GitLab
+// answered 404.
+func (d *Driver) gone(id int64, err error) error {
+	if status(err) != http.StatusNotFound {
+		return err
+	}
+	d.forget(id)
+	return fmt.Errorf("%w: %w", forge.ErrNotFound, err)
+}
+
+// pause pauses a runner, marking it so in the kept listing.
+func (d *Driver) pause(ctx context.Context, id int64) error {
 	err := d.call(ctx, "pause runner "+strconv.FormatInt(id, 10), func(o gl.RequestOptionFunc) (*gl.Response, error) {
 		_, resp, err := d.api.Runners.UpdateRunnerDetails(id, &gl.UpdateRunnerDetailsOptions{Paused: gl.Ptr(true)}, o)
 		return resp, err
 	})
-	if status(err) == http.StatusNotFound {
-		d.forget(id)
-		return fmt.Errorf("%w: %w", forge.ErrNotFound, err)
-	}
 	if err != nil {
-		return err
+		return d.gone(id, err)
 	}
 	d.kept.Change(id, func(list []forge.Runner, i int) []forge.Runner {
 		if i >= 0 {
@@ -447,7 +501,7 @@ func (d *Driver) Cordon(ctx context.Context, id int64) error {
 // would delete a busy runner, and its job would be lost.
 func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 	what := "remove runner " + strconv.FormatInt(id, 10)
-	if err := d.Cordon(ctx, id); err != nil {
+	if err := d.pause(ctx, id); err != nil {
 		return err
 	}
 	select {

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/BurntSushi/toml"
+
 	"github.com/runfleet/runfleet/agent"
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/forge/gitlab"
@@ -367,8 +369,10 @@ func TestHangingGitLabTimesOut(t *testing.T) {
 	}
 }
 
-// The agent gets its URL and token in its environment, never as
-// arguments, and stops after one job or its idle timeout.
+// The agent gets its URL and token in its config file, never in its
+// environment (which the shell executor hands to the job) or arguments,
+// with the hooks that hold the job until the token is dead, and stops
+// after one job or its idle timeout.
 func TestAgentSpec(t *testing.T) {
 	d, _ := newDriver(t, glsim.Options{}, gitlab.Config{})
 	ag, err := d.Agent(agent.Config{Path: "/bin/gitlab-runner", IdleTimeout: 90 * time.Second})
@@ -376,16 +380,30 @@ func TestAgentSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	cred := forge.Credential{RunnerID: 5, Env: map[string]string{gitlab.EnvURL: "http://gl", gitlab.EnvToken: "glrt-t1_secret"}}
-	spec, err := ag.Spec(agent.Runner{Name: "p-1", Env: map[string]string{"DATA": "/data"}}, cred)
+	spec, err := ag.Spec(agent.Runner{Name: "p-1", Env: map[string]string{"DATA": "/data", "CI_SERVER_TOKEN": "stale"}}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"run-single", "--executor", "shell", "--max-builds", "1", "--wait-timeout", "90"}; !slices.Equal(spec.Args, want) {
+	if want := []string{"run-single", "--config", gitlab.ConfigFile, "--runner", "p-1", "--max-builds", "1", "--wait-timeout", "90"}; !slices.Equal(spec.Args, want) {
 		t.Errorf("args %v, want %v", spec.Args, want)
 	}
-	if spec.Env["CI_SERVER_TOKEN"] != "glrt-t1_secret" || spec.Env["CI_SERVER_URL"] != "http://gl" ||
-		spec.Env["RUNNER_NAME"] != "p-1" || spec.Env["DATA"] != "/data" {
-		t.Errorf("env %v", spec.Env)
+	if _, ok := spec.Env["CI_SERVER_TOKEN"]; ok || spec.Env["DATA"] != "/data" {
+		t.Errorf("env %v, want DATA and no token", spec.Env)
+	}
+	var file struct {
+		Runners []map[string]string `toml:"runners"`
+	}
+	if _, err := toml.Decode(string(spec.Files[gitlab.ConfigFile]), &file); err != nil || len(file.Runners) != 1 {
+		t.Fatalf("config file %q: %v", spec.Files[gitlab.ConfigFile], err)
+	}
+	r := file.Runners[0]
+	if r["name"] != "p-1" || r["url"] != "http://gl" || r["token"] != "glrt-t1_secret" || r["executor"] != "shell" {
+		t.Errorf("config's runner %v", r)
+	}
+	for _, hook := range []string{"pre_get_sources_script", "pre_build_script"} {
+		if !strings.Contains(r[hook], "verify --config") || !strings.Contains(r[hook], "is not valid") {
+			t.Errorf("%s %q: no wait for the token's death", hook, r[hook])
+		}
 	}
 	for _, a := range spec.Args {
 		if strings.Contains(a, "glrt-") {
@@ -394,8 +412,8 @@ func TestAgentSpec(t *testing.T) {
 	}
 	// The docker executor, where a pool's env asks for it.
 	spec, _ = ag.Spec(agent.Runner{Name: "p-2", Env: map[string]string{"RUNNER_EXECUTOR": "docker"}}, cred)
-	if !slices.Contains(spec.Args, "docker") || spec.Env["RUNNER_EXECUTOR"] != "" {
-		t.Errorf("args %v env %v, want --executor docker", spec.Args, spec.Env)
+	if !strings.Contains(string(spec.Files[gitlab.ConfigFile]), `executor = "docker"`) || spec.Env["RUNNER_EXECUTOR"] != "" {
+		t.Errorf("config %s env %v, want executor docker", spec.Files[gitlab.ConfigFile], spec.Env)
 	}
 	out := []byte("Starting runner for http://gl with token secret ...\nChecking for jobs... received                       job=12 repo_url=http://gl/acme/models.git runner=secret\n")
 	if ph := ag.(interface{ Phase([]byte) agent.Phase }).Phase(out); ph != agent.PhaseBusy {
@@ -699,9 +717,11 @@ func TestAccessLevel(t *testing.T) {
 }
 
 // GitLab hands an active runner's token a job whenever it asks, also
-// while its first job runs: a job that reads CI_SERVER_TOKEN could take
-// more. The pool pauses a runner the moment it takes its job (Cordon);
-// paused, its token gets no other, and the listing says it is cordoned.
+// while its first job runs: a job that reads its runner's token could take
+// more, or swap it for a fresh one. The pool cordons a runner the moment
+// it takes its job: its token is reset (dead: refused for jobs, for
+// verify and for a reset of its own) and the runner paused, and the
+// listing says it is cordoned.
 func TestCordonPausesTheRunner(t *testing.T) {
 	ctx := context.Background()
 	d, sim := newDriver(t, glsim.Options{}, gitlab.Config{CacheTTL: -1})
@@ -718,8 +738,22 @@ func TestCordonPausesTheRunner(t *testing.T) {
 	if err := d.Cordon(ctx, cred.RunnerID); err != nil {
 		t.Fatal(err)
 	}
-	if code := askForJob(t, sim, cred.Env[gitlab.EnvToken]); code != http.StatusNoContent {
-		t.Errorf("a paused runner's token asking for a second job: %d, want 204", code)
+	tok := cred.Env[gitlab.EnvToken]
+	if code := askForJob(t, sim, tok); code != http.StatusForbidden {
+		t.Errorf("the old token asking for a second job: %d, want 403", code)
+	}
+	for _, path := range []string{"/api/v4/runners/verify", "/api/v4/runners/reset_authentication_token"} {
+		resp, err := http.Post(sim.URL+path, "application/json", strings.NewReader(`{"token":"`+tok+`"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("POST %s with the old token: %d, want 403", path, resp.StatusCode)
+		}
+	}
+	if r := sim.Runners(); len(r) != 1 || !r[0].Paused || len(r[0].Tokens) != 2 {
+		t.Errorf("runner %+v, want it paused with its token reset once", r)
 	}
 	list, err := d.Runners(ctx)
 	if err != nil || len(list) != 1 || !list[0].Cordoned || list[0].Status != forge.StatusBusy {
@@ -727,5 +761,67 @@ func TestCordonPausesTheRunner(t *testing.T) {
 	}
 	if err := d.Cordon(ctx, 999999); !errors.Is(err, forge.ErrNotFound) {
 		t.Errorf("cordon of a runner that is gone: %v, want ErrNotFound", err)
+	}
+}
+
+// The scopes docs/forges/gitlab.md lists are enough for a pool, and each
+// is needed: with create_runner, manage_runner and read_api the driver
+// creates, lists, polls, cordons and removes runners; without any one of
+// them, the calls that need it are refused with a clear error naming it
+// (forge.ErrRejected: no retry fixes it). Retrying a lost job needs api.
+func TestLeastScopes(t *testing.T) {
+	least := []string{"create_runner", "manage_runner", "read_api"}
+	// steps runs a pool's calls in their order, and returns each one's
+	// error by name.
+	steps := func(d *gitlab.Driver, sim *glsim.Server) (errs map[string]error) {
+		ctx := context.Background()
+		errs = map[string]error{}
+		if _, err := sim.CreatePipeline("acme/models", glsim.JobSpec{Name: "train", Tags: []string{"gpu"}, Script: "true"}); err != nil {
+			t.Fatal(err)
+		}
+		_, errs["poll"] = d.Jobs(ctx, forge.JobQueued)
+		cred, err := d.Register(ctx, forge.RunnerRequest{Name: "p-1", Labels: []string{"gpu"}})
+		if errs["register"] = err; err != nil {
+			return errs
+		}
+		_, errs["list"] = d.Runners(ctx)
+		errs["cordon"] = d.Cordon(ctx, cred.RunnerID)
+		errs["remove"] = d.RemoveRunner(ctx, cred.RunnerID)
+		errs["retry"] = d.RerunJob(ctx, forge.Job{ID: sim.Jobs()[0].ID})
+		return errs
+	}
+	check := func(t *testing.T, errs map[string]error, refused map[string]string) {
+		t.Helper()
+		for step, err := range errs {
+			want, ok := refused[step]
+			switch {
+			case !ok && err != nil:
+				t.Errorf("%s: %v, want it to go through", step, err)
+			case ok && (!errors.Is(err, forge.ErrRejected) || !strings.Contains(err.Error(), "lacks the scope") || !strings.Contains(err.Error(), want)):
+				t.Errorf("%s: %v, want a refusal naming %s", step, err, want)
+			case ok:
+				t.Logf("%s: %v", step, err)
+			}
+		}
+	}
+	t.Run("least", func(t *testing.T) {
+		d, sim := newDriver(t, glsim.Options{Scopes: least}, gitlab.Config{CacheTTL: -1})
+		errs := steps(d, sim)
+		check(t, errs, map[string]string{"retry": "api"})
+		if got := sim.ScopeRefusals(); len(got) != 1 || !strings.Contains(got[0], "/retry") {
+			t.Errorf("calls refused for a scope: %v, want the retry's only", got)
+		}
+	})
+	for _, missing := range least {
+		t.Run("without "+missing, func(t *testing.T) {
+			have := slices.DeleteFunc(slices.Clone(least), func(s string) bool { return s == missing })
+			d, sim := newDriver(t, glsim.Options{Scopes: have}, gitlab.Config{CacheTTL: -1})
+			refused := map[string]map[string]string{
+				"create_runner": {"register": "create_runner"},
+				"read_api":      {"poll": "read_api", "register": "read_api"}, // register finds the project first
+				"manage_runner": {"cordon": "manage_runner", "remove": "manage_runner", "retry": "api"},
+			}[missing]
+			check(t, steps(d, sim), refused)
+		})
 	}
 }

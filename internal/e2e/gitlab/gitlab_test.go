@@ -323,3 +323,58 @@ func TestGitLabRerunOnTimeout(t *testing.T) {
 	}
 	f.StopLeavesNothing()
 }
+
+// TestGitLabHostileJob: each job reads everything its runner can read
+// (its environment, every process's environment and arguments, the files
+// in every process's working directory) and tries every runner token it
+// finds on GitLab: for another job, for a fresh token of its own, for a
+// check. While they run, more jobs wait that a live token would get. The
+// jobs find their runner's token (in its config file) dead, each job runs
+// on a runner of its own, and none takes a second. Containers: runners on
+// one host as host processes share a Unix user (docs/security.md).
+// The manager's token has the least scopes docs/forges/gitlab.md gives
+// (create_runner, manage_runner, read_api; api only for retry_lost), and
+// GitLab's stand-in checks each call's as GitLab does: none is refused.
+func TestGitLabHostileJob(t *testing.T) {
+	name := "glhostile"
+	f := harness.NewGitLabFleet(t, name, harness.GitLabOptions{Size: 2, Max: 2, Docker: true, Forge: "    poll_interval: 2s\n", Pool: "    retry_lost: false\n",
+		Sim: glsim.Options{Scopes: []string{"create_runner", "manage_runner", "read_api"}}})
+	sim := f.GL
+	f.Start()
+	harness.Eventually(t, time.Minute, "2 idle runners online", func() bool { return harness.IdleGitLab(sim) == 2 })
+	script := harness.JobScript + "\n" + harness.GLHostileScript(sim.RunnerURL())
+	if _, err := sim.CreatePipeline("acme/"+name, harness.GLJobs(name, 6, script)...); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 3*time.Minute, "6 jobs done", func() bool { done, _ := harness.GLCompleted(sim); return done == 6 })
+	ids := map[int64]int{}
+	found := 0
+	for _, j := range sim.Jobs() {
+		out := string(j.Trace)
+		if j.Status != "success" {
+			t.Errorf("job %s: %s\n%s", j.Name, j.Status, harness.TailString(out, 2000))
+		}
+		ids[j.RunnerID]++
+		tries := regexp.MustCompile(`hostile: (\S+) with glrt-\S+: (.*)`).FindAllStringSubmatch(out, -1)
+		for _, m := range tries {
+			if !strings.Contains(m[2], " 403") {
+				t.Errorf("job %d: %s with a token it found: %q, want 403", j.ID, m[1], m[2])
+			}
+		}
+		if len(tries) == 0 {
+			t.Errorf("job %d found no runner token to try:\n%s", j.ID, harness.TailString(out, 3000))
+		}
+		found += len(tries)
+	}
+	for id, n := range ids {
+		if n != 1 {
+			t.Errorf("runner %d ran %d jobs", id, n)
+		}
+	}
+	if refused := sim.ScopeRefusals(); len(refused) > 0 {
+		t.Errorf("calls refused for the token's scopes: %v", refused)
+	}
+	t.Logf("6 jobs on %d runners; %d tries with the tokens they found, each refused (403); no call refused for the manager's least scopes", len(ids), found)
+	harness.CheckGitLabTokens(t, sim)
+	f.StopLeavesNothing()
+}

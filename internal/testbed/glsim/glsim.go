@@ -52,6 +52,10 @@ type Options struct {
 	// Token is the access token the REST API accepts (PRIVATE-TOKEN or
 	// Authorization: Bearer).
 	Token string
+	// Scopes are Token's scopes (api, read_api, create_runner,
+	// manage_runner), each call checked against them as GitLab checks
+	// them (scope.go); ["api"] when nil.
+	Scopes []string
 	// Admin lets the token list and manage instance runners.
 	Admin bool
 	// Projects exist, by full path ("acme/models"); their namespaces
@@ -93,7 +97,10 @@ type Runner struct {
 	Paused         bool
 	MaximumTimeout int64
 	Token          string
-	ContactedAt    time.Time
+	// Tokens are every token the runner has held, the first its
+	// creation's, the last its current one (reset_authentication_token).
+	Tokens      []string
+	ContactedAt time.Time
 	// Deleted is set once the runner was deleted; it is kept for the
 	// test to read.
 	Deleted bool
@@ -166,18 +173,19 @@ type Server struct {
 	opt       Options
 	ts        *httptest.Server
 
-	mu         sync.Mutex
-	nextID     int64
-	projects   map[int64]*project
-	groups     map[int64]*group
-	runners    map[int64]*Runner
-	jobs       map[int64]*Job
-	calls      map[string]int // "METHOD pattern" -> count
-	limitTill  time.Time
-	limited    int
-	down       bool
-	deliveries map[int]int // hook answers by status code
-	hooks      sync.WaitGroup
+	mu            sync.Mutex
+	nextID        int64
+	projects      map[int64]*project
+	groups        map[int64]*group
+	runners       map[int64]*Runner
+	jobs          map[int64]*Job
+	calls         map[string]int // "METHOD pattern" -> count
+	limitTill     time.Time
+	limited       int
+	scopeRefusals []string // calls refused for a scope the token lacks
+	down          bool
+	deliveries    map[int]int // hook answers by status code
+	hooks         sync.WaitGroup
 }
 
 // New starts a simulator. Close it when done.

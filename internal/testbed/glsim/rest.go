@@ -28,6 +28,7 @@ func (s *Server) restRoutes(mux *http.ServeMux) {
 	api("GET /runners/{rid}", s.getRunner)
 	api("PUT /runners/{rid}", s.updateRunner)
 	api("DELETE /runners/{rid}", s.deleteRunner)
+	api("POST /runners/{rid}/reset_authentication_token", s.resetRunnerToken)
 	api("GET /runners/{rid}/jobs", s.runnerJobs)
 	api("GET /projects/{id}/jobs", s.projectJobs)
 	api("GET /projects/{id}/protected_branches", s.listProtectedBranches)
@@ -70,6 +71,10 @@ func (s *Server) rest(pattern string, h http.HandlerFunc) http.HandlerFunc {
 		}
 		if s.opt.Token == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.opt.Token)) != 1 {
 			fail(w, http.StatusUnauthorized, "Unauthorized")
+			return
+		}
+		if need := s.scopeShort(r); need != nil {
+			insufficientScope(w, need)
 			return
 		}
 		h(w, r)
@@ -293,6 +298,7 @@ func (s *Server) createRunner(w http.ResponseWriter, r *http.Request) {
 	}
 	run.ID = s.id()
 	run.Token = "glrt-t1_" + randHex(10)
+	run.Tokens = []string{run.Token}
 	s.runners[run.ID] = run
 	writeJSON(w, http.StatusCreated, map[string]any{"id": run.ID, "token": run.Token, "token_expires_at": nil})
 }
@@ -440,6 +446,25 @@ func (s *Server) updateRunner(w http.ResponseWriter, r *http.Request) {
 		run.Tags = list(p, "tag_list")
 	}
 	writeJSON(w, http.StatusOK, s.details(run))
+}
+
+// resetRunnerToken is POST /runners/:id/reset_authentication_token
+// (docs.gitlab.com/api/runners, "Reset runner's authentication token by
+// using the runner ID"; gitlab-org/gitlab!69561): a new token, the old one
+// refused from then on.
+func (s *Server) resetRunnerToken(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if run := s.runner(w, r); run != nil {
+		writeJSON(w, http.StatusCreated, run.reset())
+	}
+}
+
+// reset gives the runner a new token. Called with s.mu held.
+func (run *Runner) reset() map[string]any {
+	run.Token = "glrt-t1_" + randHex(10)
+	run.Tokens = append(run.Tokens, run.Token)
+	return map[string]any{"token": run.Token, "token_expires_at": nil}
 }
 
 // listProtectedBranches is GET /projects/:id/protected_branches

@@ -31,6 +31,47 @@ func (s *Server) runnerRoutes(mux *http.ServeMux) {
 	handle("POST /api/v4/jobs/request", s.requestJob)
 	handle("PUT /api/v4/jobs/{jid}", s.updateJob)
 	handle("PATCH /api/v4/jobs/{jid}/trace", s.patchTrace)
+	handle("POST /api/v4/runners/verify", s.verifyRunner)
+	handle("POST /api/v4/runners/reset_authentication_token", s.resetOwnToken)
+}
+
+// verifyRunner is POST /runners/verify (docs.gitlab.com/api/runners,
+// "Verify authentication for a registered runner"; lib/api/ci/runner.rb):
+// 200 with the runner's id for a live token, 403 for any other, a reset
+// or deleted runner's included. gitlab-runner's `verify` reads the 403 as
+// "is not valid" (network/gitlab.go, VerifyRunner).
+func (s *Server) verifyRunner(w http.ResponseWriter, r *http.Request) {
+	s.withRunnerToken(w, r, func(run *Runner) {
+		writeJSON(w, http.StatusOK, map[string]any{"id": run.ID, "token": run.Token, "token_expires_at": nil})
+	})
+}
+
+// withRunnerToken calls f, with s.mu held, with the live runner whose
+// token the request's body carries; 400 without a token, 403 for one no
+// live runner holds.
+func (s *Server) withRunnerToken(w http.ResponseWriter, r *http.Request, f func(*Runner)) {
+	var req jobRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil || req.Token == "" {
+		invalid(w, "token is missing")
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	run := s.runnerByToken(req.Token)
+	if run == nil {
+		fail(w, http.StatusForbidden, "Forbidden")
+		return
+	}
+	f(run)
+}
+
+// resetOwnToken is POST /runners/reset_authentication_token with the
+// runner's current token (docs.gitlab.com/api/runners, "Reset runner's
+// authentication token by using the current token";
+// gitlab-org/gitlab!74336): whoever holds a live token can swap it for a
+// new one; a dead one is refused.
+func (s *Server) resetOwnToken(w http.ResponseWriter, r *http.Request) {
+	s.withRunnerToken(w, r, func(run *Runner) { writeJSON(w, http.StatusCreated, run.reset()) })
 }
 
 // jobRequest is common.JobRequest.

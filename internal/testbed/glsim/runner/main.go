@@ -2,13 +2,19 @@
 // glsim: `gitlab-runner run-single` with the shell executor, speaking the
 // runner protocol of gitlab-runner's network/gitlab.go. It takes the URL
 // and token from CI_SERVER_URL and CI_SERVER_TOKEN (or --url and --token),
+// or from a config file's runner (--config, --runner, as
+// commands/single.go's HandleArgs: the runner's url, token, executor,
+// pre_get_sources_script and pre_build_script),
 // asks POST /api/v4/jobs/request for a job, runs its script with sh -c in
 // a process group of its own and an environment of its own plus the job's
 // variables (as the shell executor does), sends the log with PATCH
 // /jobs/:id/trace and the result with PUT /jobs/:id, and stops after
 // --max-builds jobs or --wait-timeout seconds without one. It prints the
 // lines gitlab-runner prints ("Checking for jobs... received", "This
-// runner has processed its build limit, so now exiting").
+// runner has processed its build limit, so now exiting"). `gitlab-runner
+// verify --config F --name N` checks the named runner's token as
+// commands/verify.go does: "is valid" and exit 0, or "is not valid" and
+// exit 1 for GitLab's 403, a failed call counted as valid.
 package main
 
 import (
@@ -31,6 +37,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/BurntSushi/toml"
 )
 
 // checkInterval is how long an idle runner waits between job requests
@@ -39,8 +47,11 @@ import (
 const checkInterval = time.Second
 
 func main() {
+	if len(os.Args) >= 2 && os.Args[1] == "verify" {
+		os.Exit(verify(os.Args[2:]))
+	}
 	if len(os.Args) < 2 || os.Args[1] != "run-single" {
-		fmt.Fprintln(os.Stderr, "usage: gitlab-runner run-single [options]")
+		fmt.Fprintln(os.Stderr, "usage: gitlab-runner run-single|verify [options]")
 		os.Exit(2)
 	}
 	r, err := configure(os.Args[2:])
@@ -55,9 +66,40 @@ func main() {
 
 type runner struct {
 	url, token, executor, buildsDir, name string
-	maxBuilds, waitTimeout                int
-	hc                                    *http.Client
-	systemID                              string
+	// preGetSources and preBuild are the config file's hooks.
+	preGetSources, preBuild string
+	maxBuilds, waitTimeout  int
+	hc                      *http.Client
+	systemID                string
+}
+
+// fileRunner is a [[runners]] entry of config.toml (common/config.go),
+// the keys the stand-in reads.
+type fileRunner struct {
+	Name          string `toml:"name"`
+	URL           string `toml:"url"`
+	Token         string `toml:"token"`
+	Executor      string `toml:"executor"`
+	BuildsDir     string `toml:"builds_dir"`
+	PreGetSources string `toml:"pre_get_sources_script"`
+	PreBuild      string `toml:"pre_build_script"`
+}
+
+// loadRunner reads the named runner of a config file, as
+// configfile.Load and Config.RunnerByName do.
+func loadRunner(path, name string) (fileRunner, error) {
+	var cfg struct {
+		Runners []fileRunner `toml:"runners"`
+	}
+	if _, err := toml.DecodeFile(path, &cfg); err != nil {
+		return fileRunner{}, fmt.Errorf("Error loading config: decoding configuration file: %w", err)
+	}
+	for _, fr := range cfg.Runners {
+		if fr.Name == name {
+			return fr, nil
+		}
+	}
+	return fileRunner{}, fmt.Errorf("Error loading runner by name: could not find a runner with the name '%s'", name)
 }
 
 func configure(args []string) (*runner, error) {
@@ -70,8 +112,18 @@ func configure(args []string) (*runner, error) {
 	fs.StringVar(&r.name, "description", os.Getenv("RUNNER_NAME"), "runner name")
 	fs.IntVar(&r.maxBuilds, "max-builds", 0, "how many builds to process before exiting")
 	fs.IntVar(&r.waitTimeout, "wait-timeout", 0, "seconds to wait for the first job")
+	config := fs.String("config", os.Getenv("CONFIG_FILE"), "config file")
+	name := fs.String("runner", "", "runner name from the config file")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if *name != "" {
+		fr, err := loadRunner(*config, *name)
+		if err != nil {
+			return nil, err
+		}
+		r.name, r.url, r.token, r.executor, r.buildsDir = fr.Name, fr.URL, fr.Token, fr.Executor, fr.BuildsDir
+		r.preGetSources, r.preBuild = fr.PreGetSources, fr.PreBuild
 	}
 	switch {
 	case r.url == "":
@@ -278,7 +330,12 @@ func (r *runner) process(ctx context.Context, j *job) {
 	}
 }
 
-// script runs the job's script steps with sh -c in the build directory.
+// script runs the job's stages with sh -c in the build directory, the
+// job's variables in their environment: get_sources (the config's
+// pre_get_sources_script, which gitlab-runner skips when GIT_STRATEGY is
+// none or empty: shells/abstract.go, guardGetSourcesScriptHooks), then
+// step_script (the config's pre_build_script, then the job's script, in
+// one shell).
 func (r *runner) script(ctx context.Context, j *job, t io.Writer) (state, reason string, exit int) {
 	dir := filepath.Join(r.buildsDir, short(r.token), "0", j.JobInfo.Path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -286,8 +343,12 @@ func (r *runner) script(ctx context.Context, j *job, t io.Writer) (state, reason
 		return "failed", "runner_system_failure", 1
 	}
 	env := os.Environ()
+	strategy := ""
 	for _, v := range j.Variables {
 		env = append(env, v.Key+"="+v.Value)
+		if v.Key == "GIT_STRATEGY" {
+			strategy = v.Value
+		}
 	}
 	env = append(env, "CI_BUILDS_DIR="+r.buildsDir, "CI_PROJECT_DIR="+dir, "CI_RUNNER_SHORT_TOKEN="+short(r.token))
 	for _, st := range j.Steps {
@@ -296,42 +357,102 @@ func (r *runner) script(ctx context.Context, j *job, t io.Writer) (state, reason
 		}
 		timeout := time.Duration(max(st.Timeout, 1)) * time.Second
 		sctx, cancel := context.WithTimeout(ctx, timeout)
-		cmd := exec.Command("sh", "-c", strings.Join(st.Script, "\n"))
-		cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr = dir, env, t, t
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		fmt.Fprintf(t, "Executing \"step_script\" stage of the job script\n")
-		if err := cmd.Start(); err != nil {
-			cancel()
-			fmt.Fprintf(t, "ERROR: %v\n", err)
-			return "failed", "runner_system_failure", 1
+		defer cancel()
+		stages := [][2]string{}
+		if r.preGetSources != "" && strategy != "none" && strategy != "empty" {
+			stages = append(stages, [2]string{"get_sources", r.preGetSources})
 		}
-		waited := make(chan error, 1)
-		go func() { waited <- cmd.Wait() }()
-		var err error
-		select {
-		case err = <-waited:
-		case <-sctx.Done():
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			err = <-waited
+		body := strings.Join(st.Script, "\n")
+		if r.preBuild != "" {
+			body = r.preBuild + "\n" + body
 		}
-		timedOut := errors.Is(sctx.Err(), context.DeadlineExceeded)
-		cancel()
-		switch {
-		case timedOut:
-			fmt.Fprintf(t, "ERROR: Job failed: execution took longer than %s seconds\n", strconv.Itoa(st.Timeout))
-			return "failed", "job_execution_timeout", 1
-		case ctx.Err() != nil:
-			return "failed", "job_canceled", 1
-		case err != nil:
-			code := 1
-			var ee *exec.ExitError
-			if errors.As(err, &ee) {
-				code = ee.ExitCode()
+		stages = append(stages, [2]string{"step_script", body})
+		for _, sg := range stages {
+			err := r.stage(sctx, sg[0], sg[1], dir, env, t)
+			timedOut := errors.Is(sctx.Err(), context.DeadlineExceeded)
+			switch {
+			case timedOut:
+				fmt.Fprintf(t, "ERROR: Job failed: execution took longer than %s seconds\n", strconv.Itoa(st.Timeout))
+				return "failed", "job_execution_timeout", 1
+			case ctx.Err() != nil:
+				return "failed", "job_canceled", 1
+			case err != nil:
+				code := 1
+				var ee *exec.ExitError
+				if errors.As(err, &ee) {
+					code = ee.ExitCode()
+				} else {
+					fmt.Fprintf(t, "ERROR: %v\n", err)
+					return "failed", "runner_system_failure", 1
+				}
+				return "failed", "script_failure", code
 			}
-			return "failed", "script_failure", code
 		}
 	}
 	return "success", "", 0
+}
+
+// stage runs one stage's shell in a process group of its own, killed
+// with the context.
+func (r *runner) stage(ctx context.Context, name, script, dir string, env []string, t io.Writer) error {
+	cmd := exec.Command("sh", "-c", script)
+	cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr = dir, env, t, t
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	fmt.Fprintf(t, "Executing \"%s\" stage of the job script\n", name)
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	select {
+	case err := <-waited:
+		return err
+	case <-ctx.Done():
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		return <-waited
+	}
+}
+
+// verify is `gitlab-runner verify --config F --name N`
+// (commands/verify.go): POST /runners/verify with the runner's token;
+// "is valid" and 0 for a 200, "is not valid" and 1 for a 403, a failed
+// call logged and counted as valid.
+func verify(args []string) int {
+	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
+	config := fs.String("config", os.Getenv("CONFIG_FILE"), "config file")
+	name := fs.String("name", "", "runner name")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	fr, err := loadRunner(*config, *name)
+	if err != nil {
+		logf("FATAL: %v", err)
+		return 1
+	}
+	body, _ := json.Marshal(map[string]any{"token": fr.Token, "system_id": fmt.Sprintf("s_%012x", os.Getpid())})
+	req, err := http.NewRequest("POST", strings.TrimRight(fr.URL, "/")+"/api/v4/runners/verify", bytes.NewReader(body))
+	if err != nil {
+		logf("FATAL: %v", err)
+		return 1
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		logf("ERROR: Verifying runner... failed                 runner=%s status=%v", short(fr.Token), err)
+		return 0
+	}
+	resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+		logf("Verifying runner... is valid                        runner=%s", short(fr.Token))
+		return 0
+	case http.StatusForbidden:
+		logf("Verifying runner... is not valid                    runner=%s", short(fr.Token))
+		logf("FATAL: Failed to verify runners")
+		return 1
+	}
+	logf("ERROR: Verifying runner... failed                 runner=%s status=%s", short(fr.Token), resp.Status)
+	return 0
 }
 
 // patch sends the log not yet sent; it returns the job's status when
