@@ -191,6 +191,24 @@ func TestInvalidRequestIsRejected(t *testing.T) {
 	}
 }
 
+// A 403 that is no rate limit (a token without the permission, as GitHub
+// answers it: "Resource not accessible by ...") is ErrRejected, asked
+// once; a 5xx is not.
+func TestForbiddenIsRejected(t *testing.T) {
+	s := newSim(t, ghsim.Options{})
+	d := newDriver(t, s, "/acme/app", nil)
+	s.Fail("/generate-jitconfig", http.StatusForbidden, 1)
+	_, err := d.Register(context.Background(), forge.RunnerRequest{Name: "p-1", Labels: []string{"x"}})
+	if !errors.Is(err, forge.ErrRejected) || !strings.Contains(err.Error(), "403 Resource not accessible") {
+		t.Fatalf("register with a token that may not: %v; want ErrRejected with GitHub's words", err)
+	}
+	s.Fail("/generate-jitconfig", http.StatusBadGateway, 1)
+	_, err = d.Register(context.Background(), forge.RunnerRequest{Name: "p-1", Labels: []string{"x"}})
+	if errors.Is(err, forge.ErrRejected) {
+		t.Fatalf("register through a 502: %v; want an error that is retried", err)
+	}
+}
+
 // Only X-Hub-Signature-256 authenticates a delivery: the legacy SHA-1
 // X-Hub-Signature alone is refused, even when it is right.
 func TestWebhookRequiresSHA256(t *testing.T) {

@@ -409,9 +409,11 @@ func (d *Driver) registerJIT(ctx context.Context, req forge.RunnerRequest) (forg
 		}
 		err = d.call(ctx, "generate-jitconfig", do)
 	}
-	if status(err) == http.StatusUnprocessableEntity {
-		// The request itself is invalid (labels, group): no retry can
-		// fix it.
+	if code := status(err); code == http.StatusUnprocessableEntity || code == http.StatusForbidden {
+		// The request itself is invalid (labels, group), or the token
+		// lacks the permission ("Resource not accessible by
+		// integration"; a rate limit's 403 was waited out in call, and
+		// comes back as a RateLimitError): no retry can fix it.
 		return forge.Credential{}, fmt.Errorf("%w: %w", forge.ErrRejected, d.apiError("register runner "+req.Name, err))
 	}
 	if err != nil {

@@ -1,12 +1,15 @@
 package github
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,7 +18,6 @@ import (
 
 	"github.com/actions/scaleset"
 	"github.com/actions/scaleset/listener"
-	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/runfleet/runfleet/forge"
 )
@@ -28,6 +30,10 @@ type ScaleSetConfig struct {
 	Name string
 	// RunnerGroup is the runner group it is in ("default" if empty).
 	RunnerGroup string
+	// ConflictWait is how long Listen waits for another message session
+	// of the scale set to go before it gives up (sessionConflictWait if
+	// 0).
+	ConflictWait time.Duration
 }
 
 // ScaleSet is a GitHub connection in scale-set mode (GitHub's way to
@@ -44,6 +50,8 @@ type ScaleSet struct {
 	name   string
 	group  string
 	owner  string
+	// conflictWait is ScaleSetConfig.ConflictWait.
+	conflictWait time.Duration
 
 	service atomic.Int64 // Actions service calls sent
 
@@ -72,26 +80,35 @@ func NewScaleSet(cfg ScaleSetConfig) (*ScaleSet, error) {
 	if cfg.RunnerGroup == "" {
 		cfg.RunnerGroup = scaleset.DefaultRunnerGroup
 	}
-	s := &ScaleSet{Driver: d, name: cfg.Name, group: cfg.RunnerGroup, started: map[int64]time.Time{}}
+	s := &ScaleSet{Driver: d, name: cfg.Name, group: cfg.RunnerGroup, started: map[int64]time.Time{}, conflictWait: cmp.Or(cfg.ConflictWait, sessionConflictWait)}
 	s.owner, _ = os.Hostname()
 	if s.owner == "" {
 		s.owner = "runfleet"
 	}
-	// The client's own retrying HTTP client, with the connection's budget
-	// and call count in its hook: it insists on an *http.Transport, so a
-	// wrapping RoundTripper cannot be used.
-	rc := retryablehttp.NewClient()
-	rc.RetryMax, rc.RetryWaitMax = 4, 30*time.Second
-	rc.RequestLogHook = func(_ retryablehttp.Logger, req *http.Request, _ int) {
+	// No HTTP client of ours goes to the library: given one, it shares it
+	// between every call and session, and its admin-token call sets that
+	// client to retry 401 and 403 (client.go,
+	// getActionsServiceAdminConnectionRequest), so that every queue poll
+	// with an expired token was then tried five times over 15 s before
+	// the session was refreshed, and a 403 retried where it should halt;
+	// and, set while sessions poll, a data race. Left alone, it makes a
+	// client per session and per admin-token call. The connection's budget
+	// and call count go in the one per-request hook its transport leaves:
+	// the proxy function (http.Transport calls it for every request).
+	proxy := func(req *http.Request) (*url.URL, error) {
 		if cfg.Budget != nil {
-			_ = cfg.Budget.Wait(req.Context())
+			if err := cfg.Budget.Wait(req.Context()); err != nil {
+				return nil, err
+			}
 		}
 		s.service.Add(1)
+		return http.ProxyFromEnvironment(req)
 	}
 	// The client's and the listener's own logs (every request, every
 	// poll) are debug detail: what fails comes back as an error, which
 	// this driver words and logs.
-	opts := []scaleset.HTTPOption{scaleset.WithRetryableHTTPClint(rc), scaleset.WithLogger(debugOnly(d.log.With("component", "scaleset")))}
+	opts := []scaleset.HTTPOption{scaleset.WithProxy(proxy), scaleset.WithRetryMax(4), scaleset.WithRetryWaitMax(30 * time.Second),
+		scaleset.WithLogger(debugOnly(d.log.With("component", "scaleset")))}
 	info := scaleset.SystemInfo{System: "runfleet", Version: cfg.Version, Subsystem: "manager"}
 	if cfg.AppID != 0 {
 		s.client, err = scaleset.NewClientWithGitHubApp(scaleset.ClientWithGitHubAppConfig{
@@ -157,7 +174,7 @@ func (s *ScaleSet) ensure(ctx context.Context) (int, error) {
 func (s *ScaleSet) Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
 	id, err := s.ensure(ctx)
 	if err != nil {
-		return forge.Credential{}, err
+		return forge.Credential{}, s.refused(err)
 	}
 	setting := &scaleset.RunnerScaleSetJitRunnerSetting{Name: req.Name, WorkFolder: "_work"}
 	jit, err := s.client.GenerateJitRunnerConfig(ctx, setting, id)
@@ -168,7 +185,7 @@ func (s *ScaleSet) Register(ctx context.Context, req forge.RunnerRequest) (forge
 		jit, err = s.client.GenerateJitRunnerConfig(ctx, setting, id)
 	}
 	if err != nil {
-		return forge.Credential{}, fmt.Errorf("github scale set %s: register runner %s: %w", s.name, req.Name, err)
+		return forge.Credential{}, s.refused(fmt.Errorf("github scale set %s: register runner %s: %w", s.name, req.Name, err))
 	}
 	if jit.Runner == nil || jit.Runner.ID == 0 || jit.EncodedJITConfig == "" {
 		return forge.Credential{}, fmt.Errorf("github scale set %s: register runner %s: answer has no JIT config", s.name, req.Name)
@@ -222,7 +239,7 @@ func (s *ScaleSet) RemoveRunner(ctx context.Context, id int64) error {
 func (s *ScaleSet) Listen(ctx context.Context, max int, changed func()) error {
 	id, err := s.ensure(ctx)
 	if err != nil {
-		return err
+		return s.refused(err)
 	}
 	sess, err := s.session(ctx, id)
 	if err != nil {
@@ -234,7 +251,9 @@ func (s *ScaleSet) Listen(ctx context.Context, max int, changed func()) error {
 		s.mu.Lock()
 		s.stats, s.next = scaleset.RunnerScaleSetStatistic{}, scaleset.RunnerScaleSetStatistic{}
 		s.mu.Unlock()
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		// Within a manager's stand-down on a lost lease (the daemon's
+		// standDownWait, 2 s), so that the next leader finds no session.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sessionCloseWait)
 		defer cancel()
 		if err := sess.Close(cctx); err != nil {
 			s.log.Warn("github: could not delete the scale set's message session; the service drops it in time", "scale_set", s.name, "err", err)
@@ -243,7 +262,7 @@ func (s *ScaleSet) Listen(ctx context.Context, max int, changed func()) error {
 	s.mu.Lock()
 	clear(s.started)
 	s.mu.Unlock()
-	l, err := listener.New(sess, listener.Config{ScaleSetID: id, MaxRunners: max, Logger: debugOnly(s.log.With("component", "scaleset-listener"))},
+	l, err := listener.New(acquireFirst{sess}, listener.Config{ScaleSetID: id, MaxRunners: max, Logger: debugOnly(s.log.With("component", "scaleset-listener"))},
 		listener.WithMetricsRecorder(recorder{s, changed}))
 	if err != nil {
 		return fmt.Errorf("github scale set %s: %w", s.name, err)
@@ -256,11 +275,21 @@ func (s *ScaleSet) Listen(ctx context.Context, max int, changed func()) error {
 	return fmt.Errorf("github scale set %s: %w", s.name, err)
 }
 
+// sessionCloseWait bounds the deletion of the message session as the
+// listener stops.
+const sessionCloseWait = 1500 * time.Millisecond
+
+// sessionConflictWait is how long a listener waits for another message
+// session of its scale set to go before it gives up: a session a killed
+// manager left goes once the service stops seeing it polled (minutes); one
+// still there after this is another manager's, serving the same scale set.
+const sessionConflictWait = 3 * time.Minute
+
 // session opens the scale set's message session. While another holds it
-// (409: a manager killed without closing its own), it tries again with
-// backoff until the service has dropped that one.
+// (409, whose message names its owner), it tries again with backoff, for
+// up to its conflictWait.
 func (s *ScaleSet) session(ctx context.Context, id int) (*scaleset.MessageSessionClient, error) {
-	wait := time.Second
+	wait, began := time.Second, time.Now()
 	for {
 		sess, err := s.client.MessageSessionClient(ctx, id, s.owner)
 		if err == nil {
@@ -269,7 +298,12 @@ func (s *ScaleSet) session(ctx context.Context, id int) (*scaleset.MessageSessio
 		if !sessionConflict(err) {
 			return nil, fmt.Errorf("github scale set %s: message session: %w", s.name, err)
 		}
-		s.log.Warn("github: another message session holds the scale set (a manager stopped without closing it?); waiting for the service to drop it", "scale_set", s.name, "retry_in", wait)
+		if time.Since(began) >= s.conflictWait {
+			return nil, fmt.Errorf("%w: github scale set %s: another message session has held it for %s, so another manager serves it (this one is %q): stop the other, then restart this one: %w",
+				forge.ErrRejected, s.name, s.conflictWait, s.owner, err)
+		}
+		s.log.Warn("github: another message session holds the scale set (a manager stopped without closing it, or another serving it); waiting for the service to drop it",
+			"scale_set", s.name, "err", err, "retry_in", wait)
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -277,6 +311,58 @@ func (s *ScaleSet) session(ctx context.Context, id int) (*scaleset.MessageSessio
 		}
 		wait = min(2*wait, 30*time.Second)
 	}
+}
+
+// acquireFirst hands the listener a message whose available jobs are
+// already acquired: the listener (v0.4.0, listener.go handleMessage)
+// deletes a message before it acquires its jobs, so an acquire that then
+// fails leaves their offers deleted, where ARC's listener acquires first.
+// An acquire that fails here fails the poll: the message stays, and the
+// listener's session is opened again.
+type acquireFirst struct{ listener.Client }
+
+func (a acquireFirst) GetMessage(ctx context.Context, lastMessageID, maxCapacity int) (*scaleset.RunnerScaleSetMessage, error) {
+	msg, err := a.Client.GetMessage(ctx, lastMessageID, maxCapacity)
+	if err != nil || msg == nil || len(msg.JobAvailableMessages) == 0 {
+		return msg, err
+	}
+	ids := make([]int64, 0, len(msg.JobAvailableMessages))
+	for _, j := range msg.JobAvailableMessages {
+		ids = append(ids, j.RunnerRequestID)
+	}
+	if _, err := a.Client.AcquireJobs(ctx, ids); err != nil {
+		return nil, fmt.Errorf("acquiring %d jobs of message %d, before it is deleted: %w", len(ids), msg.MessageID, err)
+	}
+	msg.JobAvailableMessages = nil
+	return msg, nil
+}
+
+// refused marks err as one no retry fixes (forge.ErrRejected) where the
+// service answered 403: the token lacks the permission (a registration
+// token needs administration rights on the repository or organisation),
+// which only a new token and a restart fix. The client's own retries of
+// 5xx and 429 were spent before this.
+func (s *ScaleSet) refused(err error) error {
+	if serviceStatus(err) != http.StatusForbidden || errors.Is(err, forge.ErrRejected) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", forge.ErrRejected, err)
+}
+
+// statusRE finds the HTTP status in the client's errors, which carry it
+// only in their words (errors.go, newRequestResponseError: status="403
+// Forbidden").
+var statusRE = regexp.MustCompile(`status="(\d{3}) `)
+
+// serviceStatus returns the HTTP status an error of the client reports,
+// the last one where it wraps several; 0 if none.
+func serviceStatus(err error) int {
+	m := statusRE.FindAllStringSubmatch(err.Error(), -1)
+	if len(m) == 0 {
+		return 0
+	}
+	code, _ := strconv.Atoi(m[len(m)-1][1])
+	return code
 }
 
 // sessionConflict tells the service's answer to a second session: 409

@@ -76,6 +76,9 @@ type Fleet struct {
 	history jobHistory
 	// readOnly: the fleet is only read (Inspect).
 	readOnly bool
+	// stopped holds, by pool, why its forge's session stopped for good
+	// (listen), for the status page.
+	stopped sync.Map
 }
 
 // New builds the fleet for a validated config. It makes no network call;

@@ -182,6 +182,9 @@ func (f *Fleet) Page(ctx context.Context) server.Page {
 			pv.Refused = append(pv.Refused, "jobs asking "+shape+" get no runner: "+why)
 		}
 		slices.Sort(pv.Refused)
+		if why, ok := f.stopped.Load(p.Name()); ok {
+			pv.Refused = append(pv.Refused, "the forge's session stopped, and the pool gets no jobs until runfleet restarts: "+why.(string))
+		}
 		if d, ok := f.handoff(p.Name()).(refusalLister); ok {
 			pv.Refused = append(pv.Refused, d.Refusals(now.Add(-time.Hour))...)
 		}

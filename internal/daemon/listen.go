@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -37,14 +38,24 @@ func demanderPools(cfg *config.Config, conns map[string]forge.Forge) (map[string
 
 // listen keeps a Demander's session open until ctx ends, triggering its
 // pool's passes as its demand changes. A session that ends early is
-// reopened with backoff, 1s doubling to a minute.
+// reopened with backoff, 1s doubling to a minute; one the forge refused
+// as no retry could fix (forge.ErrRejected: a token without the
+// permission, the session another manager holds) is not: the error is
+// logged once and shown on the status page, and the pool gets no demand
+// from the forge until a restart.
 func (f *Fleet) listen(ctx context.Context, forgeName string, d forge.Demander, pool string, most int) {
 	log := f.log.With("forge", forgeName, "pool", pool)
 	backoff := time.Duration(0)
+	f.stopped.Delete(pool)
 	for {
 		began := time.Now()
 		err := d.Listen(ctx, most, func() { f.trigger(pool) })
 		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, forge.ErrRejected) {
+			log.Error("the forge refused the session, and no retry can fix that: the pool gets no jobs until runfleet restarts", "err", err)
+			f.stopped.Store(pool, err.Error())
 			return
 		}
 		if time.Since(began) > 5*time.Minute {

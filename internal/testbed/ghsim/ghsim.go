@@ -89,6 +89,18 @@ type Options struct {
 	// LongPoll is how long a message poll waits for a message before
 	// answering 202. Default 2s (GitHub: about 50s).
 	LongPoll time.Duration
+	// QueueTokenLifetime is how long a session's message queue token is
+	// taken; after it, the queue's calls answer 401 until the session is
+	// refreshed (actions/scaleset's session_client.go: a 401 is
+	// MessageQueueTokenExpiredError, to be met with RefreshMessageSession).
+	// The service does not publish the lifetime. Default 1h.
+	QueueTokenLifetime time.Duration
+	// AdminTokenLifetime is how long the Actions service's admin token
+	// (the JWT POST /actions/runner-registration answers, whose exp the
+	// client reads: actions/scaleset client.go,
+	// actionsServiceAdminTokenExpiresAt) is taken; after it, the
+	// service's calls answer 401. Default 1h.
+	AdminTokenLifetime time.Duration
 }
 
 // Runner is a runner registration.
@@ -175,6 +187,8 @@ type Server struct {
 	jobReruns []int64
 	delivered int // webhook deliveries answered 2xx
 	scale     scaleState
+	faults    []fault
+	failed    int // requests answered by a fault
 	stop      chan struct{}
 	hooks     sync.WaitGroup
 }
@@ -192,6 +206,12 @@ func New(opt Options) *Server {
 	}
 	if opt.LongPoll == 0 {
 		opt.LongPoll = 2 * time.Second
+	}
+	if opt.QueueTokenLifetime == 0 {
+		opt.QueueTokenLifetime = time.Hour
+	}
+	if opt.AdminTokenLifetime == 0 {
+		opt.AdminTokenLifetime = time.Hour
 	}
 	s := &Server{
 		opt: opt, nextID: 100,
@@ -228,7 +248,7 @@ func New(opt Options) *Server {
 	mux.HandleFunc("POST /_runner/heartbeat", s.runnerHeartbeat)
 	mux.HandleFunc("POST /_runner/complete", s.runnerComplete)
 	// The addresses are set before the server starts: handlers read them.
-	s.ts, s.URL, s.runnerURL = simserve.New(mux, opt.RunnerHost)
+	s.ts, s.URL, s.runnerURL = simserve.New(s.faulty(mux), opt.RunnerHost)
 	s.ts.Start()
 	go s.reap()
 	return s

@@ -42,11 +42,21 @@ const servicePath = "/_services/pipelines"
 
 type scaleState struct {
 	regTokens   map[string]string // registration token -> scope
-	adminTokens map[string]string // admin token -> scope
+	adminTokens map[string]adminToken
+	admins      int // admin tokens issued
+	adminLate   int // service calls refused for an expired admin token
 	sets        map[int]*scaleSet
 	nextSet     int
 	maxSeen     []int // X-ScaleSetMaxCapacity of every poll
 	sessions    int   // sessions created
+	expired     int   // queue calls refused for an expired token
+	failAcquire int   // acquire calls still to fail with a 500
+}
+
+// adminToken is what an admin token is for, and until when.
+type adminToken struct {
+	scope string
+	exp   time.Time
 }
 
 func (st *scaleState) remember(tok, scope string) {
@@ -72,6 +82,7 @@ type session struct {
 	id          string
 	owner       string
 	token       string
+	issued      time.Time // of the token
 	lastPoll    time.Time
 	pending     []map[string]any // events not yet in a message
 	outstanding *outMessage      // delivered, not yet acknowledged
@@ -102,6 +113,14 @@ func (s *Server) ScaleSets() []ScaleSetInfo {
 	}
 	slices.SortFunc(out, func(a, b ScaleSetInfo) int { return a.ID - b.ID })
 	return out
+}
+
+// ExpiredTokenCalls counts the message queue calls refused because their
+// token had expired.
+func (s *Server) ExpiredTokenCalls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.scale.expired
 }
 
 // Sessions returns how many message sessions were created in all.
@@ -167,7 +186,7 @@ func (s *Server) runnerRegistration(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusUnauthorized, "Bad credentials", "")
 		return
 	}
-	exp := time.Now().Add(time.Hour)
+	exp := time.Now().Add(s.opt.AdminTokenLifetime)
 	admin, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.RegisteredClaims{ExpiresAt: jwt.NewNumericDate(exp), Subject: scope}).SignedString([]byte("ghsim"))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -175,21 +194,27 @@ func (s *Server) runnerRegistration(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	if s.scale.adminTokens == nil {
-		s.scale.adminTokens = map[string]string{}
+		s.scale.adminTokens = map[string]adminToken{}
 	}
-	s.scale.adminTokens[admin] = scope
+	s.scale.adminTokens[admin] = adminToken{scope, exp}
+	s.scale.admins++
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, map[string]any{"url": s.URL + servicePath + "/", "token": admin})
 }
 
-// admin checks the service's admin token.
+// admin checks the service's admin token: known, and not expired (its
+// JWT's exp; the token is a bearer token the service checks as such).
 func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		s.mu.Lock()
-		_, ok := s.scale.adminTokens[tok]
+		at, ok := s.scale.adminTokens[tok]
+		late := ok && !time.Now().Before(at.exp)
+		if late {
+			s.scale.adminLate++
+		}
 		s.mu.Unlock()
-		if !ok {
+		if !ok || late {
 			exception(w, http.StatusUnauthorized, "UnauthorizedException", "the token is not valid")
 			return
 		}
@@ -197,9 +222,17 @@ func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// AdminTokens returns how many admin tokens were issued, and how many
+// service calls were refused for an expired one.
+func (s *Server) AdminTokens() (issued, refused int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.scale.admins, s.scale.adminLate
+}
+
 func (s *Server) scopeOf(r *http.Request) string {
 	tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return s.scale.adminTokens[tok]
+	return s.scale.adminTokens[tok].scope
 }
 
 func (s *Server) runnerGroups(w http.ResponseWriter, r *http.Request) {
@@ -328,7 +361,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.scale.sessions++
-	set.sess = &session{id: newUUID(), owner: body.OwnerName, token: randHex(20), lastPoll: time.Now(), wake: make(chan struct{}, 1)}
+	set.sess = &session{id: newUUID(), owner: body.OwnerName, token: randHex(20), issued: time.Now(), lastPoll: time.Now(), wake: make(chan struct{}, 1)}
 	// A new session is offered every job still waiting for the set.
 	for _, j := range s.jobs {
 		if j.Status == "queued" && j.scaleSet == 0 && s.forSet(set, j) {
@@ -354,7 +387,7 @@ func (s *Server) refreshSession(w http.ResponseWriter, r *http.Request) {
 		exception(w, http.StatusNotFound, "TaskAgentSessionExpiredException", "no such session")
 		return
 	}
-	set.sess.token = randHex(20)
+	set.sess.token, set.sess.issued = randHex(20), time.Now()
 	writeJSON(w, http.StatusOK, s.sessionJSON(set))
 }
 
@@ -458,6 +491,10 @@ func (s *Server) sessionFor(w http.ResponseWriter, r *http.Request, sid string) 
 	s.expireSessions()
 	for _, set := range s.scale.sets {
 		if set.sess != nil && (sid == "" || set.sess.id == sid) && set.sess.token == tok {
+			if time.Since(set.sess.issued) > s.opt.QueueTokenLifetime {
+				s.scale.expired++
+				break
+			}
 			return set
 		}
 	}
@@ -465,7 +502,23 @@ func (s *Server) sessionFor(w http.ResponseWriter, r *http.Request, sid string) 
 	return nil
 }
 
+// FailAcquires makes the next n acquire calls fail with the service's
+// 500, acquiring nothing.
+func (s *Server) FailAcquires(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.scale.failAcquire = n
+}
+
 func (s *Server) acquireJobs(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	if s.scale.failAcquire > 0 {
+		s.scale.failAcquire--
+		s.mu.Unlock()
+		exception(w, http.StatusInternalServerError, "InternalServerErrorException", "acquire failed")
+		return
+	}
+	s.mu.Unlock()
 	var ids []int64
 	if err := json.NewDecoder(r.Body).Decode(&ids); err != nil {
 		exception(w, http.StatusBadRequest, "ArgumentException", "a list of request ids")
