@@ -12,6 +12,7 @@ import (
 
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/internal/testbed/bbsim"
+	"github.com/runfleet/runfleet/internal/testbed/scopes"
 )
 
 const token = "bb-access-token-must-not-leak"
@@ -641,23 +642,9 @@ func TestLeastScopes(t *testing.T) {
 		errs["remove"] = d.RemoveRunner(ctx, cred.RunnerID)
 		return errs
 	}
-	check := func(t *testing.T, errs map[string]error, refused map[string]string) {
-		t.Helper()
-		for step, err := range errs {
-			want, ok := refused[step]
-			switch {
-			case !ok && err != nil:
-				t.Errorf("%s: %v, want it to go through", step, err)
-			case ok && (!errors.Is(err, forge.ErrRejected) || !strings.Contains(err.Error(), "lacks the scope") || !strings.Contains(err.Error(), want)):
-				t.Errorf("%s: %v, want a refusal naming %s", step, err, want)
-			case ok:
-				t.Logf("%s: %v", step, err)
-			}
-		}
-	}
 	t.Run("least", func(t *testing.T) {
 		sim := newSim(t, bbsim.Options{Scopes: least})
-		check(t, steps(newDriver(t, sim), sim), nil)
+		scopes.Check(t, steps(newDriver(t, sim), sim), nil)
 		if got := sim.ScopeRefusals(); len(got) != 0 {
 			t.Errorf("calls refused for a scope: %v", got)
 		}
@@ -673,11 +660,11 @@ func TestLeastScopes(t *testing.T) {
 				"read:pipeline:bitbucket": {},
 				"write:runner:bitbucket":  {"register": "write:runner:bitbucket"},
 			}[missing]
-			check(t, steps(newDriver(t, sim), sim), refused)
+			scopes.Check(t, steps(newDriver(t, sim), sim), refused)
 		})
 	}
 	t.Run("without any pipeline scope", func(t *testing.T) {
 		sim := newSim(t, bbsim.Options{Scopes: []string{"read:repository:bitbucket", "write:runner:bitbucket"}})
-		check(t, steps(newDriver(t, sim), sim), map[string]string{"poll": "read:pipeline:bitbucket"})
+		scopes.Check(t, steps(newDriver(t, sim), sim), map[string]string{"poll": "read:pipeline:bitbucket"})
 	})
 }

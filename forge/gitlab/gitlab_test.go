@@ -20,6 +20,7 @@ import (
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/forge/gitlab"
 	"github.com/runfleet/runfleet/internal/testbed/glsim"
+	"github.com/runfleet/runfleet/internal/testbed/scopes"
 	"github.com/runfleet/runfleet/internal/testbed/stall"
 )
 
@@ -790,24 +791,10 @@ func TestLeastScopes(t *testing.T) {
 		errs["retry"] = d.RerunJob(ctx, forge.Job{ID: sim.Jobs()[0].ID})
 		return errs
 	}
-	check := func(t *testing.T, errs map[string]error, refused map[string]string) {
-		t.Helper()
-		for step, err := range errs {
-			want, ok := refused[step]
-			switch {
-			case !ok && err != nil:
-				t.Errorf("%s: %v, want it to go through", step, err)
-			case ok && (!errors.Is(err, forge.ErrRejected) || !strings.Contains(err.Error(), "lacks the scope") || !strings.Contains(err.Error(), want)):
-				t.Errorf("%s: %v, want a refusal naming %s", step, err, want)
-			case ok:
-				t.Logf("%s: %v", step, err)
-			}
-		}
-	}
 	t.Run("least", func(t *testing.T) {
 		d, sim := newDriver(t, glsim.Options{Scopes: least}, gitlab.Config{CacheTTL: -1})
 		errs := steps(d, sim)
-		check(t, errs, map[string]string{"retry": "api"})
+		scopes.Check(t, errs, map[string]string{"retry": "api"})
 		if got := sim.ScopeRefusals(); len(got) != 1 || !strings.Contains(got[0], "/retry") {
 			t.Errorf("calls refused for a scope: %v, want the retry's only", got)
 		}
@@ -821,7 +808,7 @@ func TestLeastScopes(t *testing.T) {
 				"read_api":      {"poll": "read_api", "register": "read_api"}, // register finds the project first
 				"manage_runner": {"cordon": "manage_runner", "remove": "manage_runner", "retry": "api"},
 			}[missing]
-			check(t, steps(d, sim), refused)
+			scopes.Check(t, steps(d, sim), refused)
 		})
 	}
 }
