@@ -184,9 +184,12 @@ func TestKubeCrashAdopts(t *testing.T) {
 // slot and its registration well past bootstrap_timeout (a cluster
 // autoscaler takes minutes to add a GPU node), and once a node that fits
 // appears, it runs the job queued meanwhile, with one registration in
-// all. bootstrap_timeout is 4s here so that waiting 24 s, six times over,
-// stands for the 5 minutes a node takes (with the default 2m, the wait
-// would have to last 12 minutes); pending_timeout keeps its default.
+// all. bootstrap_timeout is 15s here so that waiting 45 s, three times
+// over, stands for the 5 minutes a node takes (with the default 2m, the
+// wait would have to last 6 minutes); pending_timeout keeps its default.
+// 15 s, not less: once the node appears, the pod's start and its agent's
+// registration took more than 4 s on two cores at a load of 12 (a cold
+// CI run), and the runner was then rightly retired as slow to come up.
 func TestKubePendingWaitsForANode(t *testing.T) {
 	img := harness.NeedKube(t)
 	top, _, page := harness.Listeners(t)
@@ -194,7 +197,7 @@ func TestKubePendingWaitsForANode(t *testing.T) {
 	f := harness.NewFleet(t, "kpend", harness.FleetOptions{Size: 1, Max: 1, Top: top, Kube: "      kubeconfig: " + harness.KubeconfigPath + "\n" +
 		"      namespace: " + harness.KubeRunnerNamespace + "\n      image: " + img + "\n      node_selector: {" + harness.KubeNodeLabel + ": docker, " + late + ": \"yes\"}\n"})
 	b, _ := os.ReadFile(f.Config)
-	os.WriteFile(f.Config, []byte(strings.Replace(string(b), "bootstrap_timeout: 1m", "bootstrap_timeout: 4s", 1)), 0o600)
+	os.WriteFile(f.Config, []byte(strings.Replace(string(b), "bootstrap_timeout: 1m", "bootstrap_timeout: 15s", 1)), 0o600)
 	f.Start()
 	var first string
 	harness.Eventually(t, time.Minute, "a pending pod with the scheduler's reason in status", func() bool {
@@ -218,10 +221,10 @@ func TestKubePendingWaitsForANode(t *testing.T) {
 		t.Errorf("status page lacks the reason")
 	}
 	f.Push(harness.Matrix("kpend", 1, "echo done"))
-	time.Sleep(24 * time.Second)
+	time.Sleep(45 * time.Second)
 	pods := f.Pods()
 	if len(pods) != 1 || string(pods[0].UID) != first || f.LogCount("runner started") != 1 {
-		t.Fatalf("after 24 s Pending: %d pods (first %s), %d runners started; want the first pod alone", len(pods), first, f.LogCount("runner started"))
+		t.Fatalf("after 45 s Pending: %d pods (first %s), %d runners started; want the first pod alone", len(pods), first, f.LogCount("runner started"))
 	}
 	// A node that fits appears.
 	ctx := context.Background()
