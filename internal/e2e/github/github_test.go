@@ -121,6 +121,9 @@ func TestGitHubLostRunnerReruns(t *testing.T) {
 	marker := filepath.Join(f.Dir, "attempted")
 	sim.Queue("acme/"+name, ghsim.JobSpec{Name: "train", Labels: []string{name}, Script: fmt.Sprintf("if [ -e %[1]s ]; then echo second attempt; exit 0; fi; touch %[1]s; sleep 600", marker)})
 	harness.Eventually(t, time.Minute, "the job running", func() bool { return len(f.RunnerPIDs()) > 0 && harness.FileExists(marker) })
+	// The runner's process group first (RunnerPIDs is oldest first):
+	// killed after its job's shell, the runner would report the job
+	// failed before it died, as it did once at a load of 7.
 	for _, p := range f.RunnerPIDs() {
 		_ = syscall.Kill(-p, syscall.SIGKILL)
 	}

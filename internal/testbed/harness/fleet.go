@@ -563,10 +563,18 @@ func (f *Fleet) Records() []Record {
 	return out
 }
 
-// RunnerPIDs finds live processes whose working directory is under this
-// fleet's work root, whatever the records say.
+// RunnerPIDs returns the live processes that run in the fleet's runner
+// working directories (agents and their jobs' steps), oldest first: a
+// test that kills their process groups in this order kills an agent
+// before its job's shell, which the agent would otherwise report failed
+// before it died (a finished job, not a lost runner). PIDs are not in
+// that order once they wrap; start times are.
 func (f *Fleet) RunnerPIDs() []int {
-	var out []int
+	type proc struct {
+		pid   int
+		start uint64
+	}
+	var procs []proc
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		var pid int
@@ -577,10 +585,21 @@ func (f *Fleet) RunnerPIDs() []int {
 		if err != nil || !strings.HasPrefix(cwd, f.Work+"/") {
 			continue
 		}
-		if st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); bytes.Contains(st, []byte(") Z ")) {
+		st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		// After the command's name, in parentheses: the state, then
+		// the fields from ppid on; the start time is the 22nd field.
+		rest := st[bytes.LastIndexByte(st, ')')+1:]
+		fields := strings.Fields(string(rest))
+		if len(fields) < 20 || fields[0] == "Z" {
 			continue
 		}
-		out = append(out, pid)
+		start, _ := strconv.ParseUint(fields[19], 10, 64)
+		procs = append(procs, proc{pid, start})
+	}
+	slices.SortStableFunc(procs, func(a, b proc) int { return cmp.Compare(a.start, b.start) })
+	out := make([]int, len(procs))
+	for i, p := range procs {
+		out[i] = p.pid
 	}
 	return out
 }
