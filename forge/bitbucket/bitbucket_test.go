@@ -43,6 +43,21 @@ func newDriver(t *testing.T, sim *bbsim.Server, mod ...func(*Config)) *Driver {
 	return d
 }
 
+// connectedRunner registers the runner gpu-1 (labels gpu) and connects
+// it, as its agent would.
+func connectedRunner(t *testing.T, d *Driver, sim *bbsim.Server) (forge.Credential, bbsim.Runner) {
+	t.Helper()
+	cred, err := d.Register(context.Background(), forge.RunnerRequest{Name: "gpu-1", Labels: []string{"gpu"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := runnerNamed(sim, "m1.gpu-1")
+	if err := sim.Connect(r.UUID); err != nil {
+		t.Fatal(err)
+	}
+	return cred, r
+}
+
 func runnerNamed(sim *bbsim.Server, name string) bbsim.Runner {
 	for _, r := range sim.Runners() {
 		if r.Name == name {
@@ -352,12 +367,7 @@ func TestLostStepReruns(t *testing.T) {
 	ctx := context.Background()
 	sim := newSim(t, bbsim.Options{})
 	d := newDriver(t, sim)
-	cred, err := d.Register(ctx, forge.RunnerRequest{Name: "gpu-1", Labels: []string{"gpu"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := runnerNamed(sim, "m1.gpu-1")
-	_ = sim.Connect(r.UUID)
+	cred, r := connectedRunner(t, d, sim)
 	spec := bbsim.StepSpec{Name: "train", RunsOn: []string{"self.hosted", "gpu"}, Script: "true"}
 	if _, err := sim.RunPipeline("models", spec); err != nil {
 		t.Fatal(err)
@@ -468,12 +478,7 @@ func TestExitedRunnerWithAStepIsKept(t *testing.T) {
 	ctx := context.Background()
 	sim := newSim(t, bbsim.Options{})
 	d := newDriver(t, sim)
-	cred, err := d.Register(ctx, forge.RunnerRequest{Name: "gpu-1", Labels: []string{"gpu"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := runnerNamed(sim, "m1.gpu-1")
-	_ = sim.Connect(r.UUID)
+	cred, r := connectedRunner(t, d, sim)
 	spec := bbsim.StepSpec{RunsOn: []string{"self.hosted", "gpu"}, Script: "true"}
 	spec2 := spec
 	spec.Name, spec2.Name = "train", "eval"
@@ -590,12 +595,7 @@ func TestLateCordonLooksForStepsFailedUnrun(t *testing.T) {
 	ctx := context.Background()
 	sim := newSim(t, bbsim.Options{})
 	d := newDriver(t, sim)
-	cred, err := d.Register(ctx, forge.RunnerRequest{Name: "gpu-1", Labels: []string{"gpu"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := runnerNamed(sim, "m1.gpu-1")
-	_ = sim.Connect(r.UUID)
+	cred, r := connectedRunner(t, d, sim)
 	spec := bbsim.StepSpec{Name: "train", RunsOn: []string{"self.hosted", "gpu"}, Script: "true"}
 	steps, _ := sim.RunPipeline("models", spec, spec)
 	sim.Take(r.UUID)

@@ -324,13 +324,7 @@ func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 			return fmt.Errorf("bitbucket runner %s runs step %s: %w", r.UUID, r.State.Step.UUID, forge.ErrBusy)
 		}
 	}
-	if err := d.delete(ctx, id); err != nil {
-		return err
-	}
-	if late {
-		d.rescueUnrun(context.WithoutCancel(ctx))
-	}
-	return nil
+	return d.deleteRescuing(ctx, id, late)
 }
 
 // RemoveExited deletes a runner whose agent has exited (forge.
@@ -358,13 +352,20 @@ func (d *Driver) RemoveExited(ctx context.Context, id int64) error {
 			return fmt.Errorf("bitbucket runner %s, whose agent exited, holds step %s: %w", r.UUID, r.State.Step.UUID, forge.ErrBusy)
 		}
 	}
+	// Its step ended with no disable from this manager before (one that
+	// was down, or started since): it may have been given the next step
+	// as it stopped, and failed it at once.
+	return d.deleteRescuing(ctx, id, late || !ended && !cordoned)
+}
+
+// deleteRescuing deletes a runner and then, where it may have failed a
+// step unrun as it stopped, looks for that step in the background
+// (rescueUnrun).
+func (d *Driver) deleteRescuing(ctx context.Context, id int64, mayHaveFailed bool) error {
 	if err := d.delete(ctx, id); err != nil {
 		return err
 	}
-	if late || !ended && !cordoned {
-		// Its step ended with no disable from this manager before (one
-		// that was down, or started since): it may have been given the
-		// next step as it stopped, and failed it at once.
+	if mayHaveFailed {
 		d.rescueUnrun(context.WithoutCancel(ctx))
 	}
 	return nil

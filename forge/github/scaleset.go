@@ -174,7 +174,7 @@ func (s *ScaleSet) ensure(ctx context.Context) (int, error) {
 func (s *ScaleSet) Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
 	id, err := s.ensure(ctx)
 	if err != nil {
-		return forge.Credential{}, s.refused(err)
+		return forge.Credential{}, refused(err)
 	}
 	setting := &scaleset.RunnerScaleSetJitRunnerSetting{Name: req.Name, WorkFolder: "_work"}
 	jit, err := s.client.GenerateJitRunnerConfig(ctx, setting, id)
@@ -185,7 +185,7 @@ func (s *ScaleSet) Register(ctx context.Context, req forge.RunnerRequest) (forge
 		jit, err = s.client.GenerateJitRunnerConfig(ctx, setting, id)
 	}
 	if err != nil {
-		return forge.Credential{}, s.refused(fmt.Errorf("github scale set %s: register runner %s: %w", s.name, req.Name, err))
+		return forge.Credential{}, refused(fmt.Errorf("github scale set %s: register runner %s: %w", s.name, req.Name, err))
 	}
 	if jit.Runner == nil || jit.Runner.ID == 0 || jit.EncodedJITConfig == "" {
 		return forge.Credential{}, fmt.Errorf("github scale set %s: register runner %s: answer has no JIT config", s.name, req.Name)
@@ -239,7 +239,7 @@ func (s *ScaleSet) RemoveRunner(ctx context.Context, id int64) error {
 func (s *ScaleSet) Listen(ctx context.Context, max int, changed func()) error {
 	id, err := s.ensure(ctx)
 	if err != nil {
-		return s.refused(err)
+		return refused(err)
 	}
 	sess, err := s.session(ctx, id)
 	if err != nil {
@@ -342,7 +342,7 @@ func (a acquireFirst) GetMessage(ctx context.Context, lastMessageID, maxCapacity
 // token needs administration rights on the repository or organisation),
 // which only a new token and a restart fix. The client's own retries of
 // 5xx and 429 were spent before this.
-func (s *ScaleSet) refused(err error) error {
+func refused(err error) error {
 	if serviceStatus(err) != http.StatusForbidden || errors.Is(err, forge.ErrRejected) {
 		return err
 	}
@@ -369,8 +369,7 @@ func serviceStatus(err error) int {
 // with a TaskAgentSessionConflictException. The client does not export
 // either, so the words are read.
 func sessionConflict(err error) bool {
-	msg := err.Error()
-	return strings.Contains(msg, "SessionConflict") || strings.Contains(msg, `status="409 Conflict"`)
+	return strings.Contains(err.Error(), "SessionConflict") || serviceStatus(err) == http.StatusConflict
 }
 
 // Unserved returns the jobs assigned to the scale set that no runner runs

@@ -31,6 +31,18 @@ func newScaleSet(t *testing.T, s *ghsim.Server) *github.ScaleSet {
 	return ss
 }
 
+// listening is a scale set whose Listen (max 5) runs until cancel, its
+// error then on done, once its session is open.
+func listening(t *testing.T, s *ghsim.Server) (*github.ScaleSet, context.Context, context.CancelFunc, chan error) {
+	t.Helper()
+	ss := newScaleSet(t, s)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ss.Listen(ctx, 5, func() {}) }()
+	waitUntil(t, "a session", func() bool { sets := s.ScaleSets(); return len(sets) == 1 && sets[0].Session })
+	return ss, ctx, cancel, done
+}
+
 // runnerToken reads a runner's own token out of its JIT config, as the
 // runner does.
 func runnerToken(t *testing.T, cred forge.Credential) string {
@@ -166,12 +178,8 @@ func TestScaleSetQueueTokenExpiry(t *testing.T) {
 	// A second's lifetime, so that a test sees expiries; the default
 	// (an hour) is TestScaleSetDemandAndRunners's.
 	s := newSim(t, ghsim.Options{LongPoll: 300 * time.Millisecond, QueueTokenLifetime: time.Second})
-	ss := newScaleSet(t, s)
-	ctx, cancel := context.WithCancel(context.Background())
+	ss, ctx, cancel, done := listening(t, s)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- ss.Listen(ctx, 5, func() {}) }()
-	waitUntil(t, "a session", func() bool { sets := s.ScaleSets(); return len(sets) == 1 && sets[0].Session })
 	// A runner registered first: the client's admin connection is made.
 	if _, err := ss.Register(ctx, forge.RunnerRequest{Name: "gpu-set-1"}); err != nil {
 		t.Fatal(err)
@@ -283,12 +291,8 @@ func TestScaleSetAdminTokenExpiry(t *testing.T) {
 	// (client.go, updateTokenIfNeeded), so this one serves two seconds;
 	// the default is an hour (TestScaleSetDemandAndRunners).
 	s := newSim(t, ghsim.Options{LongPoll: 300 * time.Millisecond, AdminTokenLifetime: 62 * time.Second})
-	ss := newScaleSet(t, s)
-	ctx, cancel := context.WithCancel(context.Background())
+	ss, ctx, cancel, done := listening(t, s)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- ss.Listen(ctx, 5, func() {}) }()
-	waitUntil(t, "a session", func() bool { sets := s.ScaleSets(); return len(sets) == 1 && sets[0].Session })
 	for i := range 4 {
 		if _, err := ss.Register(ctx, forge.RunnerRequest{Name: "gpu-set-" + strconv.Itoa(i)}); err != nil {
 			t.Fatalf("register after %d s: %v", 3*i, err)
