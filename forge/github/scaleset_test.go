@@ -31,6 +31,14 @@ func newScaleSet(t *testing.T, s *ghsim.Server) *github.ScaleSet {
 	return ss
 }
 
+// fastPoll is the long poll of these tests' Actions service: GitHub holds
+// a poll about 50 s (ghsim's default, 2 s, is what the end-to-end
+// TestGitHubScaleSet runs on); these tests count polls and watch
+// sessions, so a poll that answers sooner only makes them quicker. It
+// makes no expiry or conflict easier to meet: each is met at the next
+// poll whatever its length.
+const fastPoll = 300 * time.Millisecond
+
 // listening is a scale set whose Listen (max 5) runs until cancel, its
 // error then on done, once its session is open.
 func listening(t *testing.T, s *ghsim.Server) (*github.ScaleSet, context.Context, context.CancelFunc, chan error) {
@@ -97,7 +105,7 @@ func runner(t *testing.T, s *ghsim.Server, tok string) (finish func()) {
 // started and completed messages; the session goes when the listener
 // stops.
 func TestScaleSetDemandAndRunners(t *testing.T) {
-	s := newSim(t, ghsim.Options{LongPoll: 300 * time.Millisecond})
+	s := newSim(t, ghsim.Options{LongPoll: fastPoll})
 	ss := newScaleSet(t, s)
 	ctx, cancel := context.WithCancel(context.Background())
 	var changed atomic.Int64
@@ -147,7 +155,7 @@ func TestScaleSetDemandAndRunners(t *testing.T) {
 // A session a killed manager left (never closed, no longer polled) is
 // waited out, and the next manager's listener gets its own.
 func TestScaleSetSessionTakenOver(t *testing.T) {
-	s := newSim(t, ghsim.Options{LongPoll: 300 * time.Millisecond, SessionTimeout: time.Second})
+	s := newSim(t, ghsim.Options{LongPoll: fastPoll, SessionTimeout: time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// The first manager: a session opened, then nothing.
@@ -177,7 +185,7 @@ func TestScaleSetSessionTakenOver(t *testing.T) {
 func TestScaleSetQueueTokenExpiry(t *testing.T) {
 	// A second's lifetime, so that a test sees expiries; the default
 	// (an hour) is TestScaleSetDemandAndRunners's.
-	s := newSim(t, ghsim.Options{LongPoll: 300 * time.Millisecond, QueueTokenLifetime: time.Second})
+	s := newSim(t, ghsim.Options{LongPoll: fastPoll, QueueTokenLifetime: time.Second})
 	ss, ctx, cancel, done := listening(t, s)
 	defer cancel()
 	// A runner registered first: the client's admin connection is made.
@@ -212,7 +220,7 @@ func TestScaleSetQueueTokenExpiry(t *testing.T) {
 // Listen gives up after its wait with an error that names the session's
 // owner, as the service's 409 does.
 func TestScaleSetSessionHeldByAnother(t *testing.T) {
-	s := newSim(t, ghsim.Options{LongPoll: 300 * time.Millisecond, SessionTimeout: time.Second})
+	s := newSim(t, ghsim.Options{LongPoll: fastPoll, SessionTimeout: time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	first := newScaleSet(t, s)
@@ -253,7 +261,7 @@ func TestScaleSetSessionHeldByAnother(t *testing.T) {
 // the client's retries) loses no job; the session is opened again and
 // the job is demand.
 func TestScaleSetAcquireFails(t *testing.T) {
-	s := newSim(t, ghsim.Options{LongPoll: 300 * time.Millisecond})
+	s := newSim(t, ghsim.Options{LongPoll: fastPoll})
 	ss := newScaleSet(t, s)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -290,7 +298,7 @@ func TestScaleSetAdminTokenExpiry(t *testing.T) {
 	// 62 s: the client takes a new token once less than a minute is left
 	// (client.go, updateTokenIfNeeded), so this one serves two seconds;
 	// the default is an hour (TestScaleSetDemandAndRunners).
-	s := newSim(t, ghsim.Options{LongPoll: 300 * time.Millisecond, AdminTokenLifetime: 62 * time.Second})
+	s := newSim(t, ghsim.Options{LongPoll: fastPoll, AdminTokenLifetime: 62 * time.Second})
 	ss, ctx, cancel, done := listening(t, s)
 	defer cancel()
 	for i := range 4 {
@@ -314,7 +322,7 @@ func TestScaleSetAdminTokenExpiry(t *testing.T) {
 // the permission to register runners) halts: Register and Listen say so
 // with forge.ErrRejected, which the pool and the daemon do not retry.
 func TestScaleSetErrors(t *testing.T) {
-	s := newSim(t, ghsim.Options{LongPoll: 300 * time.Millisecond})
+	s := newSim(t, ghsim.Options{LongPoll: fastPoll})
 	ss := newScaleSet(t, s)
 	ctx := context.Background()
 	s.Fail("/generatejitconfig", http.StatusServiceUnavailable, 2)
@@ -363,7 +371,7 @@ func scaleSetFleet(t *testing.T, s *ghsim.Server) *daemon.Fleet {
 // organisation (403) does not ask again and again: its listener stops, and
 // the status page says why.
 func TestScaleSetForbiddenStopsTheListener(t *testing.T) {
-	s := newSim(t, ghsim.Options{LongPoll: 300 * time.Millisecond})
+	s := newSim(t, ghsim.Options{LongPoll: fastPoll})
 	s.Fail("/actions/runners/registration-token", http.StatusForbidden, 1000)
 	f := scaleSetFleet(t, s)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -400,7 +408,7 @@ func TestScaleSetForbiddenStopsTheListener(t *testing.T) {
 // deletes its session as it stands down, so that the next leader's first
 // try opens one (no 409 to wait out).
 func TestScaleSetHandedOverOnLeaseLoss(t *testing.T) {
-	s := newSim(t, ghsim.Options{LongPoll: 300 * time.Millisecond, SessionTimeout: time.Minute})
+	s := newSim(t, ghsim.Options{LongPoll: fastPoll, SessionTimeout: time.Minute})
 	f := scaleSetFleet(t, s)
 	lost := make(chan struct{})
 	ran := make(chan struct{})
