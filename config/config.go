@@ -192,6 +192,11 @@ type Pool struct {
 	// BootstrapTimeout replaces a runner that has not come online at the
 	// forge this long after it was created.
 	BootstrapTimeout Duration `json:"bootstrap_timeout"`
+	// JobTimeout is the longest a job of the pool runs: a machine with a
+	// time limit of its own (a Slurm job's --time) is given room for a
+	// job this long, and an idle one leaves before a job it took could
+	// outrun it. Unset: the forge's own limit (forge.JobLimiter).
+	JobTimeout Duration `json:"job_timeout"`
 	// Workdir is the parent of the runners' fresh working directories on
 	// this host.
 	Workdir string `json:"workdir"`

@@ -278,6 +278,11 @@ func (p Pool) validate(ps *problems, field string) {
 			ps.add(field+"."+name, "%v", err)
 		}
 	}
+	if err := p.JobTimeout.Check(); err == nil && p.JobTimeout.Given() && p.JobTimeout.Duration < time.Minute {
+		ps.add(field+".job_timeout", "%s is under a minute", p.JobTimeout.Duration)
+	} else if err != nil {
+		ps.add(field+".job_timeout", "%v", err)
+	}
 	if p.GPUsPerRunner == badGPUCount {
 		ps.add(field+".gpus_per_runner", "must be a whole number of GPUs or \"all\"")
 	}
@@ -316,7 +321,7 @@ func (p Pool) Driver(manager, stateDir string) provider.PoolConfig {
 	if p.GPUsPerRunner == badGPUCount {
 		per = 0
 	}
-	return provider.PoolConfig{Manager: manager, Pool: p.Name, StateDir: stateDir, Workdir: p.Workdir, GPUsPerRunner: per, MaxLifetime: p.MaxLifetime.Duration, IdleTimeout: p.IdleTimeout.Duration, Section: p.Section}
+	return provider.PoolConfig{Manager: manager, Pool: p.Name, StateDir: stateDir, Workdir: p.Workdir, GPUsPerRunner: per, MaxLifetime: p.MaxLifetime.Duration, IdleTimeout: p.IdleTimeout.Duration, JobTimeout: p.JobTimeout.Duration, Section: p.Section}
 }
 
 func checkURL(s string) error {

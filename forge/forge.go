@@ -234,6 +234,14 @@ type Demander interface {
 	Unserved(took []int64) int
 }
 
+// JobLimiter is implemented by forges that end a job running longer than a
+// limit of their own when the job does not set one (GitHub's 6 hours),
+// for a pool that sets no job_timeout: a provider whose machines have a
+// time limit (a Slurm job's --time) makes room for a job this long.
+type JobLimiter interface {
+	JobLimit() time.Duration
+}
+
 // Cordoner is implemented by forges whose runner agents cannot be trusted
 // to stop after one job: Azure Pipelines' agent, whose `run --once` has
 // taken a second job and has stayed registered after its first in the

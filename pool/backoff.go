@@ -45,8 +45,13 @@ const (
 // backOff notes a runner that failed and returns how long no runner
 // starts. Called with p.mu held.
 func (p *Pool) backOff(reason string) time.Duration {
+	return p.backOffFrom(minBackoff, reason)
+}
+
+// backOffFrom is backOff doubling from first rather than minBackoff.
+func (p *Pool) backOffFrom(first time.Duration, reason string) time.Duration {
 	p.backoff.Failures++
-	wait := min(minBackoff<<min(p.backoff.Failures-1, 16), maxBackoff)
+	wait := min(first<<min(p.backoff.Failures-1, 16), maxBackoff)
 	p.backoff.Until = p.now().Add(wait)
 	p.backoff.Reason = reason
 	p.backoffChanged = true

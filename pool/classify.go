@@ -134,6 +134,11 @@ type verdict struct {
 	// crashed is set when the agent ended without taking a job (a broken
 	// image, a wrong path): the pool backs off before starting more.
 	crashed bool
+	// unstarted is set when a machine is retired that never left its
+	// backend's queue within the bootstrap timeout (a batch job still
+	// pending): the pool backs off, so that a cluster with no room is not
+	// sent the same machine again at once, losing its place in the queue.
+	unstarted bool
 	// cordon asks the forge to give the busy runner no further job.
 	cordon bool
 	// refused is the provider's word that it will never run the
@@ -353,7 +358,7 @@ func classifyLive(f facts, p policy) verdict {
 		if f.inst.Reason != "" {
 			why += ": " + f.inst.Reason
 		}
-		return verdict{state: StateStopping, retire: why}
+		return verdict{state: StateStopping, retire: why, unstarted: f.inst.State == provider.StateCreated}
 	case p.draining:
 		return verdict{state: StateStopping, retire: "draining"}
 	case status == forge.StatusOffline:

@@ -165,6 +165,9 @@ type fakeProvider struct {
 	deleted   []string
 	created   int
 	onChanged func(string)
+	// queued makes machines that wait in their backend's queue (a
+	// batch job pending for a node) until started.
+	queued bool
 }
 
 func newFakeProvider(now func() time.Time) *fakeProvider {
@@ -185,6 +188,9 @@ func (p *fakeProvider) Create(_ context.Context, s provider.Spec) (provider.Inst
 	p.created++
 	// A machine that replaces another of the same name has a new id.
 	in := &provider.Instance{Name: s.Name, Manager: s.Manager, Pool: s.Pool, State: provider.StateRunning, Created: p.now(), ID: fmt.Sprintf("%s#%d", s.Name, p.created), GPUs: slices.Clone(s.GPUs)}
+	if p.queued {
+		in.State, in.Reason = provider.StateCreated, "pending: Resources"
+	}
 	p.insts[s.Name] = in
 	p.specs[s.Name] = s
 	return *in, nil

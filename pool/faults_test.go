@@ -120,6 +120,26 @@ func TestCrashLoopBacksOff(t *testing.T) {
 	}
 }
 
+// A machine still queued in its backend at the bootstrap timeout (a Slurm
+// job pending for want of room) is retired and the pool backs off, from
+// the bootstrap timeout doubling: in an hour of a full cluster, a few
+// submissions, not one every bootstrap timeout.
+func TestQueuedPastBootstrapBacksOff(t *testing.T) {
+	h := newHarness(t, Config{Size: 1, BootstrapTimeout: 2 * time.Minute})
+	h.prov.queued = true
+	for range 720 {
+		h.settle()
+		h.clk.Add(5 * time.Second)
+	}
+	// 2m queued, then 2m, 4m, 5m, 5m ... between: 2+2, 2+4, 2+5 ...
+	if h.prov.created > 10 || h.prov.created < 5 {
+		t.Fatalf("%d machines submitted in an hour of a full queue; want 5 to 10 (one every 30 without the backoff)", h.prov.created)
+	}
+	if b := h.pool.Backoff(); b.Failures < 4 || !strings.Contains(b.Reason, "pending: Resources") {
+		t.Fatalf("backoff %+v; want the failures counted with the backend's reason", b)
+	}
+}
+
 // Where the agent registers itself (a registration token), an agent that
 // fails before registering (GitHub's config.sh) is a failed start too:
 // whether its machine is listed exited or was removed as it exited, the

@@ -38,7 +38,7 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 	pol := p.policy()
 	view, n := p.classifyAll(snap, pol)
 	debug := p.log.Enabled(ctx, slog.LevelDebug)
-	var crashed *slot
+	var crashed, unstarted *slot
 	refused := ""
 	for _, name := range snap.order {
 		s := snap.slots[name]
@@ -63,6 +63,8 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 			p.recovered()
 		case s.verdict.crashed && crashed == nil:
 			crashed = s
+		case s.verdict.unstarted && unstarted == nil:
+			unstarted = s
 		}
 		refused = cmp.Or(refused, s.verdict.refused)
 	}
@@ -75,6 +77,12 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 	case crashed != nil && !p.draining:
 		// One step a pass, however many runners of a burst failed.
 		p.crashed(crashed)
+	case unstarted != nil && !p.draining:
+		// From the bootstrap timeout: a cluster with no room for one
+		// machine has none for its replacement a second later either.
+		wait := p.backOffFrom(p.cfg.BootstrapTimeout, "machine not started within bootstrap_timeout: "+unstarted.verdict.retire)
+		p.log.Warn("machine still queued at the bootstrap timeout; backing off", "runner", unstarted.name, "reason", unstarted.verdict.retire,
+			"failures", p.backoff.Failures, "retry_in", wait)
 	}
 	p.view = p.scale(ctx, snap, p.view, view, n, pol.now)
 }

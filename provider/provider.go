@@ -282,6 +282,15 @@ var ErrRejected = errors.New("the provider refused the request")
 // (or not yet written).
 var ErrNoOutput = errors.New("no output kept for this machine")
 
+// Lifetimer is implemented by providers whose machines end at a time limit
+// of their backend's, counted from when they start (a Slurm job's --time,
+// within its partition's MaxTime): the pool retires an idle runner older
+// than IdleLifetime, so that a job it takes has what is left of the limit
+// to finish in. The pool's max_lifetime holds where it is shorter.
+type Lifetimer interface {
+	IdleLifetime() time.Duration
+}
+
 // Preempter is implemented by providers whose machines can be taken back
 // before their job ends (Traits.Preemptible).
 type Preempter interface {

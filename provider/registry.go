@@ -46,6 +46,11 @@ type PoolConfig struct {
 	// enforce it on the machine itself as a last resort, also when the
 	// manager is gone (a pod's activeDeadlineSeconds).
 	MaxLifetime time.Duration
+	// JobTimeout is the longest a job of the pool runs (its job_timeout,
+	// or the forge's own limit; 0 when neither says), for a provider
+	// whose machines have a time limit of their own (a Slurm job's
+	// --time), to make room for one.
+	JobTimeout time.Duration
 	// IdleTimeout is the pool's idle_timeout, for a machine that powers
 	// itself off when no job came within it (a cloud instance).
 	IdleTimeout time.Duration

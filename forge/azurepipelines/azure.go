@@ -391,3 +391,8 @@ func (d *Driver) Meets(labels, demands []string) bool { return meets(capabilitie
 
 // Refresh drops the kept listing of runners (forge.Refresher).
 func (d *Driver) Refresh() { d.kept.Drop() }
+
+// JobLimit is a job's timeoutInMinutes when its pipeline sets none: 60
+// (learn.microsoft.com, Azure Pipelines, "Specify jobs in your pipeline",
+// timeouts).
+func (*Driver) JobLimit() time.Duration { return time.Hour }

@@ -491,3 +491,8 @@ func idOf(uuid string) int64 {
 
 // Refresh drops the kept listing of runners (forge.Refresher).
 func (d *Driver) Refresh() { d.kept.Drop() }
+
+// JobLimit is a step's max-time when its pipeline sets none: 120 minutes
+// (support.atlassian.com, Bitbucket Pipelines, "Global options",
+// max-time).
+func (*Driver) JobLimit() time.Duration { return 2 * time.Hour }

@@ -474,3 +474,8 @@ func (d *Driver) deleteRunner(ctx context.Context, id int64) error {
 	}
 	return nil
 }
+
+// JobLimit is Gitea's ENDLESS_TASK_TIMEOUT default: the server stops a
+// task still running after 3 hours (docs.gitea.com, config cheat sheet,
+// [actions]); the agent's own limit is set longer (Agent.Spec).
+func (*Driver) JobLimit() time.Duration { return 3 * time.Hour }

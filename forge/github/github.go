@@ -939,3 +939,8 @@ func (d *Driver) rerunOnce(ctx context.Context, r forge.Runner, run *gh.Workflow
 
 // Refresh drops the kept listing of runners (forge.Refresher).
 func (d *Driver) Refresh() { d.kept.Drop() }
+
+// JobLimit is a job's timeout-minutes when its workflow sets none: 360
+// (docs.github.com, "Workflow syntax for GitHub Actions",
+// jobs.<job_id>.timeout-minutes).
+func (*Driver) JobLimit() time.Duration { return 6 * time.Hour }

@@ -483,3 +483,6 @@ func (h debugHandler) WithAttrs(as []slog.Attr) slog.Handler {
 func (h debugHandler) WithGroup(name string) slog.Handler {
 	return debugHandler{h.Handler.WithGroup(name)}
 }
+
+// JobLimit is GitHub's default timeout-minutes, as for Driver.
+func (*ScaleSet) JobLimit() time.Duration { return 6 * time.Hour }

@@ -638,3 +638,7 @@ func jobStatus(st, failure string) (forge.JobStatus, string) {
 
 // Refresh drops the kept listing of runners (forge.Refresher).
 func (d *Driver) Refresh() { d.kept.Drop() }
+
+// JobLimit is a project's job timeout when it sets none: 60 minutes
+// (docs.gitlab.com, "CI/CD pipelines settings", job timeout).
+func (*Driver) JobLimit() time.Duration { return time.Hour }

@@ -165,6 +165,9 @@ func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 	}
 	pconf := pc.Driver(f.Config.ID, f.Config.StateDir)
 	pconf.GPUs, pconf.Logger, pconf.ReadOnly = f.inventory, f.log, f.readOnly
+	if l, ok := f.conns[pc.Forge].(forge.JobLimiter); ok && pconf.JobTimeout == 0 {
+		pconf.JobTimeout = l.JobLimit()
+	}
 	prov, err := d.Open(pconf)
 	if err != nil {
 		return nil, err
@@ -211,6 +214,15 @@ func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 	return pool.New(pcfg, conn, prov, ag, pool.WithLogger(f.log)), nil
 }
 
+// idleLifetime is the pool's max_lifetime, or less where its machines'
+// own limit leaves less room (provider.Lifetimer).
+func idleLifetime(maxLifetime time.Duration, p provider.Provider) time.Duration {
+	if l, ok := p.(provider.Lifetimer); ok && l.IdleLifetime() < maxLifetime {
+		return l.IdleLifetime()
+	}
+	return maxLifetime
+}
+
 // poolConfig is the part of a pool's settings that a reload may change.
 func (f *Fleet) poolConfig(pc config.Pool) pool.Config {
 	return pool.Config{
@@ -221,7 +233,7 @@ func (f *Fleet) poolConfig(pc config.Pool) pool.Config {
 		Size:             pc.Size,
 		Max:              pc.Max,
 		IdleTimeout:      pc.IdleTimeout.Duration,
-		MaxLifetime:      pc.MaxLifetime.Duration,
+		MaxLifetime:      idleLifetime(pc.MaxLifetime.Duration, f.Providers[pc.Name]),
 		BootstrapTimeout: pc.BootstrapTimeout.Duration + provider.TraitsOf(f.Providers[pc.Name]).BootGrace,
 		Resync:           f.Config.Resync.Duration,
 		RetryLost:        pc.RetryLost == nil || *pc.RetryLost,

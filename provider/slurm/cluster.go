@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,8 +24,8 @@ import (
 type Cluster interface {
 	// Submit queues a batch job and returns its id.
 	Submit(ctx context.Context, script []byte, args []string) (id string, err error)
-	// Queue returns every job the controller holds (squeue --json lists
-	// the whole cluster's, whatever it is asked).
+	// Queue returns the jobs of the manager's user the controller holds,
+	// in every state, the ended ones too while it keeps them (MinJobAge).
 	Queue(ctx context.Context) ([]Job, error)
 	// Cancel cancels jobs; one that has ended already is no error.
 	Cancel(ctx context.Context, ids []string) error
@@ -38,6 +41,9 @@ type Job struct {
 	Submit, Start time.Time
 	// GPUs are the GPUs it got, as "<node>:<index>" (SLURM_JOB_GPUS).
 	GPUs []string
+	// GRES is what it asked of each node (squeue's %b: gres/gpu:2),
+	// where the queue was read by format.
+	GRES string
 }
 
 // CallTimeout bounds each command: a controller that does not answer
@@ -49,12 +55,23 @@ const CallTimeout = 30 * time.Second
 // every user of a cluster.
 type CLI struct {
 	// Bin is the directory of the commands; the PATH when empty.
-	Bin   string
+	Bin string
+	// User is whose jobs Queue reads: the manager's user when empty.
+	User  string
 	calls atomic.Int64
+	bytes atomic.Int64
+	// unfiltered is set once `squeue --json` was seen to ignore the
+	// user filter (Slurm 22.05 and before: "All other formatting and
+	// filtering arguments will be ignored", squeue(1)).
+	unfiltered atomic.Bool
+	gpus       sync.Map // job id -> []string: what scontrol said of a job's GPUs
 }
 
 // Calls counts the commands run.
 func (c *CLI) Calls() int64 { return c.calls.Load() }
+
+// Bytes counts what the commands printed.
+func (c *CLI) Bytes() int64 { return c.bytes.Load() }
 
 func (c *CLI) run(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
@@ -73,6 +90,7 @@ func (c *CLI) run(ctx context.Context, stdin []byte, name string, args ...string
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	c.calls.Add(1)
 	err := cmd.Run()
+	c.bytes.Add(int64(stdout.Len()))
 	if err != nil {
 		msg := strings.TrimSpace(stderr.String())
 		if ctx.Err() != nil {
@@ -91,7 +109,8 @@ func cleanEnv() []string {
 			env = append(env, k+"="+v)
 		}
 	}
-	return append(env, "LC_ALL=C")
+	// TZ: the times squeue prints are read as UTC.
+	return append(env, "LC_ALL=C", "TZ=UTC")
 }
 
 // CommandError is a Slurm command that failed, with what it said.
@@ -152,13 +171,75 @@ func (c *CLI) Submit(ctx context.Context, script []byte, args []string) (string,
 	return id, nil
 }
 
-// Queue runs squeue --json.
+// Queue reads the user's jobs: `squeue --json` with a user filter, which
+// Slurm 23.02 and later honour; where it is ignored (the whole cluster's
+// jobs come back), squeue's own format from then on, which every release
+// filters.
 func (c *CLI) Queue(ctx context.Context) ([]Job, error) {
-	out, err := c.run(ctx, nil, "squeue", "--json")
+	who := c.user()
+	if !c.unfiltered.Load() {
+		out, err := c.run(ctx, nil, "squeue", "--json", "--user="+who, "--states=all")
+		if err != nil {
+			return nil, err
+		}
+		jobs, err := ParseQueue(out)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.ContainsFunc(jobs, func(j Job) bool { return j.User != who }) {
+			return jobs, nil
+		}
+		c.unfiltered.Store(true)
+	}
+	return c.queueByFormat(ctx, who)
+}
+
+func (c *CLI) user() string {
+	if c.User != "" {
+		return c.User
+	}
+	if u, err := user.Current(); err == nil {
+		return u.Username
+	}
+	return strconv.Itoa(os.Getuid())
+}
+
+// queueByFormat reads the user's jobs with squeue's format (formatFields)
+// and, for a running job with GPUs not seen before, its GPUs' indexes with
+// `scontrol -d show job`, which the format cannot print.
+func (c *CLI) queueByFormat(ctx context.Context, who string) ([]Job, error) {
+	out, err := c.run(ctx, nil, "squeue", "--noheader", "--user="+who, "--states=all", "--format="+strings.Join(formatFields, fieldSep))
 	if err != nil {
 		return nil, err
 	}
-	return ParseQueue(out)
+	jobs, err := parseFormat(out)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	for i, j := range jobs {
+		seen[j.ID] = true
+		if !running(j.State) || !strings.Contains(j.GRES, "gpu") {
+			continue
+		}
+		if g, ok := c.gpus.Load(j.ID); ok {
+			jobs[i].GPUs = g.([]string)
+			continue
+		}
+		show, err := c.run(ctx, nil, "scontrol", "-d", "show", "job", j.ID)
+		if err != nil {
+			continue // shown without its GPUs; asked again next time
+		}
+		jobs[i].GPUs = showGPUs(show)
+		c.gpus.Store(j.ID, jobs[i].GPUs)
+	}
+	c.gpus.Range(func(k, _ any) bool {
+		if !seen[k.(string)] {
+			c.gpus.Delete(k)
+		}
+		return true
+	})
+	return jobs, nil
 }
 
 // Cancel runs scancel. A job already gone or ending is what was wanted.
@@ -193,9 +274,29 @@ func alreadyEnded(msg string) bool {
 type queue struct {
 	cluster Cluster
 	last    provider.Listing[[]Job]
+	jobs    atomic.Int64 // how many the last read returned
 }
 
-// read returns the queue as read at most maxAge ago (0: a new read).
+// jobsPerInterval paces the reads to the size of the queue: each so many
+// jobs the last read returned add an interval to the next, up to
+// maxInterval, so that a manager of hundreds of runners asks slurmctld
+// less often for more.
+const (
+	jobsPerInterval = 50
+	maxInterval     = time.Minute
+)
+
+// read returns the queue as read at most maxAge ago (0: a new read), or
+// longer ago where the last read's size paces the next.
 func (q *queue) read(ctx context.Context, maxAge time.Duration) ([]Job, time.Time, error) {
-	return q.last.Get(ctx, maxAge, time.Now, q.cluster.Queue)
+	if n := q.jobs.Load(); maxAge > 0 && n >= jobsPerInterval {
+		maxAge = max(maxAge, min(maxAge*time.Duration(1+n/jobsPerInterval), maxInterval))
+	}
+	return q.last.Get(ctx, maxAge, time.Now, func(ctx context.Context) ([]Job, error) {
+		jobs, err := q.cluster.Queue(ctx)
+		if err == nil {
+			q.jobs.Store(int64(len(jobs)))
+		}
+		return jobs, err
+	})
 }

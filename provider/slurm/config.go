@@ -22,8 +22,9 @@ type Section struct {
 	Account   string `json:"account"`
 	QOS       string `json:"qos"`
 	// TimeLimit is the job's --time: when not given, the pool's
-	// max_lifetime (or DefaultLifetime) and LateRoom, so that the pool's
-	// own retirement comes first and Slurm's kill is the last resort.
+	// max_lifetime (or DefaultLifetime) and room for one job (fit),
+	// within the partition's MaxTime. An idle runner leaves once a job
+	// could no longer finish within it.
 	TimeLimit config.Duration `json:"time_limit"`
 	// CPUs is --cpus-per-task; Memory --mem, in Slurm's units (16G).
 	CPUs   int    `json:"cpus"`
@@ -56,16 +57,8 @@ type Section struct {
 	PollInterval config.Duration `json:"poll_interval"`
 }
 
-// Defaults.
-const (
-	DefaultPollInterval = 5 * time.Second
-	// DefaultLifetime is a runner job's limit when the pool sets no
-	// max_lifetime: no job holds a node for ever.
-	DefaultLifetime = 24 * time.Hour
-	// LateRoom is added to max_lifetime for the job's --time: a runner
-	// may take its job late in its life.
-	LateRoom = 10 * time.Minute
-)
+// DefaultPollInterval is how often the queue is read at most.
+const DefaultPollInterval = 5 * time.Second
 
 var (
 	nameRE = regexp.MustCompile(`^[A-Za-z0-9_.+-]+$`)
@@ -159,22 +152,9 @@ func isOwn(flag string) bool {
 	return len(flag) > 2 && !strings.HasPrefix(flag, "--") && isOwn(flag[:2])
 }
 
-// timeLimit is the job's --time, in whole minutes.
-func (s Section) timeLimit(maxLifetime time.Duration) int {
-	d := s.TimeLimit.Duration
-	if !s.TimeLimit.Given() {
-		d = DefaultLifetime
-		if maxLifetime > 0 {
-			d = maxLifetime
-		}
-		d += LateRoom
-	}
-	return int((d + time.Minute - 1) / time.Minute)
-}
-
 // submitArgs are sbatch's arguments for a runner: none of them secret.
-func (s Section) submitArgs(gpus int, maxLifetime time.Duration) []string {
-	args := []string{fmt.Sprintf("--time=%d", s.timeLimit(maxLifetime))}
+func (s Section) submitArgs(gpus int, limit time.Duration) []string {
+	args := []string{"--time=" + minutes(limit)}
 	add := func(flag, v string) {
 		if v != "" {
 			args = append(args, flag+"="+v)

@@ -1,11 +1,13 @@
 package slurm
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -41,7 +43,7 @@ func running(state string) bool {
 // cancelled by someone else: its runner's job, if it ran one, is lost.
 func takenBack(state string) bool {
 	switch state {
-	case "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "CANCELLED":
+	case "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "CANCELLED", "TIMEOUT":
 		return true
 	}
 	return false
@@ -57,15 +59,20 @@ func takenBack(state string) bool {
 // first: a pass that saw the job ended without its notice would retire its
 // runner as one whose job simply ended.
 func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instance, error) {
-	jobs, at, err := p.q.read(ctx, p.opt.Section.PollInterval.Duration)
-	if err != nil {
-		return nil, fmt.Errorf("list runners: %w", err)
-	}
 	recs, err := p.records(manager)
 	if err != nil {
 		return nil, fmt.Errorf("list runners: %w", err)
 	}
-	out, notices := p.join(manager, jobs, at, recs)
+	if len(recs) == 0 && !p.opt.ReadOnly {
+		// Every job this pool submits has its record first: with none,
+		// there is nothing to ask slurmctld about (a pool of size 0).
+		return nil, nil
+	}
+	jobs, at, err := p.q.read(ctx, p.opt.Section.PollInterval.Duration)
+	if err != nil {
+		return nil, fmt.Errorf("list runners: %w", err)
+	}
+	out, notices := p.join(manager, jobs, at, recs, p.signalled())
 	for _, n := range notices {
 		p.poller.Notify(n, "runner's job taken back by Slurm")
 	}
@@ -74,7 +81,7 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 
 // join joins a manager's records with the queue, and finds the jobs taken
 // back.
-func (p *Provider) join(manager string, jobs []Job, at time.Time, recs []record) (out []provider.Instance, notices []provider.Notice) {
+func (p *Provider) join(manager string, jobs []Job, at time.Time, recs []record, signalled map[string]string) (out []provider.Instance, notices []provider.Notice) {
 	byID := map[string]Job{}
 	named := map[string]Job{} // live jobs of the pool by runner name, for records without a job id
 	p.mu.Lock()
@@ -105,8 +112,13 @@ func (p *Provider) join(manager string, jobs []Job, at time.Time, recs []record)
 		}
 		known[rec.JobID] = true
 		j, ok := byID[rec.JobID]
-		if ok && takenBack(j.State) && !p.cancelled[j.ID] {
+		switch sig := signalled[rec.JobID]; {
+		case p.cancelled[rec.JobID]:
+		case ok && takenBack(j.State):
 			notices = append(notices, provider.Notice{Name: rec.Name, ID: j.ID, At: time.Now(), Reason: "Slurm job " + j.State})
+		case sig != "" && rec.JobID != "":
+			notices = append(notices, provider.Notice{Name: rec.Name, ID: rec.JobID, At: time.Now(),
+				Reason: "Slurm signalled the job's end (" + sig + "): preempted, or at its time limit"})
 		}
 		switch {
 		case ok:
@@ -129,6 +141,21 @@ func (p *Provider) join(manager string, jobs []Job, at time.Time, recs []record)
 		out = append(out, p.instance(record{Name: j.Name, Manager: manager, Pool: p.opt.Pool, JobID: j.ID, Created: j.Submit}, j))
 	}
 	return out, notices
+}
+
+// signalled reads the notices the jobs left (batchScript): the signal
+// each got, by job id.
+func (p *Provider) signalled() map[string]string {
+	entries, err := os.ReadDir(p.noticeDir())
+	if err != nil || len(entries) == 0 {
+		return nil
+	}
+	out := map[string]string{}
+	for _, e := range entries {
+		b, _ := os.ReadFile(filepath.Join(p.noticeDir(), e.Name()))
+		out[e.Name()] = cmp.Or(strings.TrimSpace(string(b)), "a signal")
+	}
+	return out
 }
 
 // instance is a runner's machine as its job's state says.
@@ -189,9 +216,6 @@ func (p *Provider) records(manager string) ([]record, error) {
 // changed state is reported changed; List, which it calls, notices the
 // jobs taken back.
 func (p *Provider) poll(ctx context.Context) error {
-	if _, _, err := p.q.read(ctx, p.opt.Section.PollInterval.Duration/2); err != nil {
-		return err
-	}
 	insts, err := p.List(ctx, p.opt.Manager)
 	if err != nil {
 		return err

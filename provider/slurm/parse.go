@@ -170,3 +170,71 @@ func gresIndexes(g string) []string {
 	}
 	return out
 }
+
+// formatFields are what queueByFormat asks squeue to print of each job
+// (squeue(1), -o): id, name, comment, user, state in full, reason, nodes,
+// submit and start times, the trackable resources asked of each node.
+// Without a width, a field is printed whole.
+var formatFields = []string{"%i", "%j", "%k", "%u", "%T", "%r", "%N", "%V", "%S", "%b"}
+
+// fieldSep parts the fields: no name or comment holds it.
+const fieldSep = "\x1f"
+
+// parseFormat reads squeue's lines of formatFields.
+func parseFormat(b []byte) ([]Job, error) {
+	jobs := []Job{}
+	for _, line := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+		if line == "" {
+			continue
+		}
+		f := strings.Split(line, fieldSep)
+		if len(f) != len(formatFields) {
+			return nil, fmt.Errorf("squeue: a line of %d fields, want %d: %q", len(f), len(formatFields), line)
+		}
+		for i, v := range f {
+			if v == "(null)" || v == "N/A" {
+				f[i] = ""
+			}
+		}
+		if _, err := strconv.ParseUint(strings.SplitN(f[0], "_", 2)[0], 10, 64); err != nil {
+			return nil, fmt.Errorf("squeue: %q is not a job id", f[0])
+		}
+		jobs = append(jobs, Job{ID: f[0], Name: f[1], Comment: f[2], User: f[3], State: strings.ToUpper(f[4]), Reason: f[5],
+			Nodes: f[6], Submit: formatTime(f[7]), Start: formatTime(f[8]), GRES: f[9]})
+	}
+	return jobs, nil
+}
+
+// formatTime reads squeue's times, printed in the TZ it is given (UTC:
+// cleanEnv); "Unknown" and the like are no time.
+func formatTime(v string) time.Time {
+	t, err := time.Parse("2006-01-02T15:04:05", v)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}
+
+// showGPUs reads a job's GPUs from `scontrol -d show job`, whose lines
+// for each node say "Nodes=gpu07 CPU_IDs=0-3 Mem=100 GRES=gpu:a100:2(IDX:0-1)".
+func showGPUs(b []byte) []string {
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		node, gres := "", ""
+		for _, f := range strings.Fields(line) {
+			switch k, v, _ := strings.Cut(f, "="); k {
+			case "Nodes":
+				node = v
+			case "GRES":
+				gres = v
+			}
+		}
+		if node == "" || gres == "" {
+			continue
+		}
+		for _, idx := range gresIndexes(gres) {
+			out = append(out, node+":"+idx)
+		}
+	}
+	return out
+}

@@ -29,7 +29,13 @@ var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // the agent's files and environment wait in the spool, readable by this
 // user only, are moved into a fresh directory on the node as the job
 // starts, and are removed with it when the job ends, cancelled or not.
-func batchScript(spec provider.Spec, spool, parent string) []byte {
+//
+// Slurm's notice of the job's end, --signal's USR1 (NoticeSignal) ahead of
+// its time limit or, with SchedulerParameters=preempt_send_user_signal, at
+// its preemption, or the TERM of a preemption's grace time, leaves a file
+// named after the job in notices for the manager to see at its next read
+// (the manager's own cancels are told apart there), and the agent runs on.
+func batchScript(spec provider.Spec, spool, parent, notices string) []byte {
 	var keep strings.Builder
 	for _, v := range passed {
 		fmt.Fprintf(&keep, " ${%[1]s+\"%[1]s=$%[1]s\"}", v)
@@ -44,8 +50,10 @@ umask 077
 spool=%[4]s
 parent=%[5]s
 mkdir -p "$parent" && work=$(mktemp -d "$parent/%[1]s.XXXXXX") || { rm -rf "$spool"; exit 1; }
+notices=%[9]s
 trap 'rm -rf "$work"' EXIT
-trap 'kill -TERM "$pid" 2>/dev/null; wait "$pid"; exit 143' TERM INT HUP
+trap 'echo USR1 > "$notices/$SLURM_JOB_ID"' USR1
+trap 'echo TERM > "$notices/$SLURM_JOB_ID"; kill -TERM "$pid" 2>/dev/null; wait "$pid"; exit 143' TERM INT HUP
 if ! { cp -R "$spool/files/." "$work/" && mv "$spool/env" "$work/.runfleet-env"; }; then
   echo "runfleet: the runner's files are not in $spool" >&2
   rm -rf "$spool"; exit 1
@@ -54,8 +62,12 @@ rm -rf "$spool"
 mkdir "$work/tmp" && cd "$work" || exit 1
 %[8]senv -i HOME="$work" TMPDIR="$work/tmp"%[6]s /bin/sh -c '. ./.runfleet-env && rm -f ./.runfleet-env && exec "$@"' agent %[7]s &
 pid=$!
-wait "$pid"
-`, spec.Name, spec.Pool, spec.Manager, quote(spool), quote(parent), keep.String(), agent, recordLines(spec))
+# A trapped signal ends wait early: wait again while the agent runs.
+while :; do
+  wait "$pid"; rc=$?
+  kill -0 "$pid" 2>/dev/null || exit "$rc"
+done
+`, spec.Name, spec.Pool, spec.Manager, quote(spool), quote(parent), keep.String(), agent, recordLines(spec), quote(notices))
 }
 
 // recordLines complete the runner's record on its node: the node's name in

@@ -52,6 +52,9 @@ type Options struct {
 	// GPUs is how many GPUs each runner's job asks for.
 	GPUs        int
 	MaxLifetime time.Duration
+	// JobTimeout is the longest job of the pool (PoolConfig.JobTimeout):
+	// each runner's --time makes room for one after its idle life.
+	JobTimeout time.Duration
 	// Cluster runs the commands; queue is the cluster's queue shared by
 	// the manager's pools (made from Cluster when nil).
 	Cluster Cluster
@@ -67,6 +70,7 @@ type Provider struct {
 	log    *slog.Logger
 	q      *queue
 	poller *vm.Poller
+	times  times
 
 	mu        sync.Mutex
 	creating  map[string]bool
@@ -101,7 +105,10 @@ func New(opt Options) (*Provider, error) {
 	}
 	p := &Provider{opt: opt, log: opt.Logger, q: opt.queue, creating: map[string]bool{},
 		cancelled: map[string]bool{}, last: map[string]string{}}
-	for _, d := range []string{p.recordDir(), p.filesDir(), p.logDir()} {
+	if err := p.fitTimes(); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{p.recordDir(), p.filesDir(), p.logDir(), p.noticeDir()} {
 		if opt.ReadOnly {
 			break
 		}
@@ -113,9 +120,49 @@ func New(opt Options) (*Provider, error) {
 	return p, nil
 }
 
+// fitTimes works out the runners' --time within the partition's MaxTime,
+// read from the cluster where it can be (not for a pool opened to be
+// read): a pool whose jobs cannot fit is refused with both figures.
+func (p *Provider) fitTimes() error {
+	var part Partition
+	if r, ok := p.opt.Cluster.(PartitionReader); ok && !p.opt.ReadOnly {
+		ctx, cancel := context.WithTimeout(context.Background(), CallTimeout)
+		defer cancel()
+		got, err := r.Partition(ctx, p.opt.Section.Partition)
+		switch {
+		case errors.Is(err, provider.ErrRejected):
+			return fmt.Errorf("slurm.partition: %w", err)
+		case err != nil:
+			// The controller may be down for a while: the limits the
+			// pool was given stand, and sbatch will say if they do not.
+			p.log.Warn("could not read the partition's limits; the runners' jobs ask for the pool's own", "error", err)
+		default:
+			part = got
+		}
+	}
+	t, err := fit(p.opt.Section, p.opt.MaxLifetime, p.opt.JobTimeout, part)
+	if err != nil {
+		return err
+	}
+	p.times = t
+	if p.opt.MaxLifetime > t.idle && !p.opt.ReadOnly {
+		p.log.Info("the runners' jobs are bounded: idle runners retire early", "time_limit", t.limit, "partition_max_time", part.MaxTime,
+			"max_lifetime", p.opt.MaxLifetime, "idle_lifetime", t.idle)
+	}
+	return nil
+}
+
+// IdleLifetime is how long a runner may stay idle from its job's start,
+// so that a job it takes can end within its --time (provider.Lifetimer).
+func (p *Provider) IdleLifetime() time.Duration { return p.times.idle }
+
 func (p *Provider) recordDir() string { return filepath.Join(p.opt.Spool, "runners") }
 func (p *Provider) filesDir() string  { return filepath.Join(p.opt.Spool, "files") }
 func (p *Provider) logDir() string    { return filepath.Join(p.opt.Spool, "logs") }
+
+// noticeDir holds the files the jobs leave when Slurm tells them their
+// end is near (batchScript), named after the job.
+func (p *Provider) noticeDir() string { return filepath.Join(p.opt.Spool, "notices") }
 func (p *Provider) recordPath(name string) string {
 	return filepath.Join(p.recordDir(), name+".json")
 }
@@ -261,9 +308,12 @@ func (p *Provider) submit(ctx context.Context, spec provider.Spec, spool string)
 		// requeued after a preemption could not run again.
 		"--no-requeue",
 		"--chdir=" + p.opt.Spool,
+		// Slurm's word that the end is near (NoticeSignal): ahead of
+		// the time limit, and at a preemption where the site sends it.
+		fmt.Sprintf("--signal=B:%s@%d", NoticeSignal, int(noticeLead(p.times.job)/time.Second)),
 	}
-	args = append(args, p.section(spec.Request).submitArgs(cmp.Or(spec.Request.GPUs, p.opt.GPUs), p.opt.MaxLifetime)...)
-	return p.opt.Cluster.Submit(ctx, batchScript(spec, spool, p.opt.Workdir), args)
+	args = append(args, p.section(spec.Request).submitArgs(cmp.Or(spec.Request.GPUs, p.opt.GPUs), p.times.limit)...)
+	return p.opt.Cluster.Submit(ctx, batchScript(spec, spool, p.opt.Workdir, p.noticeDir()), args)
 }
 
 // live returns a record's job when the queue holds it queued or running.
@@ -335,6 +385,9 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 	}
 	if err := os.RemoveAll(filepath.Join(p.filesDir(), name)); err != nil {
 		return fmt.Errorf("delete runner %s: %w", name, err)
+	}
+	for _, id := range ids {
+		_ = os.Remove(filepath.Join(p.noticeDir(), id))
 	}
 	_ = os.Remove(p.recordPath(name) + ".tmp") // a crash mid-write left it
 	if err := os.Remove(p.recordPath(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {

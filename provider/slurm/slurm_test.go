@@ -103,14 +103,81 @@ func TestSubmitArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := strings.Join(s.submitArgs(2, 2*time.Hour), " ")
+	got := strings.Join(s.submitArgs(2, 130*time.Minute), " ")
 	want := "--time=130 --partition=gpu --account=ml --qos=ci --cpus-per-task=4 --mem=16G --constraint=ib --gres=gpu:a100:2 --exclusive"
 	if got != want {
 		t.Errorf("args\n got %s\nwant %s", got, want)
 	}
-	s.GPUOption, s.TimeLimit = "gpus", config.D(45*time.Second+time.Minute)
-	if got := strings.Join(s.submitArgs(1, 0), " "); !strings.Contains(got, "--gpus=a100:1") || !strings.HasPrefix(got, "--time=2 ") {
+	s.GPUOption = "gpus"
+	if got := strings.Join(s.submitArgs(1, 45*time.Second+time.Minute), " "); !strings.Contains(got, "--gpus=a100:1") || !strings.HasPrefix(got, "--time=2 ") {
 		t.Errorf("args %s", got)
+	}
+}
+
+// A runner's --time is its idle life and one job with its margin, within
+// the partition's MaxTime, which shortens the idle life; a pool whose one
+// job cannot fit is refused with both figures.
+func TestFitTimes(t *testing.T) {
+	none := Section{}
+	for _, c := range []struct {
+		name        string
+		s           Section
+		life, job   time.Duration
+		part        Partition
+		limit, idle time.Duration
+		err         string
+	}{
+		{"a GitHub pool without MaxTime", none, 12 * time.Hour, 6 * time.Hour, Partition{}, 18*time.Hour + 10*time.Minute, 12 * time.Hour, ""},
+		{"GitLab's hour", none, 2 * time.Hour, time.Hour, Partition{Name: "gpu", MaxTime: 24 * time.Hour}, 3*time.Hour + 6*time.Minute, 2 * time.Hour, ""},
+		{"MaxTime shortens the idle life", none, 12 * time.Hour, 3 * time.Hour, Partition{Name: "gpu", MaxTime: 4 * time.Hour}, 4 * time.Hour, 50 * time.Minute, ""},
+		{"a short job's margin is a minute", none, 90 * time.Second, time.Minute, Partition{}, 4 * time.Minute, 2 * time.Minute, ""},
+		{"no job_timeout, no forge limit", none, time.Hour, 0, Partition{}, 7*time.Hour + 10*time.Minute, time.Hour, ""},
+		{"a job over MaxTime", none, 12 * time.Hour, 3 * time.Hour, Partition{Name: "short", MaxTime: 30 * time.Minute}, 0, 0,
+			"needs --time of at least 3h11m0s (1m0s to wait, a job of 3h0m0s and 10m0s to end in), over partition short's MaxTime 30m0s"},
+		{"time_limit over MaxTime", Section{TimeLimit: config.D(5 * time.Hour)}, 0, time.Hour, Partition{Name: "gpu", MaxTime: 4 * time.Hour}, 0, 0,
+			"slurm.time_limit: 5h0m0s is over partition gpu's MaxTime 4h0m0s"},
+		{"time_limit too short for a job", Section{TimeLimit: config.D(time.Hour)}, 0, time.Hour, Partition{}, 0, 0,
+			"at least 1h7m0s"},
+		{"time_limit given", Section{TimeLimit: config.D(2 * time.Hour)}, 12 * time.Hour, time.Hour, Partition{}, 2 * time.Hour, 54 * time.Minute, ""},
+	} {
+		got, err := fit(c.s, c.life, c.job, c.part)
+		switch {
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%s: %v, want %q", c.name, err, c.err)
+		case c.err == "" && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case c.err == "" && (got.limit != c.limit || got.idle != c.idle):
+			t.Errorf("%s: --time %s, idle %s; want %s, %s", c.name, got.limit, got.idle, c.limit, c.idle)
+		}
+	}
+}
+
+// What `scontrol show partition -o` prints (Debian's 22.05.8), and the
+// time formats of Slurm's secs2time_str.
+func TestParsePartition(t *testing.T) {
+	out := "PartitionName=gpu AllowGroups=ALL Default=YES QoS=N/A DefaultTime=NONE GraceTime=0 MaxTime=04:00:00 PreemptMode=OFF State=UP\n" +
+		"PartitionName=scavenger AllowGroups=ALL Default=NO GraceTime=30 MaxTime=1-12:00:00 PreemptMode=CANCEL State=UP\n" +
+		"PartitionName=any Default=NO MaxTime=UNLIMITED State=UP\n"
+	for name, want := range map[string]Partition{
+		"":          {Name: "gpu", MaxTime: 4 * time.Hour},
+		"scavenger": {Name: "scavenger", MaxTime: 36 * time.Hour, GraceTime: 30 * time.Second},
+		"any":       {Name: "any"},
+	} {
+		got, err := parsePartition([]byte(out), name)
+		if err != nil || got != want {
+			t.Errorf("partition %q: %+v %v, want %+v", name, got, err, want)
+		}
+	}
+	for v, want := range map[string]time.Duration{"30:00": 30 * time.Minute, "2-00:00:00": 48 * time.Hour, "00:01:30": 90 * time.Second, "45": 45 * time.Minute} {
+		if got, err := slurmDuration(v); err != nil || got != want {
+			t.Errorf("%s: %s %v, want %s", v, got, err, want)
+		}
+	}
+	if _, err := slurmDuration("1:x"); err == nil {
+		t.Error("1:x read as a time")
+	}
+	if _, err := parsePartition([]byte("PartitionName=a Default=NO MaxTime=UNLIMITED\n"), ""); !errors.Is(err, provider.ErrRejected) {
+		t.Errorf("no default partition: %v", err)
 	}
 }
 

@@ -44,6 +44,11 @@ var (
 	slurmErr  error
 )
 
+// PreemptGrace is the GraceTime of the test cluster's preemptible
+// partitions (scavenger: PreemptMode=CANCEL; requeue: REQUEUE), whose jobs
+// give way to those of partition urgent.
+const PreemptGrace = 20 * time.Second
+
 // SlurmUser is the unprivileged user the Slurm fleets' managers run as.
 const SlurmUser = "runfleet-ci"
 
@@ -130,9 +135,22 @@ MpiDefault=none
 GresTypes=gpu
 KillWait=5
 MaxJobCount=20000
+# As a site's: a job over its partition's MaxTime is refused at submission
+# (not left pending for ever), and the partitions of lower PriorityTier
+# give way to a higher one's jobs, cancelled or requeued, after a grace
+# time with --signal's signal sent at once (slurm.conf(5): PreemptType,
+# PreemptMode, GraceTime, preempt_send_user_signal).
+EnforcePartLimits=ALL
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+SchedulerParameters=preempt_send_user_signal
 NodeName=%[1]s CPUs=16 RealMemory=16000 Gres=gpu:2 State=UNKNOWN
-PartitionName=gpu Nodes=%[1]s Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:16
-`, s.Node, ports[0], ports[1], s.Dir)
+PartitionName=gpu Nodes=%[1]s Default=YES MaxTime=04:00:00 State=UP OverSubscribe=FORCE:16 PriorityTier=1 PreemptMode=OFF
+PartitionName=short Nodes=%[1]s MaxTime=00:30:00 State=UP OverSubscribe=FORCE:16 PriorityTier=1 PreemptMode=OFF
+PartitionName=scavenger Nodes=%[1]s MaxTime=04:00:00 State=UP PriorityTier=1 PreemptMode=CANCEL GraceTime=%[5]d
+PartitionName=requeue Nodes=%[1]s MaxTime=04:00:00 State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=%[5]d
+PartitionName=urgent Nodes=%[1]s MaxTime=04:00:00 State=UP PriorityTier=10 PreemptMode=OFF
+`, s.Node, ports[0], ports[1], s.Dir, int(PreemptGrace/time.Second))
 	if err := os.WriteFile(s.Conf, []byte(conf), 0o644); err != nil {
 		return err
 	}
@@ -488,4 +506,48 @@ func (s *SlurmCluster) FreezeController(t testing.TB) (thaw func()) {
 	thaw = func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }
 	t.Cleanup(thaw)
 	return thaw
+}
+
+// Exited says whether the fleet's manager has ended.
+func (f *Fleet) Exited() bool {
+	select {
+	case <-f.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// Sbatch submits a job as root, as another user of the cluster would (a
+// higher-priority job that preempts, foreign jobs in the queue), and
+// returns its id.
+func Sbatch(t testing.TB, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "sbatch", append([]string{"--parsable", "--output=/dev/null"}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("sbatch %v: %v: %s", args, err, out)
+	}
+	id, _, _ := strings.Cut(strings.TrimSpace(string(out)), ";")
+	t.Cleanup(func() { _ = exec.Command("scancel", id).Run() })
+	return id
+}
+
+// Scontrol runs scontrol as root (an admin's update of a job).
+func Scontrol(t testing.TB, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "scontrol", args...).CombinedOutput(); err != nil {
+		t.Fatalf("scontrol %v: %v: %s", args, err, out)
+	}
+}
+
+// SlurmJob reads one field of a job with squeue's format (%l: its time
+// limit), "" once the job has left the queue.
+func SlurmJob(t testing.TB, id, format string) string {
+	t.Helper()
+	out, _ := exec.Command("squeue", "-h", "-j", id, "-o", format).Output()
+	return strings.TrimSpace(string(out))
 }
