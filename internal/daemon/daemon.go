@@ -295,8 +295,13 @@ func (f *Fleet) poolGPUs(pc *config.Pool, traits provider.Traits) (int, error) {
 	switch {
 	case pc.GPUsPerRunner == 0:
 		return 0, nil
+	case traits.SchedulesGPUs && pc.SizeFromGPUs && pc.Max == 0:
+		return 0, fmt.Errorf("max: not given, and provider %s gives runners GPUs of its own nodes, which this host cannot count: give max, the most runners at once (size is 0: runners start as jobs queue)", pc.Provider)
 	case traits.SchedulesGPUs && pc.SizeFromGPUs:
-		return 0, fmt.Errorf("size: not given, and provider %s gives runners GPUs of its own nodes, which this host cannot count: give a size", pc.Provider)
+		// No idle runner holds a cluster's GPUs, and burns its
+		// account's GPU-hours, unless the pool asks for one.
+		pc.Size = 0
+		return 0, nil
 	case traits.SchedulesGPUs:
 		return 0, nil
 	case !traits.HostGPUs:

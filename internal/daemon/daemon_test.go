@@ -17,6 +17,7 @@ import (
 	_ "github.com/runfleet/runfleet/forge/gitlab"
 	_ "github.com/runfleet/runfleet/provider/docker"
 	_ "github.com/runfleet/runfleet/provider/process"
+	_ "github.com/runfleet/runfleet/provider/slurm"
 )
 
 // fakeSMI is an nvidia-smi that prints the named fixture of the gpu
@@ -75,6 +76,9 @@ func TestGPUPoolsFitTheHost(t *testing.T) {
 		{name: "dynamic on docker", smi: h100, pool: "    size: 0\n    max: 4\n    gpus_per_runner: 1\n    dynamic: {gpus: [1, 2], gpu: [h100], cpu: 8, mem: 64g, image: {cu12: 'r:cu12'}}\n    docker: {image: r:1}\n", size: 0, max: 4},
 		{name: "dynamic process without limits", smi: h100, pool: "    gpus_per_runner: 1\n    max: 2\n    dynamic: {gpus: [1, 2], mem: 8g}\n    agent: {path: /bin/true}\n", err: "pools[0]: dynamic.mem: provider process cannot give a runner what a job asks for in mem= (it can: gpus, gpu)"},
 		{name: "dynamic gpus without host GPUs", smi: h100, pool: "    size: 1\n    dynamic: {gpus: [1]}\n    agent: {path: /bin/true}\n", err: "pools[0].dynamic.gpus: needs gpus_per_runner"},
+		// A cluster's GPUs: no idle runner holds one unless asked.
+		{name: "slurm GPU pool", smi: h100, pool: "    gpus_per_runner: 1\n    max: 4\n    workdir: /tmp\n    agent: {path: /bin/true}\n    slurm: {memory: 1G}\n", size: 0, max: 4},
+		{name: "slurm GPU pool without max", smi: h100, pool: "    gpus_per_runner: 1\n    workdir: /tmp\n    slurm: {memory: 1G}\n", err: "pools[0]: max: not given, and provider slurm gives runners GPUs of its own nodes"},
 		// A CPU-only pool never runs nvidia-smi: a broken one is no matter.
 		{name: "cpu only", smi: "/nonexistent/nvidia-smi", pool: "    size: 2\n    agent: {path: /bin/true}\n", size: 2, max: 2},
 	}
