@@ -38,7 +38,7 @@ TEST_PARALLEL ?= 3
 # and runs on alone. release is short with Go's build cache warm, but
 # compiles everything for arm64 and with cgo when it is cold: early, it
 # overlaps with the end-to-end packages' waiting.
-SLOWEST_FIRST = ./internal/e2e/chaoscloud ./internal/e2e/kube ./internal/e2e/aws ./internal/e2e/slurm ./internal/e2e/release \
+SLOWEST_FIRST = ./internal/e2e/slurm ./internal/e2e/chaoscloud ./internal/e2e/kube ./internal/e2e/aws ./internal/e2e/release \
 	./internal/e2e/azurevm ./internal/e2e/chaos ./internal/e2e/gcp ./internal/e2e/docker ./internal/e2e/gitlab \
 	./internal/e2e/manager ./internal/e2e/gitea ./internal/e2e/azure ./internal/e2e/github ./internal/e2e/bitbucket
 TEST_JSON ?= /dev/null
@@ -63,18 +63,18 @@ test: deps
 # binaries from Debian's bash-static and busybox-static packages; the status
 # page is checked in Debian's headless Chromium; the GPU tests give their
 # private Docker engine a bridge with iproute2; the Slurm tests run Debian's
-# slurmctld and slurmd with munge; a real kubelet runs its pods with
+# slurmctld and slurmd with munge (and sudo, for run_as); a real kubelet runs its pods with
 # Debian's containerd and runc; the docker: dind test's daemon image is
 # made of the host's Docker engine and iptables.
 deps:
 	@if [ ! -x /bin/bash-static ] || [ ! -x /bin/busybox ] || ! command -v chromium >/dev/null || ! command -v ip >/dev/null || \
-		! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v sbatch >/dev/null || ! command -v munged >/dev/null || \
+		! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v sbatch >/dev/null || ! command -v munged >/dev/null || ! command -v sudo >/dev/null || \
 		! command -v systemd-analyze >/dev/null || ! command -v containerd >/dev/null || ! command -v ctr >/dev/null || ! command -v runc >/dev/null || \
 		[ ! -x /usr/sbin/xtables-legacy-multi ]; then \
 		echo "installing bash-static, busybox-static, chromium, iproute2, Slurm, systemd, containerd and iptables for the tests"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			bash-static busybox-static chromium iproute2 slurmctld slurmd slurm-client munge systemd containerd runc iptables; \
+			bash-static busybox-static chromium iproute2 slurmctld slurmd slurm-client munge sudo systemd containerd runc iptables; \
 	fi
 
 # The version, commit and date the binary reports (runfleet version), from

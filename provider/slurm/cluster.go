@@ -56,10 +56,13 @@ const CallTimeout = 30 * time.Second
 type CLI struct {
 	// Bin is the directory of the commands; the PATH when empty.
 	Bin string
-	// User is whose jobs Queue reads: the manager's user when empty.
-	User  string
-	calls atomic.Int64
-	bytes atomic.Int64
+	// User is whose jobs Queue reads, besides the run_as accounts As
+	// was asked for: the manager's user when empty.
+	User     string
+	mu       sync.Mutex
+	accounts []string
+	calls    atomic.Int64
+	bytes    atomic.Int64
 	// unfiltered is set once `squeue --json` was seen to ignore the
 	// user filter (Slurm 22.05 and before: "All other formatting and
 	// filtering arguments will be ignored", squeue(1)).
@@ -74,17 +77,29 @@ func (c *CLI) Calls() int64 { return c.calls.Load() }
 func (c *CLI) Bytes() int64 { return c.bytes.Load() }
 
 func (c *CLI) run(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
+	return c.runAs(ctx, "", stdin, name, args...)
+}
+
+// runAs runs a command as the manager's user, or as a run_as account
+// through `sudo -n -u <account>` (never a password prompt), with the
+// same clean environment given through env -i, since sudo's own keeps
+// less (SLURM_CONF).
+func (c *CLI) runAs(ctx context.Context, account string, stdin []byte, name string, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	defer cancel()
 	path := name
-	if c.Bin != "" {
+	if c.Bin != "" && !filepath.IsAbs(name) {
 		path = filepath.Join(c.Bin, name)
 	}
-	cmd := exec.CommandContext(ctx, path, args...)
 	// The manager's environment may hold forge tokens: the commands get
 	// only what finds the cluster. sbatch records its environment with
 	// the job; with --export=NONE the job does not get it either.
-	cmd.Env = cleanEnv()
+	env := cleanEnv()
+	cmd := exec.CommandContext(ctx, path, args...)
+	if account != "" {
+		cmd = exec.CommandContext(ctx, "sudo", append(append([]string{"-n", "-u", account, "--", "env", "-i"}, env...), append([]string{path}, args...)...)...)
+	}
+	cmd.Env = env
 	cmd.Stdin = bytes.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -159,7 +174,11 @@ func refused(msg string) bool {
 
 // Submit runs sbatch with the script on its standard input.
 func (c *CLI) Submit(ctx context.Context, script []byte, args []string) (string, error) {
-	out, err := c.run(ctx, script, "sbatch", append([]string{"--parsable"}, args...)...)
+	return c.submitAs(ctx, "", script, args)
+}
+
+func (c *CLI) submitAs(ctx context.Context, account string, script []byte, args []string) (string, error) {
+	out, err := c.runAs(ctx, account, script, "sbatch", append([]string{"--parsable"}, args...)...)
 	if err != nil {
 		return "", err
 	}
@@ -176,7 +195,8 @@ func (c *CLI) Submit(ctx context.Context, script []byte, args []string) (string,
 // jobs come back), squeue's own format from then on, which every release
 // filters.
 func (c *CLI) Queue(ctx context.Context) ([]Job, error) {
-	who := c.user()
+	users := c.users()
+	who := strings.Join(users, ",")
 	if !c.unfiltered.Load() {
 		out, err := c.run(ctx, nil, "squeue", "--json", "--user="+who, "--states=all")
 		if err != nil {
@@ -186,7 +206,7 @@ func (c *CLI) Queue(ctx context.Context) ([]Job, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !slices.ContainsFunc(jobs, func(j Job) bool { return j.User != who }) {
+		if !slices.ContainsFunc(jobs, func(j Job) bool { return !slices.Contains(users, j.User) }) {
 			return jobs, nil
 		}
 		c.unfiltered.Store(true)
@@ -194,14 +214,27 @@ func (c *CLI) Queue(ctx context.Context) ([]Job, error) {
 	return c.queueByFormat(ctx, who)
 }
 
-func (c *CLI) user() string {
-	if c.User != "" {
-		return c.User
+func (c *CLI) setUser(u string) {
+	c.mu.Lock()
+	c.User = u
+	c.mu.Unlock()
+}
+
+// users are whose jobs Queue reads: the manager's user, and the run_as
+// accounts.
+func (c *CLI) users() []string {
+	c.mu.Lock()
+	me := c.User
+	c.mu.Unlock()
+	if me == "" {
+		me = strconv.Itoa(os.Getuid())
+		if u, err := user.Current(); err == nil {
+			me = u.Username
+		}
 	}
-	if u, err := user.Current(); err == nil {
-		return u.Username
-	}
-	return strconv.Itoa(os.Getuid())
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string{me}, c.accounts...)
 }
 
 // queueByFormat reads the user's jobs with squeue's format (formatFields)
@@ -244,10 +277,14 @@ func (c *CLI) queueByFormat(ctx context.Context, who string) ([]Job, error) {
 
 // Cancel runs scancel. A job already gone or ending is what was wanted.
 func (c *CLI) Cancel(ctx context.Context, ids []string) error {
+	return c.cancelAs(ctx, "", ids)
+}
+
+func (c *CLI) cancelAs(ctx context.Context, account string, ids []string) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	_, err := c.run(ctx, nil, "scancel", ids...)
+	_, err := c.runAs(ctx, account, nil, "scancel", ids...)
 	var ce *CommandError
 	if errors.As(err, &ce) && alreadyEnded(ce.Message) {
 		return nil

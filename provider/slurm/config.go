@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -52,6 +53,12 @@ type Section struct {
 	// Bin is where sbatch, squeue and scancel are; the manager's PATH when
 	// not given.
 	Bin string `json:"bin_dir"`
+	// RunAs are local accounts, each runner's job running as one that no
+	// other live runner of the manager has (submitted through `sudo -n
+	// -u`), so that jobs cannot read each other's credentials or the
+	// manager's files. It needs spool_dir, which every account can
+	// reach, and as many accounts as the pool's max.
+	RunAs []string `json:"run_as"`
 	// PollInterval is how often the cluster's queue is read (5s): one
 	// `squeue --json` for every pool of the manager.
 	PollInterval config.Duration `json:"poll_interval"`
@@ -63,6 +70,8 @@ const DefaultPollInterval = 5 * time.Second
 var (
 	nameRE = regexp.MustCompile(`^[A-Za-z0-9_.+-]+$`)
 	memRE  = regexp.MustCompile(`^[0-9]+[KMGT]?$`)
+	// accountRE is a portable user name (useradd's NAME_REGEX).
+	accountRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]*[$]?$`)
 	// The options runfleet sets itself, or that would let the job's
 	// output or identity escape the manager's view.
 	ownOptions = []string{"--job-name", "-J", "--comment", "--output", "-o", "--error", "-e", "--parsable",
@@ -132,6 +141,17 @@ func (s Section) check(gpusPerRunner int) error {
 		case strings.ContainsAny(o, "\n\x00"):
 			bad(fmt.Sprintf("sbatch_options[%d]", i), "holds a line break")
 		}
+	}
+	for i, a := range s.RunAs {
+		switch {
+		case !accountRE.MatchString(a):
+			bad(fmt.Sprintf("run_as[%d]", i), "%q is not a local account name", a)
+		case slices.Contains(s.RunAs[:i], a):
+			bad(fmt.Sprintf("run_as[%d]", i), "%q is named twice", a)
+		}
+	}
+	if len(s.RunAs) > 0 && s.SpoolDir == "" {
+		bad("run_as", "needs spool_dir: a directory every account can reach (the manager's state_dir is for it alone)")
 	}
 	if s.SpoolDir != "" && !filepath.IsAbs(s.SpoolDir) {
 		bad("spool_dir", "%q is not an absolute path", s.SpoolDir)

@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"sync"
+	"syscall"
 
 	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/provider"
@@ -34,6 +37,11 @@ func (d driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 		spool = filepath.Join(s.SpoolDir, c.Manager, c.Pool)
 	}
 	q := clusters.get(s.Bin)
+	if u := spoolOwner(spool); u != "" {
+		// The jobs are the spool's owner's, the manager's user, also for
+		// `status` or `gc` run by someone else (an admin, root).
+		q.cluster.(*CLI).setUser(u)
+	}
 	return New(Options{Manager: c.Manager, Pool: c.Pool, ReadOnly: c.ReadOnly, Section: s, Spool: spool, Workdir: c.Workdir,
 		GPUs: max(c.GPUsPerRunner, 0), MaxLifetime: c.MaxLifetime, JobTimeout: c.JobTimeout, Cluster: q.cluster, queue: q,
 		Logger: log.With("provider", "slurm", "pool", c.Pool)})
@@ -59,4 +67,20 @@ func (s *clusterSet) get(bin string) *queue {
 		s.byKey[key] = q
 	}
 	return q
+}
+
+// spoolOwner is the user who owns the spool, "" before it exists.
+func spoolOwner(spool string) string {
+	st, err := os.Stat(spool)
+	if err != nil {
+		return ""
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return ""
+	}
+	if u, err := user.LookupId(strconv.FormatUint(uint64(sys.Uid), 10)); err == nil {
+		return u.Username
+	}
+	return strconv.FormatUint(uint64(sys.Uid), 10)
 }

@@ -100,14 +100,23 @@ func writeSpool(dir string, spec provider.Spec) error {
 			return err
 		}
 	}
+	env, err := envFile(spec)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "env"), env, 0o600)
+}
+
+// envFile is the agent's environment as the job's script sources it.
+func envFile(spec provider.Spec) ([]byte, error) {
 	var env strings.Builder
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		if !envNameRE.MatchString(k) {
-			return fmt.Errorf("environment variable name %q cannot be passed to a shell", k)
+			return nil, fmt.Errorf("environment variable name %q cannot be passed to a shell", k)
 		}
 		fmt.Fprintf(&env, "export %s=%s\n", k, quote(spec.Env[k]))
 	}
-	return os.WriteFile(filepath.Join(dir, "env"), []byte(env.String()), 0o600)
+	return []byte(env.String()), nil
 }
 
 // quote makes s one word of a POSIX shell.

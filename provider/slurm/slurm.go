@@ -74,6 +74,7 @@ type Provider struct {
 
 	mu        sync.Mutex
 	creating  map[string]bool
+	claimed   map[string]string // run_as account by runner, while its Create runs
 	cancelled map[string]bool   // job ids this manager cancelled
 	last      map[string]string // by name: what the last poll saw, for Watch
 }
@@ -85,6 +86,8 @@ type record struct {
 	Pool    string    `json:"pool"`
 	JobID   string    `json:"job_id,omitempty"`
 	Created time.Time `json:"created"`
+	// User is the run_as account the job runs as; empty: the manager's.
+	User string `json:"user,omitempty"`
 }
 
 var runnerNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
@@ -103,8 +106,11 @@ func New(opt Options) (*Provider, error) {
 	if opt.queue == nil {
 		opt.queue = &queue{cluster: opt.Cluster}
 	}
-	p := &Provider{opt: opt, log: opt.Logger, q: opt.queue, creating: map[string]bool{},
+	p := &Provider{opt: opt, log: opt.Logger, q: opt.queue, creating: map[string]bool{}, claimed: map[string]string{},
 		cancelled: map[string]bool{}, last: map[string]string{}}
+	if err := p.openAccounts(); err != nil {
+		return nil, err
+	}
 	if err := p.fitTimes(); err != nil {
 		return nil, err
 	}
@@ -113,6 +119,11 @@ func New(opt Options) (*Provider, error) {
 			break
 		}
 		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("slurm provider: %w", err)
+		}
+	}
+	if len(opt.Section.RunAs) > 0 && !opt.ReadOnly {
+		if err := p.shareSpool(); err != nil {
 			return nil, fmt.Errorf("slurm provider: %w", err)
 		}
 	}
@@ -259,9 +270,14 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 			return provider.Instance{}, err
 		}
 	}
-	rec := record{Name: spec.Name, Manager: spec.Manager, Pool: spec.Pool, Created: time.Now().UTC()}
+	account, release, err := p.claim(spec.Name)
+	if err != nil {
+		return provider.Instance{}, fmt.Errorf("create runner %s: %w", spec.Name, err)
+	}
+	defer release()
+	rec := record{Name: spec.Name, Manager: spec.Manager, Pool: spec.Pool, Created: time.Now().UTC(), User: account}
 	// The record first: a crash from here on leaves a name to clean up.
-	err := p.writeRecord(rec)
+	err = p.writeRecord(rec)
 	spool := filepath.Join(p.filesDir(), spec.Name)
 	if spec.Record != nil {
 		sec := p.section(spec.Request)
@@ -275,19 +291,19 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		delete(spec.Env, "RUNFLEET_RECORD")
 	}
 	if err == nil {
-		err = writeSpool(spool, spec)
+		err = p.writeSpool(ctx, account, spool, spec)
 	}
 	if err == nil {
-		rec.JobID, err = p.submit(ctx, spec, spool)
+		rec.JobID, err = p.submit(ctx, spec, spool, account)
 	}
 	if err == nil {
 		err = p.writeRecord(rec)
 	}
 	if err != nil {
 		if rec.JobID != "" {
-			_ = p.opt.Cluster.Cancel(context.WithoutCancel(ctx), []string{rec.JobID})
+			_ = p.as(account).Cancel(context.WithoutCancel(ctx), []string{rec.JobID})
 		}
-		_ = os.RemoveAll(spool)
+		_ = p.removeSpool(context.WithoutCancel(ctx), account, spool)
 		_ = os.Remove(p.recordPath(spec.Name))
 		return provider.Instance{}, fmt.Errorf("create runner %s: %w", spec.Name, err)
 	}
@@ -296,7 +312,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		State: provider.StateCreated, Created: rec.Created, Reason: "submitted", Queued: p.opt.Section.QueueWait}, nil
 }
 
-func (p *Provider) submit(ctx context.Context, spec provider.Spec, spool string) (string, error) {
+func (p *Provider) submit(ctx context.Context, spec provider.Spec, spool, account string) (string, error) {
 	args := []string{
 		"--job-name=" + spec.Name,
 		"--comment=" + comment(spec.Manager, spec.Pool, spec.Name),
@@ -313,7 +329,7 @@ func (p *Provider) submit(ctx context.Context, spec provider.Spec, spool string)
 		fmt.Sprintf("--signal=B:%s@%d", NoticeSignal, int(noticeLead(p.times.job)/time.Second)),
 	}
 	args = append(args, p.section(spec.Request).submitArgs(cmp.Or(spec.Request.GPUs, p.opt.GPUs), p.times.limit)...)
-	return p.opt.Cluster.Submit(ctx, batchScript(spec, spool, p.opt.Workdir, p.noticeDir()), args)
+	return p.as(account).Submit(ctx, batchScript(spec, spool, p.opt.Workdir, p.noticeDir()), args)
 }
 
 // live returns a record's job when the queue holds it queued or running.
@@ -352,8 +368,10 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 		return fmt.Errorf("delete runner %s: %w", name, err)
 	}
 	var ids []string
+	byAccount := map[string][]string{} // the account each job runs as, for scancel
 	if rec.JobID != "" {
 		ids = append(ids, rec.JobID)
+		byAccount[rec.User] = append(byAccount[rec.User], rec.JobID)
 	}
 	jobs, _, err := p.q.read(ctx, p.opt.Section.PollInterval.Duration)
 	if err != nil {
@@ -362,6 +380,11 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 	for _, j := range jobs {
 		if m, pool, ok := owner(j.Comment); ok && m == p.opt.Manager && pool == p.opt.Pool && j.Name == name && !finished(j.State) && !slices.Contains(ids, j.ID) {
 			ids = append(ids, j.ID)
+			account := ""
+			if slices.Contains(p.opt.Section.RunAs, j.User) {
+				account = j.User
+			}
+			byAccount[account] = append(byAccount[account], j.ID)
 		}
 	}
 	// Marked as ours before scancel: a poll in between must not take
@@ -375,15 +398,17 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 		}
 	}
 	p.mu.Unlock()
-	if err := p.opt.Cluster.Cancel(ctx, ids); err != nil {
-		p.mu.Lock()
-		for _, id := range fresh {
-			delete(p.cancelled, id)
+	for account, some := range byAccount {
+		if err := p.as(account).Cancel(ctx, some); err != nil {
+			p.mu.Lock()
+			for _, id := range fresh {
+				delete(p.cancelled, id)
+			}
+			p.mu.Unlock()
+			return fmt.Errorf("delete runner %s: %w", name, err)
 		}
-		p.mu.Unlock()
-		return fmt.Errorf("delete runner %s: %w", name, err)
 	}
-	if err := os.RemoveAll(filepath.Join(p.filesDir(), name)); err != nil {
+	if err := p.removeSpool(ctx, rec.User, filepath.Join(p.filesDir(), name)); err != nil {
 		return fmt.Errorf("delete runner %s: %w", name, err)
 	}
 	for _, id := range ids {

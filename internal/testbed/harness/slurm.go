@@ -174,7 +174,33 @@ PartitionName=urgent Nodes=%[1]s MaxTime=04:00:00 State=UP PriorityTier=10 Preem
 	if err := s.waitIdle(); err != nil {
 		return err
 	}
-	return s.makeUser()
+	if err := s.makeUser(); err != nil {
+		return err
+	}
+	return makeRunAs()
+}
+
+// RunAsAccounts are the local accounts of the run_as tests; the Slurm
+// user may act as them, and as no one else, through sudo.
+var RunAsAccounts = []string{"runfleet-j1", "runfleet-j2"}
+
+// makeRunAs makes the run_as accounts and the sudo rule the docs give
+// (docs/providers/slurm.md): the manager's user may run commands as them,
+// through env, without a password.
+func makeRunAs() error {
+	if _, err := exec.LookPath("sudo"); err != nil {
+		return fmt.Errorf("sudo not found (make deps installs it): %w", err)
+	}
+	for _, a := range RunAsAccounts {
+		if _, err := user.Lookup(a); err == nil {
+			continue
+		}
+		if out, err := exec.Command("useradd", "--no-create-home", "--shell", "/bin/sh", a).CombinedOutput(); err != nil {
+			return fmt.Errorf("useradd %s: %v: %s", a, err, out)
+		}
+	}
+	rule := fmt.Sprintf("%s ALL=(%s) NOPASSWD: /usr/bin/env\n", SlurmUser, strings.Join(RunAsAccounts, ","))
+	return os.WriteFile("/etc/sudoers.d/runfleet-e2e", []byte(rule), 0o440)
 }
 
 // unix1x3 is /dev/null's device number.
@@ -297,6 +323,9 @@ func (s *SlurmCluster) Stop() {
 	// What a failed test's jobs left: their processes are the user's.
 	if s.User != "" {
 		_ = exec.Command("pkill", "-KILL", "-u", s.User).Run()
+		for _, a := range RunAsAccounts {
+			_ = exec.Command("pkill", "-KILL", "-u", a).Run()
+		}
 	}
 	_ = os.RemoveAll(s.Dir)
 }
