@@ -112,13 +112,16 @@ func (p *Provider) join(manager string, jobs []Job, at time.Time, recs []record,
 		}
 		known[rec.JobID] = true
 		j, ok := byID[rec.JobID]
+		// The signal first: the job's script leaves its notice before
+		// the job ends (a preemption's TERM ends it at once), so a read
+		// that sees it ended sees the notice too.
 		switch sig := signalled[rec.JobID]; {
 		case p.cancelled[rec.JobID]:
-		case ok && takenBack(j.State):
-			notices = append(notices, provider.Notice{Name: rec.Name, ID: j.ID, At: time.Now(), Reason: "Slurm job " + j.State})
 		case sig != "" && rec.JobID != "":
 			notices = append(notices, provider.Notice{Name: rec.Name, ID: rec.JobID, At: time.Now(),
 				Reason: "Slurm signalled the job's end (" + sig + "): preempted, or at its time limit"})
+		case ok && takenBack(j.State):
+			notices = append(notices, provider.Notice{Name: rec.Name, ID: j.ID, At: time.Now(), Reason: "Slurm job " + j.State})
 		}
 		switch {
 		case ok:
