@@ -70,7 +70,11 @@ func TestCMLExampleBitbucketAWS(t *testing.T) {
 	harness.Eventually(t, time.Minute, "the machine's end seen", func() bool { return strings.Contains(out.String(), "runner removed") })
 	// The runner stopped its container before its machine ended; the
 	// slot's next machine may have made one of its own since.
-	if left := harness.RunnerContainers(t, sim.Instances()[0].Ended); len(left) != 0 {
+	manager := regexp.MustCompile(`manager=(cml-[a-z0-9]+)`).FindStringSubmatch(out.String())
+	if manager == nil {
+		t.Fatalf("the runner's output names no manager:\n%s", out)
+	}
+	if left := harness.RunnerContainers(t, sim.Instances()[0].Ended, manager[1]+"-"); len(left) != 0 {
 		t.Errorf("the runner's container outlived its machine: %v", left)
 	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)

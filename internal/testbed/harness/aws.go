@@ -385,7 +385,7 @@ func NeedEC2Engine(t testing.TB) *ec2sim.Server {
 	}
 	t.Cleanup(sim.Close)
 	t.Cleanup(func() {
-		for _, id := range RunnerContainers(t, time.Time{}) {
+		for _, id := range RunnerContainers(t, time.Time{}, "") {
 			_, _ = DockerCli.ContainerRemove(context.Background(), id, client.ContainerRemoveOptions{Force: true})
 		}
 	})
@@ -393,9 +393,13 @@ func NeedEC2Engine(t testing.TB) *ec2sim.Server {
 	return sim
 }
 
-// RunnerContainers lists the containers labelled runfleet.runner, running
-// or not, made at or before made (any, when it is zero).
-func RunnerContainers(t testing.TB, made time.Time) []string {
+// RunnerContainers lists the containers that the Bitbucket agent of a
+// runner on an instance made (labelled runfleet.runner by its script, and
+// not runfleet.manager as the docker provider's are: the host's engine
+// runs other packages' runners too), running or not, made at or before
+// made (any, when it is zero), of the runners whose names start with
+// prefix.
+func RunnerContainers(t testing.TB, made time.Time, prefix string) []string {
 	t.Helper()
 	res, err := DockerCli.ContainerList(context.Background(), client.ContainerListOptions{All: true, Filters: make(client.Filters).Add("label", "runfleet.runner")})
 	if err != nil {
@@ -403,7 +407,10 @@ func RunnerContainers(t testing.TB, made time.Time) []string {
 	}
 	var ids []string
 	for _, c := range res.Items {
-		if made.IsZero() || c.Created <= made.Unix() {
+		if _, provider := c.Labels["runfleet.manager"]; provider {
+			continue
+		}
+		if (made.IsZero() || c.Created <= made.Unix()) && strings.HasPrefix(c.Labels["runfleet.runner"], prefix) {
 			ids = append(ids, c.ID)
 		}
 	}
