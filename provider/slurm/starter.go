@@ -11,7 +11,8 @@ func (driver) Starter(provider.StarterOptions) string {
     slurm:
       # partition: gpu
       # account: ml
-      time_limit: 12h
+      # --time is max_lifetime and one job (the pool's job_timeout, or
+      # the forge's limit), within the partition's MaxTime.
       cpus: 4
       memory: 16G
     # gpus_per_runner: 1                # --gres=gpu:1
