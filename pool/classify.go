@@ -358,7 +358,10 @@ func classifyLive(f facts, p policy) verdict {
 		if f.inst.Reason != "" {
 			why += ": " + f.inst.Reason
 		}
-		return verdict{state: StateStopping, retire: why, unstarted: f.inst.State == provider.StateCreated}
+		// Backed off only where the backend says why the machine waits
+		// (a batch job's pending reason): a container a killed manager
+		// left created says nothing of a full cluster.
+		return verdict{state: StateStopping, retire: why, unstarted: f.inst.State == provider.StateCreated && f.inst.Reason != ""}
 	case p.draining:
 		return verdict{state: StateStopping, retire: "draining"}
 	case status == forge.StatusOffline:

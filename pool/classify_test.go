@@ -98,7 +98,7 @@ var classifyCases = []classifyCase{
 	// mid-create): it may start yet, so it is a runner coming up.
 	{name: "created, registered", machine: created, age: 10 * time.Second, reg: off, want: verdict{state: StateStarting}},
 	{name: "created, took a job as it started", machine: created, age: 10 * time.Second, reg: busy, want: verdict{state: StateBusy}},
-	{name: "created, never started", machine: created, age: 3 * time.Minute, reg: off, want: verdict{state: StateStopping, retire: "not online after 2m0s", unstarted: true}},
+	{name: "created, never started", machine: created, age: 3 * time.Minute, reg: off, want: verdict{state: StateStopping, retire: "not online after 2m0s"}},
 	// An exited machine.
 	{name: "exited after its job", machine: exited, age: time.Minute, reg: busy, phase: agent.PhaseDone, want: verdict{state: StateStopping, retire: "agent exited", regGone: true, ended: true}},
 	{name: "exited after its job, forge must be told", machine: exited, age: time.Minute, reg: busy, phase: agent.PhaseDone, pol: func(p *policy) { p.canEnd = false }, want: verdict{state: StateStopping, retire: "agent exited"}},
