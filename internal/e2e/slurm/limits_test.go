@@ -127,15 +127,7 @@ func TestSlurmTimeoutReruns(t *testing.T) {
 	harness.Scontrol(t, "update", "JobId="+victim, "TimeLimit=1")
 	harness.Eventually(t, 2*time.Minute, "the notice", func() bool { return f.LogHas("Slurm signalled the job's end") })
 	noticed := time.Since(shortened)
-	var state string
-	harness.Eventually(t, 3*time.Minute, "the runner's job ended", func() bool {
-		for _, j := range s.Jobs(t) {
-			if j.ID == victim {
-				state = j.State
-			}
-		}
-		return state != "" && state != "RUNNING" && state != "COMPLETING"
-	})
+	state := endState(t, s, victim, 3*time.Minute)
 	ended := time.Since(shortened)
 	checkRerun(t, f, reg)
 	t.Logf("time limit cut to 1m: notice %s after, the job %s %s after, re-run and passed %s after",
@@ -165,15 +157,7 @@ func TestSlurmPreemptedReruns(t *testing.T) {
 	preempted := time.Now()
 	harness.Eventually(t, 2*time.Minute, "the notice", func() bool { return f.LogHas("Slurm signalled the job's end") })
 	noticed := time.Since(preempted)
-	var state string
-	harness.Eventually(t, 2*time.Minute, "the runner's job ended", func() bool {
-		for _, j := range s.Jobs(t) {
-			if j.ID == victim {
-				state = j.State
-			}
-		}
-		return state != "" && state != "RUNNING" && state != "COMPLETING"
-	})
+	state := endState(t, s, victim, 2*time.Minute)
 	ended := time.Since(preempted)
 	checkRerun(t, f, reg)
 	t.Logf("urgent job %s: notice %s after, the runner's job %s %s after (grace %s), re-run and passed %s after",
@@ -188,6 +172,21 @@ func TestSlurmPreemptedReruns(t *testing.T) {
 		t.Errorf("the runner's job ended %s, not PREEMPTED", state)
 	}
 	f.StopLeavesNothing()
+}
+
+// endState waits for a Slurm job to end and returns the state it ended in.
+func endState(t *testing.T, s *harness.SlurmCluster, id string, timeout time.Duration) string {
+	t.Helper()
+	var state string
+	harness.Eventually(t, timeout, "the runner's job ended", func() bool {
+		for _, j := range s.Jobs(t) {
+			if j.ID == id {
+				state = j.State
+			}
+		}
+		return state != "" && state != "RUNNING" && state != "COMPLETING"
+	})
+	return state
 }
 
 // busyJob waits for the fleet's one job to run and returns its runner's
