@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -109,7 +108,7 @@ func (s *SlurmCluster) setup() error {
 			}
 		}
 	}
-	ports, err := freePorts(2)
+	ports, err := peers.FreePorts(2)
 	if err != nil {
 		return err
 	}
@@ -227,19 +226,6 @@ func startMunge() error {
 		return fmt.Errorf("munged: %v: %s", err, out)
 	}
 	return nil
-}
-
-func freePorts(n int) ([]int, error) {
-	var out []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		defer l.Close()
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
-	}
-	return out, nil
 }
 
 // waitIdle waits for the node to take jobs, resuming it if an earlier

@@ -128,7 +128,7 @@ state = %[2]q
 	for key, v := range opt.Labels {
 		labels = append(labels, key+"="+v)
 	}
-	ports, err := freePorts(1)
+	ports, err := FreePorts(1)
 	if err != nil {
 		return nil, err
 	}
