@@ -39,6 +39,48 @@ func TestParseQueueSlurm2205(t *testing.T) {
 	}
 }
 
+// One document per data_parser generation that squeue --json has
+// printed, each of the shape its release gives the fields read here:
+// the job_info parser of src/plugins/data_parser/<version>/parsers.c in
+// SchedMD/slurm at each release's tag (job_state a string through
+// v0.0.39 and a flag list from v0.0.40; submit_time and start_time plain
+// numbers through v0.0.39 and TIMESTAMP_NO_VAL objects after; the other
+// numbers objects from v0.0.39), and the meta and neighbouring fields as
+// the captures of 21.08.5 and 23.02.4 in rivosinc/prometheus-slurm-exporter
+// (fixtures/) show them. They are written from those sources, with this
+// package's values, not copied captures; 22.05 above is a real one.
+func TestParseQueueEachGeneration(t *testing.T) {
+	for _, rel := range []string{"21.08", "23.02", "23.11", "24.05", "24.11", "25.05", "25.11"} {
+		t.Run(rel, func(t *testing.T) {
+			b, err := os.ReadFile("testdata/squeue-" + rel + ".json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			jobs, err := ParseQueue(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(jobs) != 3 {
+				t.Fatalf("%d jobs, want 3", len(jobs))
+			}
+			run, pend, other := jobs[0], jobs[1], jobs[2]
+			if run.ID != "9120" || run.State != "RUNNING" || !slices.Equal(run.GPUs, []string{"gpu07:0", "gpu07:2"}) ||
+				run.Start.Unix() != 1764650030 || run.Submit.Unix() != 1764650000 || run.User != "ci" || run.Nodes != "gpu07" {
+				t.Errorf("running job read as %+v", run)
+			}
+			if m, pool, ok := owner(run.Comment); !ok || m != "m" || pool != "gpu" || run.Name != "gpu-1" {
+				t.Errorf("running job's owner read as %q %q %v", m, pool, ok)
+			}
+			if pend.ID != "9121" || pend.State != "PENDING" || pend.Reason != "Resources" || len(pend.GPUs) != 0 {
+				t.Errorf("pending job read as %+v", pend)
+			}
+			if _, _, ok := owner(other.Comment); ok || other.State != "COMPLETED" || other.ID != "9050" {
+				t.Errorf("another job (an array task) read as %+v", other)
+			}
+		})
+	}
+}
+
 // Slurm 23.11 and later (OpenAPI v0.0.40+): states as lists of flags,
 // times as objects, ids as numbers.
 func TestParseQueueNewShapes(t *testing.T) {
