@@ -1,6 +1,7 @@
 // Package dynamic reads what a job asks its machine to be, in labels of
 // its runs-on (gpus=2, gpu=h100, cpu=8, mem=64g, image=cuda12.4,
-// spot=false), and checks it against what its pool allows (the pool's
+// spot=false; on a batch scheduler partition=short, constraint=ib,
+// time=2h), and checks it against what its pool allows (the pool's
 // `dynamic:` section). A pool with such a section starts, for each job,
 // a runner with exactly what the job asked for; a request outside the
 // limits starts nothing, and its reason is shown.
@@ -12,10 +13,15 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
+
+// nameRE is a Slurm name that a label's value can hold.
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_.+-]+$`)
 
 // The keys a job may ask for.
 const (
@@ -25,10 +31,15 @@ const (
 	KeyMem   = "mem"   // memory: 64g, 512m
 	KeyImage = "image" // a name the pool maps to an image
 	KeySpot  = "spot"  // true or false
+	// A batch scheduler's options (Slurm's sbatch): the partition, a
+	// node feature, and the job's own time.
+	KeyPartition  = "partition"
+	KeyConstraint = "constraint"
+	KeyTime       = "time" // how long the job runs: 90m, 2h
 )
 
 // Keys lists them, in the order requests are written.
-var Keys = []string{KeyGPUs, KeyGPU, KeyCPU, KeyMem, KeyImage, KeySpot}
+var Keys = []string{KeyGPUs, KeyGPU, KeyCPU, KeyMem, KeyImage, KeySpot, KeyPartition, KeyConstraint, KeyTime}
 
 // Limits is a pool's `dynamic:` section: what its jobs may ask for. A key
 // left out may not be asked for.
@@ -45,9 +56,20 @@ type Limits struct {
 	Image map[string]string `json:"image"`
 	// Spot lets a job choose spot=true or spot=false.
 	Spot bool `json:"spot"`
+	// Partition are the partitions, Constraint the node features (one
+	// per job) a job may ask for.
+	Partition  []string `json:"partition"`
+	Constraint []string `json:"constraint"`
+	// Time is the longest a job may say it runs (time=): its machine's
+	// time limit makes room for that instead of the pool's job_timeout.
+	Time string `json:"time"`
 
-	mem int64
+	mem  int64
+	time time.Duration
 }
+
+// MaxTime is the longest time a job may ask for; 0 when it may not.
+func (l Limits) MaxTime() time.Duration { return l.time }
 
 // Request is what one job asked for; zero fields keep the pool's own
 // settings.
@@ -58,6 +80,10 @@ type Request struct {
 	Memory int64  // bytes
 	Image  string // the image itself, from the pool's names
 	Spot   *bool
+
+	Partition  string
+	Constraint string
+	Time       time.Duration // 0: the pool's job_timeout
 }
 
 // IsZero reports whether the job asked for nothing.
@@ -88,6 +114,12 @@ func (l Limits) allows(key string) bool {
 		return len(l.Image) > 0
 	case KeySpot:
 		return l.Spot
+	case KeyPartition:
+		return len(l.Partition) > 0
+	case KeyConstraint:
+		return len(l.Constraint) > 0
+	case KeyTime:
+		return l.Time != ""
 	}
 	return false
 }
@@ -120,6 +152,22 @@ func (l *Limits) Check() error {
 		if name == "" || strings.ContainsAny(name, "=:, ") || l.Image[name] == "" {
 			errs = append(errs, fmt.Errorf("image.%s: a name (no '=', ':', ',' or space) for an image", name))
 		}
+	}
+	for field, names := range map[string][]string{"partition": l.Partition, "constraint": l.Constraint} {
+		for i, n := range names {
+			// What a label's value can hold, and a Slurm name: a
+			// constraint is one feature, not an expression.
+			if !nameRE.MatchString(n) {
+				errs = append(errs, fmt.Errorf("%s[%d]: %q is not a name (letters, digits, _ . + -)", field, i, n))
+			}
+		}
+	}
+	if l.Time != "" {
+		d, err := time.ParseDuration(l.Time)
+		if err != nil || d < time.Minute || d > 366*24*time.Hour {
+			errs = append(errs, fmt.Errorf("time: %q is not a duration from 1m to a year (2h, 90m)", l.Time))
+		}
+		l.time = d
 	}
 	return errors.Join(errs...)
 }
@@ -232,6 +280,26 @@ func (l Limits) resolve(r *Request, k, v string) error {
 			return errors.New("spot is true or false")
 		}
 		r.Spot = &b
+	case KeyPartition:
+		// Labels may be compared without case (GitHub's are); Slurm's
+		// names are not, so the pool's spelling is the one used.
+		i := slices.IndexFunc(l.Partition, func(p string) bool { return strings.EqualFold(p, v) })
+		if i < 0 {
+			return fmt.Errorf("the pool allows partition=%s", strings.Join(l.Partition, "|"))
+		}
+		r.Partition = l.Partition[i]
+	case KeyConstraint:
+		i := slices.IndexFunc(l.Constraint, func(c string) bool { return strings.EqualFold(c, v) })
+		if i < 0 {
+			return fmt.Errorf("the pool allows constraint=%s", strings.Join(l.Constraint, "|"))
+		}
+		r.Constraint = l.Constraint[i]
+	case KeyTime:
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 || d > l.time {
+			return fmt.Errorf("the pool allows time up to %s (a duration: 90m, 2h)", l.Time)
+		}
+		r.Time = d
 	}
 	return nil
 }

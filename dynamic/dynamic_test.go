@@ -3,6 +3,7 @@ package dynamic
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func limits(t *testing.T) Limits {
@@ -29,6 +30,43 @@ func TestResolve(t *testing.T) {
 	}
 	if r, err := l.Resolve(""); err != nil || !r.IsZero() {
 		t.Fatalf("no request: %+v %v", r, err)
+	}
+}
+
+// A batch scheduler's options: the pool's spelling of a name is kept
+// (Slurm's names have case; labels may not).
+func TestResolveSchedulerOptions(t *testing.T) {
+	l, err := Decode([]byte(`{"partition":["gpu","Short"],"constraint":["ib"],"time":"4h"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := l.Resolve(Shape([]string{"slurm", "time=90m", "partition=short", "constraint=IB"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Partition != "Short" || r.Constraint != "ib" || r.Time != 90*time.Minute || l.MaxTime() != 4*time.Hour {
+		t.Fatalf("request %+v", r)
+	}
+	for shape, want := range map[string]string{
+		"partition=debug": "partition=debug: the pool allows partition=gpu|Short",
+		"constraint=a100": "constraint=a100: the pool allows constraint=ib",
+		"time=5h":         "time=5h: the pool allows time up to 4h",
+		"time=soon":       "time=soon: the pool allows time up to 4h",
+		"time=-1h":        "the pool allows time up to 4h",
+	} {
+		if _, err := l.Resolve(shape); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Resolve(%s) = %v, want %q", shape, err, want)
+		}
+	}
+	for raw, want := range map[string]string{
+		`{"partition":["a b"]}`:      `partition[0]: "a b" is not a name`,
+		`{"constraint":["a100&ib"]}`: `constraint[0]: "a100&ib" is not a name`,
+		`{"time":"forever"}`:         `time: "forever" is not a duration`,
+		`{"time":"10s"}`:             `time: "10s" is not a duration from 1m`,
+	} {
+		if _, err := Decode([]byte(raw)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Decode(%s) = %v, want %q", raw, err, want)
+		}
 	}
 }
 

@@ -245,6 +245,15 @@ type Shaper interface {
 	Honours() []string
 }
 
+// ShapeChecker is implemented by Shapers that can tell at start whether
+// what a pool lets its jobs ask for can be given at all (a Slurm
+// partition that does not exist, or whose MaxTime the longest time a job
+// may ask for does not fit), so that the pool is refused then rather than
+// each job that asks.
+type ShapeChecker interface {
+	CheckShapes(ctx context.Context, l dynamic.Limits) error
+}
+
 // OutputReader is implemented by providers that keep what an agent
 // prints, which tells the pool whether the agent waits for a job, runs
 // one, or has finished it, without asking the forge.

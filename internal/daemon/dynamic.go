@@ -1,9 +1,11 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/demand"
@@ -44,6 +46,14 @@ func (f *Fleet) shapePool(pc config.Pool, pcfg *pool.Config, prov provider.Provi
 	for _, k := range lim.Keys() {
 		if !slices.Contains(honours, k) {
 			return fmt.Errorf("dynamic.%s: provider %s cannot give a runner what a job asks for in %s= (it can: %s)", k, pc.Provider, k, strings.Join(orNone(honours), ", "))
+		}
+	}
+	if c, ok := prov.(provider.ShapeChecker); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := c.CheckShapes(ctx, *lim)
+		cancel()
+		if err != nil {
+			return err
 		}
 	}
 	conn := f.conns[pc.Forge]

@@ -43,7 +43,7 @@ func (d driver) Open(c provider.PoolConfig) (provider.Provider, error) {
 		q.cluster.(*CLI).setUser(u)
 	}
 	return New(Options{Manager: c.Manager, Pool: c.Pool, ReadOnly: c.ReadOnly, Section: s, Spool: spool, Workdir: c.Workdir,
-		GPUs: max(c.GPUsPerRunner, 0), MaxLifetime: c.MaxLifetime, JobTimeout: c.JobTimeout, Cluster: q.cluster, queue: q,
+		GPUs: max(c.GPUsPerRunner, 0), MaxLifetime: c.MaxLifetime, JobTimeout: c.JobTimeout, IdleTimeout: c.IdleTimeout, Cluster: q.cluster, queue: q,
 		Logger: log.With("provider", "slurm", "pool", c.Pool)})
 }
 

@@ -72,7 +72,10 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 	if err != nil {
 		return nil, fmt.Errorf("list runners: %w", err)
 	}
-	out, notices := p.join(manager, jobs, at, recs, p.signalled())
+	out, notices, gone := p.join(manager, jobs, at, recs, p.signalled())
+	if len(gone) > 0 {
+		notices = append(notices, p.accounted(ctx, gone)...)
+	}
 	for _, n := range notices {
 		p.poller.Notify(n, "runner's job taken back by Slurm")
 	}
@@ -80,8 +83,9 @@ func (p *Provider) List(ctx context.Context, manager string) ([]provider.Instanc
 }
 
 // join joins a manager's records with the queue, and finds the jobs taken
-// back.
-func (p *Provider) join(manager string, jobs []Job, at time.Time, recs []record, signalled map[string]string) (out []provider.Instance, notices []provider.Notice) {
+// back; gone are the records whose jobs left the queue before a read saw
+// how they ended, and left no notice, for accounting to tell.
+func (p *Provider) join(manager string, jobs []Job, at time.Time, recs []record, signalled map[string]string) (out []provider.Instance, notices []provider.Notice, gone []record) {
 	byID := map[string]Job{}
 	named := map[string]Job{} // live jobs of the pool by runner name, for records without a job id
 	p.mu.Lock()
@@ -133,6 +137,9 @@ func (p *Provider) join(manager string, jobs []Job, at time.Time, recs []record,
 		default:
 			// Ended long enough ago to have left the queue, or never
 			// submitted: Delete clears what is left.
+			if rec.JobID != "" && signalled[rec.JobID] == "" && !p.cancelled[rec.JobID] {
+				gone = append(gone, rec)
+			}
 			out = append(out, provider.Instance{Name: rec.Name, Manager: rec.Manager, Pool: rec.Pool, ID: rec.JobID,
 				State: provider.StateExited, Created: rec.Created})
 		}
@@ -143,7 +150,7 @@ func (p *Provider) join(manager string, jobs []Job, at time.Time, recs []record,
 		}
 		out = append(out, p.instance(record{Name: j.Name, Manager: manager, Pool: p.opt.Pool, JobID: j.ID, Created: j.Submit}, j))
 	}
-	return out, notices
+	return out, notices, gone
 }
 
 // signalled reads the notices the jobs left (batchScript): the signal

@@ -23,7 +23,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"maps"
-	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -31,9 +30,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/runfleet/runfleet/dynamic"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
 )
@@ -55,6 +54,9 @@ type Options struct {
 	// JobTimeout is the longest job of the pool (PoolConfig.JobTimeout):
 	// each runner's --time makes room for one after its idle life.
 	JobTimeout time.Duration
+	// IdleTimeout is the pool's idle_timeout: how long a runner started
+	// for one job's own partition or time waits for it.
+	IdleTimeout time.Duration
 	// Cluster runs the commands; queue is the cluster's queue shared by
 	// the manager's pools (made from Cluster when nil).
 	Cluster Cluster
@@ -74,9 +76,13 @@ type Provider struct {
 
 	mu        sync.Mutex
 	creating  map[string]bool
-	claimed   map[string]string // run_as account by runner, while its Create runs
-	cancelled map[string]bool   // job ids this manager cancelled
-	last      map[string]string // by name: what the last poll saw, for Watch
+	claimed   map[string]string    // run_as account by runner, while its Create runs
+	cancelled map[string]bool      // job ids this manager cancelled
+	parts     map[string]Partition // the limits of partitions jobs chose
+	ended     map[string]string    // by job id: the state accounting told
+
+	noAccounting atomic.Bool       // sacct said the cluster keeps none
+	last         map[string]string // by name: what the last poll saw, for Watch
 }
 
 // record is what is kept per runner, before and after its job exists.
@@ -107,7 +113,7 @@ func New(opt Options) (*Provider, error) {
 		opt.queue = &queue{cluster: opt.Cluster}
 	}
 	p := &Provider{opt: opt, log: opt.Logger, q: opt.queue, creating: map[string]bool{}, claimed: map[string]string{},
-		cancelled: map[string]bool{}, last: map[string]string{}}
+		cancelled: map[string]bool{}, last: map[string]string{}, parts: map[string]Partition{}, ended: map[string]string{}}
 	if err := p.openAccounts(); err != nil {
 		return nil, err
 	}
@@ -211,27 +217,6 @@ func (p *Provider) Traits() provider.Traits {
 	return provider.Traits{Local: true, Preemptible: true, SchedulesGPUs: true}
 }
 
-// Honours says what a job of a dynamic pool may ask its Slurm job to be:
-// its GPUs (how many, which gres type), CPUs and memory.
-func (p *Provider) Honours() []string {
-	return []string{dynamic.KeyGPUs, dynamic.KeyGPU, dynamic.KeyCPU, dynamic.KeyMem}
-}
-
-// section is the pool's section with what a job asked for in its stead.
-func (p *Provider) section(req dynamic.Request) Section {
-	s := p.opt.Section
-	if req.CPUs > 0 {
-		s.CPUs = int(math.Ceil(req.CPUs))
-	}
-	if req.Memory > 0 {
-		s.Memory = strconv.FormatInt((req.Memory+1<<20-1)>>20, 10) + "M"
-	}
-	if req.GPU != "" {
-		s.GPUType = req.GPU
-	}
-	return s
-}
-
 // HardwareLabels describe the GPUs each runner's job asks for.
 func (p *Provider) HardwareLabels() []string {
 	if p.opt.GPUs <= 0 {
@@ -313,6 +298,10 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 }
 
 func (p *Provider) submit(ctx context.Context, spec provider.Spec, spool, account string) (string, error) {
+	t, err := p.timesFor(ctx, spec.Request)
+	if err != nil {
+		return "", err
+	}
 	args := []string{
 		"--job-name=" + spec.Name,
 		"--comment=" + comment(spec.Manager, spec.Pool, spec.Name),
@@ -326,9 +315,9 @@ func (p *Provider) submit(ctx context.Context, spec provider.Spec, spool, accoun
 		"--chdir=" + p.opt.Spool,
 		// Slurm's word that the end is near (NoticeSignal): ahead of
 		// the time limit, and at a preemption where the site sends it.
-		fmt.Sprintf("--signal=B:%s@%d", NoticeSignal, int(noticeLead(p.times.job)/time.Second)),
+		fmt.Sprintf("--signal=B:%s@%d", NoticeSignal, int(noticeLead(t.job)/time.Second)),
 	}
-	args = append(args, p.section(spec.Request).submitArgs(cmp.Or(spec.Request.GPUs, p.opt.GPUs), p.times.limit)...)
+	args = append(args, p.section(spec.Request).submitArgs(cmp.Or(spec.Request.GPUs, p.opt.GPUs), t.limit)...)
 	return p.as(account).Submit(ctx, batchScript(spec, spool, p.opt.Workdir, p.noticeDir()), args)
 }
 

@@ -1,0 +1,124 @@
+package slurm
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/dynamic"
+	"github.com/runfleet/runfleet/provider"
+)
+
+// What a job of a dynamic pool may choose of its runner's Slurm job, as
+// Jacamar CI's SCHEDULER_PARAMETERS lets a GitLab job choose sbatch's
+// options, but each within the pool's list (its dynamic section) rather
+// than any option at all: a job cannot pick a partition, an account or a
+// reservation the pool did not name.
+
+// Honours says what a job of a dynamic pool may ask its Slurm job to be:
+// its GPUs (how many, which gres type), CPUs and memory, its partition, a
+// node feature (--constraint) and its own time.
+func (p *Provider) Honours() []string {
+	return []string{dynamic.KeyGPUs, dynamic.KeyGPU, dynamic.KeyCPU, dynamic.KeyMem,
+		dynamic.KeyPartition, dynamic.KeyConstraint, dynamic.KeyTime}
+}
+
+// section is the pool's section with what a job asked for in its stead.
+func (p *Provider) section(req dynamic.Request) Section {
+	s := p.opt.Section
+	if req.CPUs > 0 {
+		s.CPUs = int(math.Ceil(req.CPUs))
+	}
+	if req.Memory > 0 {
+		s.Memory = strconv.FormatInt((req.Memory+1<<20-1)>>20, 10) + "M"
+	}
+	if req.GPU != "" {
+		s.GPUType = req.GPU
+	}
+	if req.Partition != "" {
+		s.Partition = req.Partition
+	}
+	if req.Constraint != "" {
+		s.Constraint = req.Constraint
+	}
+	if req.Time > 0 {
+		// The job's own time replaces the pool's fixed one.
+		s.TimeLimit = config.Duration{}
+	}
+	return s
+}
+
+// timesFor is the fit of a runner's job in its partition: the pool's,
+// unless its job chose a partition or said how long it runs. Such a runner
+// is started for that job, so it waits idle for no longer than the pool's
+// idle_timeout. A request that cannot fit is refused (ErrRejected) with
+// both figures.
+func (p *Provider) timesFor(ctx context.Context, req dynamic.Request) (times, error) {
+	if req.Partition == "" && req.Time == 0 {
+		return p.times, nil
+	}
+	sec := p.section(req)
+	part, err := p.partition(ctx, sec.Partition)
+	if err != nil {
+		return times{}, err
+	}
+	idle := cmp.Or(p.opt.IdleTimeout, 10*time.Minute)
+	t, err := fit(sec, idle, cmp.Or(req.Time, p.opt.JobTimeout), part)
+	if err != nil {
+		return times{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
+	}
+	return t, nil
+}
+
+// partition reads a partition's limits once; where the controller does
+// not answer, none are known and sbatch will say if the job does not fit.
+func (p *Provider) partition(ctx context.Context, name string) (Partition, error) {
+	r, ok := p.opt.Cluster.(PartitionReader)
+	if !ok {
+		return Partition{Name: name}, nil
+	}
+	p.mu.Lock()
+	got, ok := p.parts[name]
+	p.mu.Unlock()
+	if ok {
+		return got, nil
+	}
+	got, err := r.Partition(ctx, name)
+	switch {
+	case errors.Is(err, provider.ErrRejected):
+		return Partition{}, err
+	case err != nil:
+		p.log.Warn("could not read the partition's limits", "partition", name, "error", err)
+		return Partition{Name: name}, nil
+	}
+	p.mu.Lock()
+	p.parts[name] = got
+	p.mu.Unlock()
+	return got, nil
+}
+
+// CheckShapes refuses, at start, a dynamic section whose partitions the
+// cluster does not have, or in which the longest job a job may ask for
+// (time, or job_timeout) cannot fit (provider.ShapeChecker).
+func (p *Provider) CheckShapes(ctx context.Context, l dynamic.Limits) error {
+	parts, field := l.Partition, "dynamic.partition"
+	switch {
+	case len(parts) == 0 && l.MaxTime() == 0:
+		return nil // the pool's own fit, checked at New
+	case len(parts) == 0:
+		parts, field = []string{p.opt.Section.Partition}, "dynamic.time"
+	}
+	longest := cmp.Or(l.MaxTime(), p.opt.JobTimeout)
+	var errs []error
+	for _, name := range parts {
+		if _, err := p.timesFor(ctx, dynamic.Request{Partition: name, Time: longest}); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", field, err))
+		}
+	}
+	return errors.Join(errs...)
+}
