@@ -69,12 +69,13 @@ test: deps
 deps:
 	@if [ ! -x /bin/bash-static ] || [ ! -x /bin/busybox ] || ! command -v chromium >/dev/null || ! command -v ip >/dev/null || \
 		! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v sbatch >/dev/null || ! command -v munged >/dev/null || ! command -v sudo >/dev/null || \
+		! command -v slurmdbd >/dev/null || ! command -v mariadbd >/dev/null || \
 		! command -v systemd-analyze >/dev/null || ! command -v containerd >/dev/null || ! command -v ctr >/dev/null || ! command -v runc >/dev/null || \
 		[ ! -x /usr/sbin/xtables-legacy-multi ]; then \
-		echo "installing bash-static, busybox-static, chromium, iproute2, Slurm, systemd, containerd and iptables for the tests"; \
+		echo "installing bash-static, busybox-static, chromium, iproute2, Slurm with slurmdbd and MariaDB, systemd, containerd and iptables for the tests"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			bash-static busybox-static chromium iproute2 slurmctld slurmd slurm-client munge sudo systemd containerd runc iptables; \
+			bash-static busybox-static chromium iproute2 slurmctld slurmd slurmdbd slurm-client munge mariadb-server sudo systemd containerd runc iptables; \
 	fi
 
 # The version, commit and date the binary reports (runfleet version), from

@@ -137,8 +137,13 @@ func (c *CLI) Partition(ctx context.Context, name string) (Partition, error) {
 	}
 	out, err := c.run(ctx, nil, "scontrol", args...)
 	var ce *CommandError
-	if errors.As(err, &ce) && strings.Contains(strings.ToLower(ce.Message), "not found") {
-		return Partition{}, fmt.Errorf("partition %s: %s: %w", name, ce.Message, provider.ErrRejected)
+	if errors.As(err, &ce) {
+		// scontrol prints "Partition x not found" on its standard
+		// output, and exits 1 (seen with 22.05).
+		msg := strings.TrimSpace(ce.Message + " " + string(out))
+		if strings.Contains(strings.ToLower(msg), "not found") {
+			return Partition{}, fmt.Errorf("partition %s: %s: %w", name, msg, provider.ErrRejected)
+		}
 	}
 	if err != nil {
 		return Partition{}, err

@@ -403,6 +403,9 @@ func (p *Provider) Delete(ctx context.Context, name string) error {
 	for _, id := range ids {
 		_ = os.Remove(filepath.Join(p.noticeDir(), id))
 	}
+	p.mu.Lock()
+	delete(p.ended, rec.JobID)
+	p.mu.Unlock()
 	_ = os.Remove(p.recordPath(name) + ".tmp") // a crash mid-write left it
 	if err := os.Remove(p.recordPath(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete runner %s: %w", name, err)

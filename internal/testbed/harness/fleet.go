@@ -349,6 +349,9 @@ func (f *Fleet) Cleanup() {
 	if f.Kube {
 		f.removePods()
 	}
+	if f.slurm {
+		f.cancelSlurmJobs()
+	}
 }
 
 // keepLogs copies the managers' whole logs into dir/<test>/, for reading

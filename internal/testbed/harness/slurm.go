@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,12 +58,13 @@ func NeedSlurm(t testing.TB) *SlurmCluster {
 	t.Helper()
 	NeedBinaries(t)
 	slurmOnce.Do(func() { Slurm, slurmErr = startSlurm() })
-	peers.Need(t, "Slurm (slurmctld, slurmd, slurm-client and munge from Debian; make deps installs them; root to start them)", slurmErr)
+	peers.Need(t, "Slurm (slurmctld, slurmd, slurmdbd, slurm-client, munge and MariaDB from Debian; make deps installs them; root to start them)", slurmErr)
 	return Slurm
 }
 
 func startSlurm() (*SlurmCluster, error) {
-	for _, c := range []string{"slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "munged"} {
+	for _, c := range []string{"slurmctld", "slurmd", "slurmdbd", "sbatch", "squeue", "scancel", "scontrol", "sacct", "sacctmgr",
+		"munged", "mariadbd", "mariadb-install-db", "mariadb"} {
 		if _, err := exec.LookPath(c); err != nil {
 			return nil, fmt.Errorf("%s not found: %w", c, err)
 		}
@@ -108,7 +110,7 @@ func (s *SlurmCluster) setup() error {
 			}
 		}
 	}
-	ports, err := peers.FreePorts(2)
+	ports, err := peers.FreePorts(4) // slurmctld, slurmd, MariaDB, slurmdbd
 	if err != nil {
 		return err
 	}
@@ -143,13 +145,13 @@ EnforcePartLimits=ALL
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 SchedulerParameters=preempt_send_user_signal
-NodeName=%[1]s CPUs=16 RealMemory=16000 Gres=gpu:2 State=UNKNOWN
+%[6]sNodeName=%[1]s CPUs=16 RealMemory=16000 Gres=gpu:2 State=UNKNOWN
 PartitionName=gpu Nodes=%[1]s Default=YES MaxTime=04:00:00 State=UP OverSubscribe=FORCE:16 PriorityTier=1 PreemptMode=OFF
 PartitionName=short Nodes=%[1]s MaxTime=00:30:00 State=UP OverSubscribe=FORCE:16 PriorityTier=1 PreemptMode=OFF
 PartitionName=scavenger Nodes=%[1]s MaxTime=04:00:00 State=UP PriorityTier=1 PreemptMode=CANCEL GraceTime=%[5]d
 PartitionName=requeue Nodes=%[1]s MaxTime=04:00:00 State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=%[5]d
 PartitionName=urgent Nodes=%[1]s MaxTime=04:00:00 State=UP PriorityTier=10 PreemptMode=OFF
-`, s.Node, ports[0], ports[1], s.Dir, int(PreemptGrace/time.Second))
+`, s.Node, ports[0], ports[1], s.Dir, int(PreemptGrace/time.Second), accountingConf(s.Node, ports[3]))
 	if err := os.WriteFile(s.Conf, []byte(conf), 0o644); err != nil {
 		return err
 	}
@@ -157,18 +159,13 @@ PartitionName=urgent Nodes=%[1]s MaxTime=04:00:00 State=UP PriorityTier=10 Preem
 		return err
 	}
 	os.Setenv("SLURM_CONF", s.Conf) // for this process's commands and every manager it starts
+	if err := s.startAccounting(ports[2], ports[3]); err != nil {
+		return err
+	}
 	for _, daemon := range []string{"slurmctld", "slurmd"} {
-		cmd := exec.Command(daemon, "-D", "-f", s.Conf)
-		out, err := os.Create(filepath.Join(s.Dir, "log", daemon+".out"))
-		if err != nil {
+		if err := s.daemon(daemon, "-D", "-f", s.Conf); err != nil {
 			return err
 		}
-		cmd.Stdout, cmd.Stderr = out, out
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("start %s: %w", daemon, err)
-		}
-		s.cmds = append(s.cmds, cmd)
 	}
 	if err := s.waitIdle(); err != nil {
 		return err
@@ -176,7 +173,10 @@ PartitionName=urgent Nodes=%[1]s MaxTime=04:00:00 State=UP PriorityTier=10 Preem
 	if err := s.makeUser(); err != nil {
 		return err
 	}
-	return makeRunAs()
+	if err := makeRunAs(); err != nil {
+		return err
+	}
+	return s.addAssociations()
 }
 
 // RunAsAccounts are the local accounts of the run_as tests; the Slurm
@@ -399,6 +399,19 @@ func (f *Fleet) SlurmLeavesNothing() {
 	}
 }
 
+// cancelSlurmJobs cancels, as root, the Slurm jobs a failed test's manager
+// left: one left pending for GPUs held the next tests' jobs back (seen in
+// CI: TestSlurmGPUPool's runners pending behind a preemption test's).
+func (f *Fleet) cancelSlurmJobs() {
+	var ids []string
+	for _, j := range f.SlurmJobs() {
+		ids = append(ids, j.ID)
+	}
+	if len(ids) > 0 {
+		_ = exec.Command("scancel", ids...).Run()
+	}
+}
+
 // SlurmSecrets collects, while a test runs, the runners' credentials from
 // the spool (the .runner files before their jobs start) and what Slurm
 // shows of each of the fleet's jobs (scontrol show job, the batch
@@ -513,7 +526,7 @@ func Scancel(t testing.TB, id string) {
 // and answers nothing) until the returned function continues it.
 func (s *SlurmCluster) FreezeController(t testing.TB) (thaw func()) {
 	t.Helper()
-	pid := s.cmds[0].Process.Pid // slurmctld, started first
+	pid := s.proc("slurmctld").Process.Pid
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -521,6 +534,49 @@ func (s *SlurmCluster) FreezeController(t testing.TB) (thaw func()) {
 	thaw = func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }
 	t.Cleanup(thaw)
 	return thaw
+}
+
+// proc is the cluster's daemon of that name.
+func (s *SlurmCluster) proc(name string) *exec.Cmd {
+	for _, c := range slices.Backward(s.cmds) {
+		if filepath.Base(c.Path) == name {
+			return c
+		}
+	}
+	panic("no " + name + " in the test cluster")
+}
+
+// CrashNode is the node's crash: slurmd and every process of the jobs on
+// it killed at once with SIGKILL (so that no job's trap runs), then the
+// node set DOWN as an admin would, which ends its jobs NODE_FAIL
+// (scontrol(1): State=DOWN). The returned function brings the node back.
+func (s *SlurmCluster) CrashNode(t testing.TB) (back func()) {
+	t.Helper()
+	// The step daemons first: one that outlived its job's processes
+	// would tell slurmctld that the job FAILED.
+	_ = exec.Command("pkill", "-KILL", "slurmstepd").Run()
+	d := s.proc("slurmd")
+	_ = syscall.Kill(-d.Process.Pid, syscall.SIGKILL)
+	_ = d.Wait()
+	for _, u := range append([]string{s.User}, RunAsAccounts...) {
+		_ = exec.Command("pkill", "-KILL", "-u", u).Run()
+	}
+	Scontrol(t, "update", "NodeName="+s.Node, "State=DOWN", "Reason=runfleet-e2e-crash")
+	var once sync.Once
+	back = func() {
+		once.Do(func() {
+			if err := s.daemon("slurmd", "-D", "-f", s.Conf); err != nil {
+				t.Error(err)
+				return
+			}
+			_ = exec.Command("scontrol", "update", "NodeName="+s.Node, "State=RESUME").Run()
+			if err := s.waitIdle(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(back)
+	return back
 }
 
 // Exited says whether the fleet's manager has ended.
@@ -560,9 +616,9 @@ func Scontrol(t testing.TB, args ...string) {
 }
 
 // SlurmJob reads one field of a job with squeue's format (%l: its time
-// limit), "" once the job has left the queue.
+// limit), in any state, "" once the job has left the queue.
 func SlurmJob(t testing.TB, id, format string) string {
 	t.Helper()
-	out, _ := exec.Command("squeue", "-h", "-j", id, "-o", format).Output()
+	out, _ := exec.Command("squeue", "-h", "-t", "all", "-j", id, "-o", format).Output()
 	return strings.TrimSpace(string(out))
 }
