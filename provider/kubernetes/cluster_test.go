@@ -518,15 +518,28 @@ func TestOrphanSecretsSwept(t *testing.T) {
 	if _, err := p.Create(ctx, spec("cpu-1")); err != nil {
 		t.Fatal(err)
 	}
+	// The first provider sweeps (its first List) before the orphans are
+	// made, so that the second's sweep is the one tried, whatever the load.
+	if _, err := p.List(ctx, "m1"); err != nil {
+		t.Fatal(err)
+	}
 	orphan := runnerSecret("m1-cpu-2-zzzzz", spec("cpu-2"))
 	if _, err := kube.Client.CoreV1().Secrets(ns).Create(ctx, orphan, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// And a pod whose Secret never came: it would wait for it.
+	// And a pod whose Secret never came: it would wait for it. A kubelet
+	// keeps such a pod Pending (ContainerCreating, FailedMount "secret not
+	// found"): a Secret that cannot be fetched makes it retry running the
+	// pod (https://kubernetes.io/docs/concepts/configuration/secret/#using-a-secret);
+	// kwok's fast stages run it at once, and a Running pod is not swept:
+	// the test failed whenever the second provider's sweep came after
+	// that. A node selector no node matches keeps it Pending here as the
+	// kubelet would.
 	lone, err := p.podFor("m1-cpu-3-zzzzz", p.withRecord(spec("cpu-3")))
 	if err != nil {
 		t.Fatal(err)
 	}
+	lone.Spec.NodeSelector = map[string]string{"runfleet-test": "no-such-node"}
 	if _, err := kube.Client.CoreV1().Pods(ns).Create(ctx, lone, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
