@@ -83,6 +83,9 @@ func (p *Provider) accounted(ctx context.Context, gone []record) []provider.Noti
 	for _, rec := range gone {
 		if _, seen := p.ended[rec.JobID]; !seen && !p.cancelled[rec.JobID] {
 			ask = append(ask, rec.JobID)
+			// Claimed while asked: a read beside this one (a pass's List
+			// and the poller's) neither asks again nor notices twice.
+			p.ended[rec.JobID] = ""
 		}
 	}
 	p.mu.Unlock()
@@ -90,6 +93,13 @@ func (p *Provider) accounted(ctx context.Context, gone []record) []provider.Noti
 		return nil
 	}
 	states, err := a.Ended(ctx, ask)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, id := range ask {
+		if _, ok := states[id]; !ok || err != nil {
+			delete(p.ended, id) // asked again at the next read
+		}
+	}
 	switch {
 	case errors.Is(err, ErrNoAccounting):
 		p.noAccounting.Store(true)
@@ -101,8 +111,6 @@ func (p *Provider) accounted(ctx context.Context, gone []record) []provider.Noti
 		return nil
 	}
 	var out []provider.Notice
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	for _, rec := range gone {
 		state, ok := states[rec.JobID]
 		if !ok {
