@@ -33,6 +33,10 @@ demo:
 # go-nvml's DGX H200 mock. NVML's header marks some calls deprecated.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 TEST_PARALLEL ?= 3
+# Tests marked t.Parallel run up to TEST_BESIDE at once in their package
+# (go test's default is GOMAXPROCS, two here): only the Slurm package's
+# that wait on Slurm's clock are, four of them beside each other.
+TEST_BESIDE ?= 4
 # go test starts packages in the order they are named: the longest first
 # (by testsum's summary of a warm run), so that none of them starts last
 # and runs on alone. release is short with Go's build cache warm, but
@@ -57,7 +61,7 @@ test: deps
 	go build $(TRIM) -o bin/testsum ./internal/testbed/testsum
 	CGO_ENABLED=0 go build $(TRIM) -o bin/runfleet-e2e ./cmd/runfleet
 	RUNFLEET_E2E_BINARY=$(CURDIR)/bin/runfleet-e2e \
-		go test $(TRIM) -race -count=1 -timeout 50m -p $(TEST_PARALLEL) -json $(SLOWEST_FIRST) ./... | tee $(TEST_JSON) | bin/testsum
+		go test $(TRIM) -race -count=1 -timeout 50m -p $(TEST_PARALLEL) -parallel $(TEST_BESIDE) -json $(SLOWEST_FIRST) ./... | tee $(TEST_JSON) | bin/testsum
 
 # Test images are built FROM scratch (no registry is needed) out of static
 # binaries from Debian's bash-static and busybox-static packages; the status

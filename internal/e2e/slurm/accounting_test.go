@@ -16,6 +16,7 @@ import (
 // runners, backs off between tries rather than submitting in a loop, and
 // `runfleet status` says why.
 func TestSlurmSubmitLimitBacksOff(t *testing.T) {
+	beside(t)
 	harness.NeedSlurm(t)
 	f := harness.NewFleet(t, "slurmcap", harness.FleetOptions{Size: 3, Max: 3, Slurm: mem + "      account: " + harness.CappedAccount + "\n"})
 	f.Start()

@@ -18,6 +18,7 @@ import (
 // nothing; with a job_timeout that fits, its runner's --time is the
 // partition's MaxTime, the idle life shortened to leave room for a job.
 func TestSlurmTimeMustFit(t *testing.T) {
+	beside(t)
 	harness.NeedSlurm(t)
 	f := harness.NewFleet(t, "slurmfit", harness.FleetOptions{Size: 1, Slurm: mem + "      partition: short\n"})
 	f.Start()
@@ -116,6 +117,7 @@ func attempts(t *testing.T, name string) string {
 // --signal's USR1 ahead of the kill, and the job is re-run once on
 // another runner and passes.
 func TestSlurmTimeoutReruns(t *testing.T) {
+	beside(t)
 	s := harness.NeedSlurm(t)
 	f := harness.NewFleet(t, "slurmtimeout", harness.FleetOptions{Size: 1, Max: 2, Slurm: mem})
 	f.Start()
@@ -229,6 +231,7 @@ func checkRerun(t *testing.T, f *harness.Fleet, lostReg int64) {
 // state reads it once a poll interval (5 s, the default), not once a pass
 // (every 2 s): the calls and bytes of a read, and the calls a minute.
 func TestSlurmReadsOnlyItsJobs(t *testing.T) {
+	beside(t)
 	harness.NeedSlurm(t)
 	for i := range 50 {
 		harness.Sbatch(t, "--hold", fmt.Sprintf("--job-name=foreign-%d", i), "--mem=1M", "--wrap=true")

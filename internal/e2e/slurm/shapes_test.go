@@ -31,6 +31,7 @@ func jobsOn(runsOn map[string]string) string {
 // nothing runs in the pool's partition, and one asking a partition the
 // pool does not list starts nothing, with the reason in `runfleet status`.
 func TestSlurmJobChoosesPartitionAndTime(t *testing.T) {
+	beside(t)
 	harness.NeedSlurm(t)
 	const label = "slurmdyn"
 	f := harness.NewFleet(t, label, harness.FleetOptions{Size: 0, Max: 3, Slurm: mem,

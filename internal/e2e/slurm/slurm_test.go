@@ -153,6 +153,7 @@ func checkOutputKept(t *testing.T, f *harness.Fleet) {
 // reported lost, re-run once by Gitea's re-run on another runner, and
 // passes; the slot refilled.
 func TestSlurmScancelMidJob(t *testing.T) {
+	beside(t)
 	harness.NeedSlurm(t)
 	f := harness.NewFleet(t, "slurmcancel", harness.FleetOptions{Size: 1, Max: 2, Slurm: mem})
 	f.Start()
@@ -198,6 +199,7 @@ func TestSlurmScancelMidJob(t *testing.T) {
 // the Slurm jobs they started on (none cancelled, none submitted twice for
 // a runner), and nothing is left.
 func TestSlurmCrashAdopts(t *testing.T) {
+	beside(t)
 	s := harness.NeedSlurm(t)
 	f := harness.NewFleet(t, "slurmcrash", harness.FleetOptions{Size: 2, Max: 2, Slurm: mem})
 	f.Start()
