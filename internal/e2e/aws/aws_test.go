@@ -363,8 +363,16 @@ func TestRunnerCloudAWSStockImage(t *testing.T) {
 	case <-time.After(3 * time.Minute):
 		t.Fatal("a tampered release: the runner did not exit")
 	}
-	insts := sim.Instances()
-	if console := insts[len(insts)-1].Console; !strings.Contains(console, "checksum mismatch") || !strings.Contains(console, "powering off") {
-		t.Errorf("the instance did not say why it stopped:\n%s", console)
+	// The manager sees the instance go as it shuts down; its console is
+	// kept once it is terminated (ec2sim's finish), a moment later: read
+	// before then, under load, it was empty.
+	var last ec2sim.Instance
+	harness.Eventually(t, time.Minute, "the instance terminated", func() bool {
+		insts := sim.Instances()
+		last = insts[len(insts)-1]
+		return last.State == "terminated"
+	})
+	if !strings.Contains(last.Console, "checksum mismatch") || !strings.Contains(last.Console, "powering off") {
+		t.Errorf("the instance did not say why it stopped:\n%s", last.Console)
 	}
 }
