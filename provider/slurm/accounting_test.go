@@ -135,7 +135,7 @@ func TestNoAccountingAsksOnce(t *testing.T) {
 }
 
 // Two reads at once (a pass's List and the poller's) ask accounting once
-// about a job, and notice its loss once.
+// about a job: one answer, so one notice of its loss.
 func TestAccountingAskedOnceByReadsAtOnce(t *testing.T) {
 	ac := &accounts{fakeCluster: &fakeCluster{}, states: map[string]string{"7": "NODE_FAIL"}, slow: 200 * time.Millisecond}
 	s, _ := DecodeSection([]byte(`{}`), 1)
