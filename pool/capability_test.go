@@ -194,6 +194,59 @@ func TestJobThatNeverReachedItsAgent(t *testing.T) {
 	}
 }
 
+// The same job the forge lets go of first: Gitea fails a task that had no
+// update for ZOMBIE_TASK_TIMEOUT and deletes the ephemeral runner with it
+// (models/actions/task.go, UpdateTask), which it does at once when it
+// comes back from an outage longer than that timeout, before the pool's
+// grace has run. The registration going while the agent still waits is
+// that failure: the job is reported lost at once, for its re-run, and the
+// machine goes (TestForgeOutage under a cold CI's load: the job failed
+// and was not re-run, the machine went as one "without a registration").
+func TestJobThatNeverReachedItsAgentFailedByTheForge(t *testing.T) {
+	h := newCapHarness(t, Config{Size: 1, Max: 1, RetryLost: true})
+	h.settle()
+	h.out.print("gpu-1", "ready")
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.settle()
+	id := h.forge.byName("gpu-1").ID
+	h.clk.Add(unclaimedGrace / 3)
+	h.forge.drop(id)
+	h.settle()
+	if len(h.forge.lost) != 1 || h.forge.lost[0].Name != "gpu-1" || h.forge.lost[0].ID != id {
+		t.Fatalf("lost %v, want gpu-1's job (registration %d) reported at once", h.forge.lost, id)
+	}
+	if !slices.Contains(h.prov.deleted, "gpu-1") || slices.Contains(h.forge.removed, "gpu-1") {
+		t.Fatalf("deleted %v, removed %v: want the machine gone, no removal call", h.prov.deleted, h.forge.removed)
+	}
+	for range 3 {
+		h.clk.Add(time.Second)
+		h.settle()
+	}
+	if len(h.forge.lost) != 1 || h.prov.created != 2 {
+		t.Fatalf("lost %v, %d machines made: want one report and one replacement", h.forge.lost, h.prov.created)
+	}
+}
+
+// A runner whose job reached it and ended as its registration went
+// (listed busy once while its output lagged) is no loss.
+func TestRegistrationGoneAfterItsJobIsNoLoss(t *testing.T) {
+	h := newCapHarness(t, Config{Size: 1, Max: 1, RetryLost: true})
+	h.settle()
+	h.out.print("gpu-1", "ready")
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.settle()
+	h.out.print("gpu-1", "busy")
+	h.out.print("gpu-1", "done")
+	h.forge.drop(h.forge.byName("gpu-1").ID)
+	for range 3 {
+		h.clk.Add(time.Minute)
+		h.settle()
+	}
+	if len(h.forge.lost) != 0 {
+		t.Fatalf("lost %v: a job that ran was reported lost", h.forge.lost)
+	}
+}
+
 // A notice that an idle runner's machine is being taken back retires it
 // (registration first); for a busy runner, the job is reported lost at
 // once and a replacement starts although the pool is at max.

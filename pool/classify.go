@@ -294,6 +294,15 @@ func classifyUnregistered(f facts, p policy) verdict {
 		return verdict{state: StateStopping, retire: "machine is being taken back: " + f.preempted.Reason,
 			lost: true, note: "machine taken back; its runner's job, if it ran one, is re-run", memory: memory{regID: f.regID}}
 	}
+	if !f.unclaimedSince.IsZero() && f.regID != 0 && f.phase == agent.PhaseReady {
+		// Listed busy while its agent waited (classifyUnclaimed), and now
+		// gone while it still waits: the forge failed the job that never
+		// reached it and deleted the runner with it, before the grace
+		// ran (Gitea's zombie-task cleanup, at once after an outage
+		// longer than its timeout).
+		return verdict{state: StateLost, lost: true, note: "the forge failed the job it had handed the runner, which never reached its agent; the job is re-run",
+			retire: "its job never reached its agent", regGone: true, memory: memory{regID: f.regID, unclaimedSince: f.unclaimedSince}}
+	}
 	since := f.missingSince
 	if since.IsZero() {
 		since = p.now

@@ -93,6 +93,9 @@ var classifyCases = []classifyCase{
 	{name: "unregistered, first seen", machine: running, age: time.Minute, reg: noRg, want: verdict{state: StateOrphan, memory: memory{missingSince: classifyNow}}},
 	{name: "unregistered within grace", machine: running, age: time.Minute, reg: noRg, mem: memory{missingSince: classifyNow.Add(-10 * time.Second)}, want: verdict{state: StateOrphan, memory: memory{missingSince: classifyNow.Add(-10 * time.Second)}}},
 	{name: "unregistered past grace", machine: running, age: time.Minute, reg: noRg, mem: memory{missingSince: classifyNow.Add(-15 * time.Second)}, want: verdict{state: StateOrphan, retire: "machine without a registration"}},
+	{name: "unregistered, agent ready, listed busy before: the forge failed the job", machine: running, age: time.Minute, reg: noRg, phase: agent.PhaseReady, mem: memory{regID: 7, unclaimedSince: classifyNow.Add(-10 * time.Second)}, checkReg: true,
+		want: verdict{state: StateLost, lost: true, retire: "its job never reached its agent", regGone: true, memory: memory{regID: 7, unclaimedSince: classifyNow.Add(-10 * time.Second)}}, wantNote: true},
+	{name: "unregistered, agent done, listed busy before: its job ran", machine: running, age: time.Minute, reg: noRg, phase: agent.PhaseDone, mem: memory{regID: 7, unclaimedSince: classifyNow.Add(-10 * time.Second)}, checkReg: true, want: verdict{state: StateOrphan, memory: memory{missingSince: classifyNow, regID: 7}}},
 	{name: "unregistered, agent busy: listing predates the job", machine: running, age: time.Minute, reg: noRg, phase: agent.PhaseBusy, mem: memory{missingSince: classifyNow.Add(-time.Hour)}, want: verdict{state: StateBusy}},
 	// A machine created but never started (its manager was killed
 	// mid-create): it may start yet, so it is a runner coming up.

@@ -66,7 +66,7 @@ func needInstanceImage(t testing.TB) string {
 		staticBin = os.Getenv(E2EBinaryEnv) // static already
 		if staticBin == "" {
 			staticBin = filepath.Join(filepath.Dir(FleetBin), "runfleet-static")
-			cmd := exec.Command("go", "build", "-o", staticBin, "github.com/runfleet/runfleet/cmd/runfleet")
+			cmd := exec.Command("go", "build", "-trimpath", "-o", staticBin, "github.com/runfleet/runfleet/cmd/runfleet")
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 			if out, err := cmd.CombinedOutput(); err != nil {
 				ec2Err = errors.New("build a static runfleet: " + err.Error() + "\n" + string(out))

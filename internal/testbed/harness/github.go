@@ -59,7 +59,9 @@ func (s *StandIn) bin(t testing.TB) string {
 			return
 		}
 		s.path = filepath.Join(dir, s.file)
-		cmd := exec.Command("go", "build", "-o", s.path, s.pkg)
+		// -trimpath, as make test's go vet and static build: what
+		// they compiled is reused rather than compiled again.
+		cmd := exec.Command("go", "build", "-trimpath", "-o", s.path, s.pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			s.err = fmt.Errorf("build the stand-in %s: %v\n%s", s.name, err, out)
