@@ -239,10 +239,19 @@ func (s *ScaleSet) RemoveRunner(ctx context.Context, id int64) error {
 func (s *ScaleSet) Listen(ctx context.Context, max int, changed func()) error {
 	id, err := s.ensure(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped as it began: no failure
+		}
 		return refused(err)
 	}
 	sess, err := s.session(ctx, id)
 	if err != nil {
+		if ctx.Err() != nil {
+			// Stopped while the session was asked for: its answer (a
+			// session the service made) is not waited for; the service
+			// drops a session that is not polled.
+			return nil
+		}
 		return err
 	}
 	defer func() {

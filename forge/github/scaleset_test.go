@@ -256,6 +256,41 @@ func TestScaleSetSessionHeldByAnother(t *testing.T) {
 	t.Logf("gave up: %v", err)
 }
 
+// A listener stopped before it has its session (waiting out another's,
+// or with its request in flight, as a manager that lost its lease stands
+// down) has stopped, not failed: Listen returns nil, as it does once it
+// listens (TestScaleSetHandedOverOnLeaseLoss failed so in CI, cancelled
+// as the service answered its session request).
+func TestScaleSetStoppedBeforeItsSession(t *testing.T) {
+	s := newSim(t, ghsim.Options{LongPoll: fastPoll, SessionTimeout: time.Minute})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first := newScaleSet(t, s)
+	if _, err := first.Register(ctx, forge.RunnerRequest{Name: "x"}); err != nil { // creates the scale set
+		t.Fatal(err)
+	}
+	c, err := scaleset.NewClientWithPersonalAccessToken(scaleset.NewClientWithPersonalAccessTokenConfig{GitHubConfigURL: s.URL + "/acme", PersonalAccessToken: token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.MessageSessionClient(ctx, s.ScaleSets()[0].ID, "other-manager"); err != nil {
+		t.Fatal(err)
+	}
+	lctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- newScaleSet(t, s).Listen(lctx, 2, func() {}) }()
+	time.Sleep(1500 * time.Millisecond) // one 409 and its wait
+	stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Listen stopped while it waited for the session: %v, want nil", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Listen did not stop with its context")
+	}
+}
+
 // Jobs are acquired before their message is deleted (the library's
 // listener deletes first): an acquire that fails (the service's 500, past
 // the client's retries) loses no job; the session is opened again and

@@ -162,7 +162,14 @@ func (s *Server) Interrupt(id string, after time.Duration) error {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		time.Sleep(after)
+		// Close stops every instance itself: a notice still pending
+		// (the manager terminated the instance first) holds it up no
+		// longer.
+		select {
+		case <-time.After(after):
+		case <-s.quit:
+			return
+		}
 		s.stopInstance(in, "Server.SpotInstanceTermination", "Server.SpotInstanceTermination: Spot instance termination")
 	}()
 	return nil

@@ -100,7 +100,8 @@ type Server struct {
 	identities int      // identity document signatures read
 	wg         sync.WaitGroup
 	closing    bool
-	down       bool // every API call answers 503 Unavailable
+	quit       chan struct{} // closed by Close: pending interruptions end
+	down       bool          // every API call answers 503 Unavailable
 }
 
 // New starts the stand-in on a free port of all addresses.
@@ -116,7 +117,7 @@ func New(o Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		opt: o, ln: ln, id: randHex(4),
+		opt: o, ln: ln, id: randHex(4), quit: make(chan struct{}),
 		URL:       "http://" + ln.Addr().String(),
 		instances: map[string]*Instance{}, tokens: map[string]string{}, volumes: map[string]*Volume{}, devices: map[string][]BlockDevice{},
 		images: map[string]string{}, params: map[string]string{}, noCap: map[string]bool{}, capacity: map[string]int{}, spotPrice: map[string]float64{}, faults: map[string][]string{},
@@ -144,6 +145,7 @@ func New(o Options) (*Server, error) {
 func (s *Server) Close() {
 	s.mu.Lock()
 	s.closing = true
+	close(s.quit)
 	var live []*Instance
 	for _, in := range s.instances {
 		live = append(live, in)
