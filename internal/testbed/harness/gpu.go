@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
@@ -307,7 +308,16 @@ func (f *Fleet) GpusOf() map[string][]string {
 		if c.State != container.StateRunning {
 			continue
 		}
-		hc := f.Inspect(c.ID).HostConfig
+		res, err := f.cli().ContainerInspect(context.Background(), c.ID, client.ContainerInspectOptions{})
+		if cerrdefs.IsNotFound(err) {
+			// Exited and auto-removed since the listing (its job
+			// done): it holds no GPU.
+			continue
+		}
+		if err != nil {
+			f.T.Fatalf("inspect %s: %v", c.ID, err)
+		}
+		hc := res.Container.HostConfig
 		if len(hc.DeviceRequests) != 1 {
 			f.T.Fatalf("container %s has device requests %+v, want one", c.ID[:12], hc.DeviceRequests)
 		}
