@@ -57,6 +57,63 @@ type Partition struct {
 	// GraceTime is how long a job it preempts has between the notice
 	// (SIGTERM, or --signal's with send_user_signal) and its kill.
 	GraceTime time.Duration
+	// QOS is the partition's own QOS (QoS=), whose limits stand over
+	// the job's QOS's; "" for none.
+	QOS string
+}
+
+// QOS is what the provider reads of a QOS's limits.
+type QOS struct {
+	Name string
+	// MaxWall is the longest --time a job of it may ask
+	// (MaxWallDurationPerJob); 0 for none.
+	MaxWall time.Duration
+	// OverPartQOS: its limits stand over the partition QOS's.
+	OverPartQOS bool
+	// PartitionTimeLimit: its jobs may ask for more than the
+	// partition's MaxTime.
+	PartitionTimeLimit bool
+}
+
+// QOSReader is implemented by Clusters that can read a QOS's limits
+// (sacctmgr, from slurmdbd), so that the runners' --time is bounded by
+// its MaxWall as by the partition's MaxTime: over it, a job pends for
+// ever (QOSMaxWallDurationPerJobLimit) or, with the QOS's DenyOnLimit, is
+// refused at every submission (resource_limits.html).
+type QOSReader interface {
+	// QOS reads the named QOS. One that does not exist wraps
+	// provider.ErrRejected.
+	QOS(ctx context.Context, name string) (QOS, error)
+}
+
+// bound is the longest --time a pool's jobs may ask, and what sets it.
+type bound struct {
+	max  time.Duration // 0: none
+	what string        // "partition short's MaxTime"
+}
+
+// boundOf is the bound of a job in part with the job's QOS: the
+// partition's MaxTime, unless the QOS has PartitionTimeLimit, and the
+// MaxWall of the partition's QOS, which stands over the job QOS's unless
+// the job QOS is OverPartQOS and sets one (resource_limits.html, "QOS
+// specific limits": each limit comes from the first QOS that sets it).
+func boundOf(part Partition, partQOS, jobQOS QOS) bound {
+	var b bound
+	if part.MaxTime > 0 && !jobQOS.PartitionTimeLimit {
+		where := "partition " + part.Name
+		if part.Name == "" {
+			where = "the default partition"
+		}
+		b = bound{part.MaxTime, where + "'s MaxTime"}
+	}
+	wall := jobQOS
+	if partQOS.MaxWall > 0 && (!jobQOS.OverPartQOS || jobQOS.MaxWall == 0) {
+		wall = partQOS
+	}
+	if wall.MaxWall > 0 && (b.max == 0 || wall.MaxWall < b.max) {
+		b = bound{wall.MaxWall, "QOS " + wall.Name + "'s MaxWall"}
+	}
+	return b
 }
 
 // PartitionReader is implemented by Clusters that can read a partition's
@@ -81,23 +138,20 @@ type times struct {
 }
 
 // fit works out a pool's --time: the time_limit given, or the idle life
-// (max_lifetime) and one job (jobTimeout and its margin), bounded by the
-// partition's MaxTime (0: none), which shortens the idle life. It fails,
-// naming both figures, when one job cannot fit.
-func fit(s Section, maxLifetime, jobTimeout time.Duration, part Partition) (times, error) {
+// (max_lifetime) and one job (jobTimeout and its margin), within the
+// cluster's bound (a partition's MaxTime, a QOS's MaxWall; 0: none), which
+// shortens the idle life. It fails, naming both figures, when one job
+// cannot fit.
+func fit(s Section, maxLifetime, jobTimeout time.Duration, b bound) (times, error) {
 	if jobTimeout <= 0 {
 		jobTimeout = DefaultJobTimeout
 	}
 	need := roundUp(jobTimeout + margin(jobTimeout))
-	where := "partition " + part.Name
-	if part.Name == "" {
-		where = "the default partition"
-	}
 	if s.TimeLimit.Given() {
 		limit := roundUp(s.TimeLimit.Duration)
 		switch {
-		case part.MaxTime > 0 && limit > part.MaxTime:
-			return times{}, fmt.Errorf("slurm.time_limit: %s is over %s's MaxTime %s", limit, where, part.MaxTime)
+		case b.max > 0 && limit > b.max:
+			return times{}, fmt.Errorf("slurm.time_limit: %s is over %s %s", limit, b.what, b.max)
 		case limit < need+minIdle:
 			return times{}, fmt.Errorf("slurm.time_limit: %s leaves no room for a runner to wait %s for a job of %s (job_timeout, or the forge's limit) and %s to end in: at least %s",
 				limit, minIdle, jobTimeout, need-jobTimeout, need+minIdle)
@@ -108,12 +162,12 @@ func fit(s Section, maxLifetime, jobTimeout time.Duration, part Partition) (time
 		maxLifetime = DefaultLifetime
 	}
 	limit := roundUp(maxLifetime + need)
-	if part.MaxTime > 0 && need+minIdle > part.MaxTime {
-		return times{}, fmt.Errorf("job_timeout: a runner's job needs --time of at least %s (%s to wait, a job of %s and %s to end in), over %s's MaxTime %s: lower job_timeout, or choose a partition that allows it",
-			need+minIdle, minIdle, jobTimeout, need-jobTimeout, where, part.MaxTime)
+	if b.max > 0 && need+minIdle > b.max {
+		return times{}, fmt.Errorf("job_timeout: a runner's job needs --time of at least %s (%s to wait, a job of %s and %s to end in), over %s %s: lower job_timeout, or choose a partition and QOS that allow it",
+			need+minIdle, minIdle, jobTimeout, need-jobTimeout, b.what, b.max)
 	}
-	if part.MaxTime > 0 && limit > part.MaxTime {
-		limit = part.MaxTime
+	if b.max > 0 && limit > b.max {
+		limit = b.max
 	}
 	return times{limit: limit, idle: limit - need, job: jobTimeout}, nil
 }
@@ -171,12 +225,53 @@ func parsePartition(out []byte, name string) (Partition, error) {
 		if p.GraceTime, err = slurmSeconds(kv["GraceTime"]); err != nil {
 			return p, fmt.Errorf("partition %s: GraceTime: %w", p.Name, err)
 		}
+		if q := kv["QoS"]; q != "N/A" {
+			p.QOS = q
+		}
 		return p, nil
 	}
 	if name == "" {
 		return Partition{}, fmt.Errorf("scontrol show partition: no default partition: set slurm.partition: %w", provider.ErrRejected)
 	}
 	return Partition{}, fmt.Errorf("scontrol show partition: no partition %s in the answer", name)
+}
+
+// QOS runs `sacctmgr show qos`, parsable (-P: fields split by "|"),
+// without its header (-n): the QOS's name, MaxWall and flags. sacctmgr
+// asks slurmdbd, not slurmctld; a QOS it does not know gives no line.
+func (c *CLI) QOS(ctx context.Context, name string) (QOS, error) {
+	out, err := c.run(ctx, nil, "sacctmgr", "-n", "-P", "show", "qos", "name="+name, "format=Name,MaxWall,Flags")
+	if err != nil {
+		return QOS{}, err
+	}
+	return parseQOS(out, name)
+}
+
+// parseQOS reads sacctmgr's line for the named QOS: MaxWall as
+// mins2time_str prints it (empty for none), the flags comma-separated
+// (DenyOnLimit,OverPartQOS).
+func parseQOS(out []byte, name string) (QOS, error) {
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Split(strings.TrimSpace(line), "|")
+		if len(f) < 3 || !strings.EqualFold(f[0], name) {
+			continue
+		}
+		q := QOS{Name: f[0]}
+		var err error
+		if q.MaxWall, err = slurmDuration(f[1]); err != nil {
+			return q, fmt.Errorf("QOS %s: MaxWall: %w", name, err)
+		}
+		for flag := range strings.SplitSeq(f[2], ",") {
+			switch strings.ToLower(flag) {
+			case "overpartqos":
+				q.OverPartQOS = true
+			case "partitiontimelimit":
+				q.PartitionTimeLimit = true
+			}
+		}
+		return q, nil
+	}
+	return QOS{}, fmt.Errorf("sacctmgr show qos: no QOS %s: %w", name, provider.ErrRejected)
 }
 
 // slurmDuration reads Slurm's printed time limits: UNLIMITED, or

@@ -63,16 +63,68 @@ func (p *Provider) timesFor(ctx context.Context, req dynamic.Request) (times, er
 		return p.times, nil
 	}
 	sec := p.section(req)
-	part, err := p.partition(ctx, sec.Partition)
+	b, err := p.bound(ctx, sec.Partition)
 	if err != nil {
 		return times{}, err
 	}
 	idle := cmp.Or(p.opt.IdleTimeout, 10*time.Minute)
-	t, err := fit(sec, idle, cmp.Or(req.Time, p.opt.JobTimeout), part)
+	t, err := fit(sec, idle, cmp.Or(req.Time, p.opt.JobTimeout), b)
 	if err != nil {
 		return times{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
 	}
 	return t, nil
+}
+
+// bound reads the limits of a job in the named partition with the pool's
+// QOS: the partition's and those of its QOS and the pool's.
+func (p *Provider) bound(ctx context.Context, partition string) (bound, error) {
+	part, err := p.partition(ctx, partition)
+	if err != nil {
+		return bound{}, err
+	}
+	return p.boundIn(ctx, part)
+}
+
+// boundIn is bound for a partition read.
+func (p *Provider) boundIn(ctx context.Context, part Partition) (bound, error) {
+	partQOS, err := p.qos(ctx, part.QOS)
+	if err != nil {
+		return bound{}, fmt.Errorf("partition %s's QOS: %w", part.Name, err)
+	}
+	jobQOS, err := p.qos(ctx, p.opt.Section.QOS)
+	if err != nil {
+		return bound{}, fmt.Errorf("slurm.qos: %w", err)
+	}
+	return boundOf(part, partQOS, jobQOS), nil
+}
+
+// qos reads a QOS's limits once. A cluster without accounting (or with
+// slurmdbd down) has none to read; sbatch will say if the job does not
+// fit. The QOS a job gets without one named (its association's default)
+// is not read.
+func (p *Provider) qos(ctx context.Context, name string) (QOS, error) {
+	r, ok := p.opt.Cluster.(QOSReader)
+	if !ok || name == "" {
+		return QOS{Name: name}, nil
+	}
+	p.mu.Lock()
+	got, ok := p.qoses[name]
+	p.mu.Unlock()
+	if ok {
+		return got, nil
+	}
+	got, err := r.QOS(ctx, name)
+	switch {
+	case errors.Is(err, provider.ErrRejected):
+		return QOS{}, err
+	case err != nil:
+		p.log.Warn("could not read the QOS's limits", "qos", name, "error", err)
+		return QOS{Name: name}, nil
+	}
+	p.mu.Lock()
+	p.qoses[name] = got
+	p.mu.Unlock()
+	return got, nil
 }
 
 // partition reads a partition's limits once; where the controller does

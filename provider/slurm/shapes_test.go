@@ -124,3 +124,86 @@ func TestCheckShapes(t *testing.T) {
 		}
 	}
 }
+
+// qoses is a partitions cluster that also answers `sacctmgr show qos` as
+// parseQOS reads it: an unknown QOS is refused (no line), and err stands
+// for slurmdbd not answering.
+type qoses struct {
+	*partitions
+	qos   map[string]QOS
+	err   error
+	reads []string
+}
+
+func (c *qoses) QOS(_ context.Context, name string) (QOS, error) {
+	c.reads = append(c.reads, name)
+	if c.err != nil {
+		return QOS{}, c.err
+	}
+	q, ok := c.qos[name]
+	if !ok {
+		return QOS{}, fmt.Errorf("sacctmgr show qos: no QOS %s: %w", name, provider.ErrRejected)
+	}
+	return q, nil
+}
+
+func qosTest(t *testing.T, section string, c *qoses) (*Provider, error) {
+	t.Helper()
+	s, err := DecodeSection([]byte(section), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return New(Options{Manager: "m", Pool: "p", Section: s, Spool: t.TempDir(), Workdir: "/scratch/w", GPUs: 1,
+		Cluster: c, MaxLifetime: 12 * time.Hour, JobTimeout: time.Hour, IdleTimeout: 5 * time.Minute})
+}
+
+// The pool's QOS's MaxWall bounds its runners' --time as the partition's
+// MaxTime does, and so does the partition's own QOS; a QOS the cluster
+// lacks is refused at start, naming the field; where slurmdbd does not
+// answer, the partition's bound stands and sbatch will say.
+func TestQOSBoundsTheRunnersTime(t *testing.T) {
+	cluster := func() *qoses {
+		return &qoses{partitions: &partitions{fakeCluster: &fakeCluster{}, parts: map[string]Partition{
+			"gpu": {Name: "gpu", MaxTime: 4 * time.Hour}, "debug": {Name: "debug", MaxTime: 4 * time.Hour, QOS: "debugq"}}},
+			qos: map[string]QOS{"ci": {Name: "ci", MaxWall: 2 * time.Hour}, "debugq": {Name: "debugq", MaxWall: 90 * time.Minute}, "normal": {Name: "normal"}}}
+	}
+	for section, want := range map[string]time.Duration{
+		`{"partition":"gpu","qos":"ci"}`:     2 * time.Hour,
+		`{"partition":"gpu","qos":"normal"}`: 4 * time.Hour,
+		`{"partition":"gpu"}`:                4 * time.Hour,
+		`{"partition":"debug","qos":"ci"}`:   90 * time.Minute, // the partition QOS stands over the job's
+	} {
+		c := cluster()
+		p, err := qosTest(t, section, c)
+		if err != nil {
+			t.Errorf("%s: %v", section, err)
+			continue
+		}
+		if p.times.limit != want {
+			t.Errorf("%s: --time %s, want %s (QOS read: %v)", section, p.times.limit, want, c.reads)
+		}
+		if section == `{"partition":"gpu"}` && len(c.reads) != 0 {
+			t.Errorf("%s: sacctmgr asked about %v, with no QOS to read", section, c.reads)
+		}
+	}
+	if _, err := qosTest(t, `{"partition":"gpu","qos":"nope"}`, cluster()); err == nil || !strings.Contains(err.Error(), "slurm.qos: sacctmgr show qos: no QOS nope") {
+		t.Errorf("an unknown QOS: %v", err)
+	}
+	c := cluster()
+	c.err = errors.New("sacctmgr: error: Problem talking to the database: Connection refused")
+	if p, err := qosTest(t, `{"partition":"gpu","qos":"ci"}`, c); err != nil {
+		t.Errorf("slurmdbd down: %v", err)
+	} else if p.times.limit != 4*time.Hour {
+		t.Errorf("slurmdbd down: --time %s, want the partition's 4h", p.times.limit)
+	}
+	// A job's own partition is bounded by that partition's QOS too.
+	p, err := qosTest(t, `{"partition":"gpu","qos":"ci"}`, cluster())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.Create(context.Background(), provider.Spec{Name: "p-1", Manager: "m", Pool: "p", Command: "/bin/true",
+		Request: dynamic.Request{Partition: "debug", Time: 2 * time.Hour}})
+	if !errors.Is(err, provider.ErrRejected) || !strings.Contains(err.Error(), "QOS debugq's MaxWall 1h30m0s") {
+		t.Errorf("a 2h job in partition debug (QOS MaxWall 1h30m): %v", err)
+	}
+}

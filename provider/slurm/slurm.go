@@ -79,6 +79,7 @@ type Provider struct {
 	claimed   map[string]string    // run_as account by runner, while its Create runs
 	cancelled map[string]bool      // job ids this manager cancelled
 	parts     map[string]Partition // the limits of partitions jobs chose
+	qoses     map[string]QOS       // the limits of the QOSes read
 	ended     map[string]string    // by job id: the state accounting told
 
 	noAccounting atomic.Bool       // sacct said the cluster keeps none
@@ -113,7 +114,7 @@ func New(opt Options) (*Provider, error) {
 		opt.queue = &queue{cluster: opt.Cluster}
 	}
 	p := &Provider{opt: opt, log: opt.Logger, q: opt.queue, creating: map[string]bool{}, claimed: map[string]string{},
-		cancelled: map[string]bool{}, last: map[string]string{}, parts: map[string]Partition{}, ended: map[string]string{}}
+		cancelled: map[string]bool{}, last: map[string]string{}, parts: map[string]Partition{}, qoses: map[string]QOS{}, ended: map[string]string{}}
 	if err := p.openAccounts(); err != nil {
 		return nil, err
 	}
@@ -137,33 +138,30 @@ func New(opt Options) (*Provider, error) {
 	return p, nil
 }
 
-// fitTimes works out the runners' --time within the partition's MaxTime,
-// read from the cluster where it can be (not for a pool opened to be
-// read): a pool whose jobs cannot fit is refused with both figures.
+// fitTimes works out the runners' --time within the partition's MaxTime
+// and the QOS's MaxWall, read from the cluster where they can be (not for
+// a pool opened to be read): a pool whose jobs cannot fit is refused with
+// both figures.
 func (p *Provider) fitTimes() error {
-	var part Partition
-	if r, ok := p.opt.Cluster.(PartitionReader); ok && !p.opt.ReadOnly {
+	var b bound
+	if !p.opt.ReadOnly {
 		ctx, cancel := context.WithTimeout(context.Background(), CallTimeout)
 		defer cancel()
-		got, err := r.Partition(ctx, p.opt.Section.Partition)
-		switch {
-		case errors.Is(err, provider.ErrRejected):
+		part, err := p.partition(ctx, p.opt.Section.Partition)
+		if err != nil {
 			return fmt.Errorf("slurm.partition: %w", err)
-		case err != nil:
-			// The controller may be down for a while: the limits the
-			// pool was given stand, and sbatch will say if they do not.
-			p.log.Warn("could not read the partition's limits; the runners' jobs ask for the pool's own", "error", err)
-		default:
-			part = got
+		}
+		if b, err = p.boundIn(ctx, part); err != nil {
+			return err
 		}
 	}
-	t, err := fit(p.opt.Section, p.opt.MaxLifetime, p.opt.JobTimeout, part)
+	t, err := fit(p.opt.Section, p.opt.MaxLifetime, p.opt.JobTimeout, b)
 	if err != nil {
 		return err
 	}
 	p.times = t
 	if p.opt.MaxLifetime > t.idle && !p.opt.ReadOnly {
-		p.log.Info("the runners' jobs are bounded: idle runners retire early", "time_limit", t.limit, "partition_max_time", part.MaxTime,
+		p.log.Info("the runners' jobs are bounded: idle runners retire early", "time_limit", t.limit, "bound", b.what, "bound_time", b.max,
 			"max_lifetime", p.opt.MaxLifetime, "idle_lifetime", t.idle)
 	}
 	return nil

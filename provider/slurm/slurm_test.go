@@ -182,7 +182,7 @@ func TestFitTimes(t *testing.T) {
 			"at least 1h7m0s"},
 		{"time_limit given", Section{TimeLimit: config.D(2 * time.Hour)}, 12 * time.Hour, time.Hour, Partition{}, 2 * time.Hour, 54 * time.Minute, ""},
 	} {
-		got, err := fit(c.s, c.life, c.job, c.part)
+		got, err := fit(c.s, c.life, c.job, boundOf(c.part, QOS{}, QOS{}))
 		switch {
 		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
 			t.Errorf("%s: %v, want %q", c.name, err, c.err)
@@ -198,11 +198,11 @@ func TestFitTimes(t *testing.T) {
 // time formats of Slurm's secs2time_str.
 func TestParsePartition(t *testing.T) {
 	out := "PartitionName=gpu AllowGroups=ALL Default=YES QoS=N/A DefaultTime=NONE GraceTime=0 MaxTime=04:00:00 PreemptMode=OFF State=UP\n" +
-		"PartitionName=scavenger AllowGroups=ALL Default=NO GraceTime=30 MaxTime=1-12:00:00 PreemptMode=CANCEL State=UP\n" +
+		"PartitionName=scavenger AllowGroups=ALL Default=NO QoS=scav GraceTime=30 MaxTime=1-12:00:00 PreemptMode=CANCEL State=UP\n" +
 		"PartitionName=any Default=NO MaxTime=UNLIMITED State=UP\n"
 	for name, want := range map[string]Partition{
 		"":          {Name: "gpu", MaxTime: 4 * time.Hour},
-		"scavenger": {Name: "scavenger", MaxTime: 36 * time.Hour, GraceTime: 30 * time.Second},
+		"scavenger": {Name: "scavenger", MaxTime: 36 * time.Hour, GraceTime: 30 * time.Second, QOS: "scav"},
 		"any":       {Name: "any"},
 	} {
 		got, err := parsePartition([]byte(out), name)
@@ -220,6 +220,63 @@ func TestParsePartition(t *testing.T) {
 	}
 	if _, err := parsePartition([]byte("PartitionName=a Default=NO MaxTime=UNLIMITED\n"), ""); !errors.Is(err, provider.ErrRejected) {
 		t.Errorf("no default partition: %v", err)
+	}
+}
+
+// The bound of a job's --time: the partition's MaxTime and the MaxWall
+// of the partition's QOS, which stands over the job QOS's unless that one
+// is OverPartQOS and sets one; a job QOS with PartitionTimeLimit may pass
+// the partition's MaxTime (resource_limits.html; sacctmgr(1), QOS flags).
+func TestBoundOf(t *testing.T) {
+	gpu := Partition{Name: "gpu", MaxTime: 4 * time.Hour}
+	ci := QOS{Name: "ci", MaxWall: 2 * time.Hour}
+	long := QOS{Name: "long", MaxWall: 8 * time.Hour}
+	for _, c := range []struct {
+		name            string
+		part            Partition
+		partQOS, jobQOS QOS
+		want            bound
+	}{
+		{"none", Partition{}, QOS{}, QOS{}, bound{}},
+		{"the partition's MaxTime", gpu, QOS{}, QOS{Name: "normal"}, bound{4 * time.Hour, "partition gpu's MaxTime"}},
+		{"a shorter QOS MaxWall", gpu, QOS{}, ci, bound{2 * time.Hour, "QOS ci's MaxWall"}},
+		{"a longer QOS MaxWall", gpu, QOS{}, long, bound{4 * time.Hour, "partition gpu's MaxTime"}},
+		{"the default partition", Partition{MaxTime: time.Hour}, QOS{}, QOS{}, bound{time.Hour, "the default partition's MaxTime"}},
+		{"the partition QOS stands over the job's", gpu, ci, QOS{Name: "x", MaxWall: time.Hour}, bound{2 * time.Hour, "QOS ci's MaxWall"}},
+		{"the job's QOS, OverPartQOS", gpu, ci, QOS{Name: "x", MaxWall: time.Hour, OverPartQOS: true}, bound{time.Hour, "QOS x's MaxWall"}},
+		{"OverPartQOS without a MaxWall", gpu, ci, QOS{Name: "x", OverPartQOS: true}, bound{2 * time.Hour, "QOS ci's MaxWall"}},
+		{"PartitionTimeLimit", gpu, QOS{}, QOS{Name: "x", MaxWall: 8 * time.Hour, PartitionTimeLimit: true}, bound{8 * time.Hour, "QOS x's MaxWall"}},
+		{"PartitionTimeLimit without a MaxWall", gpu, QOS{}, QOS{Name: "x", PartitionTimeLimit: true}, bound{}},
+	} {
+		if got := boundOf(c.part, c.partQOS, c.jobQOS); got != c.want {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+	if _, err := fit(Section{}, 12*time.Hour, 3*time.Hour, boundOf(gpu, QOS{}, ci)); err == nil ||
+		!strings.Contains(err.Error(), "needs --time of at least 3h11m0s") || !strings.Contains(err.Error(), "over QOS ci's MaxWall 2h0m0s") {
+		t.Errorf("a job over the QOS's MaxWall: %v", err)
+	}
+}
+
+// What `sacctmgr -n -P show qos name=x format=Name,MaxWall,Flags` prints
+// (Debian's 22.05.8; MaxWall as mins2time_str writes it, empty for none);
+// a QOS sacctmgr does not know prints no line.
+func TestParseQOS(t *testing.T) {
+	for out, want := range map[string]QOS{
+		"ci|02:00:00|\n": {Name: "ci", MaxWall: 2 * time.Hour},
+		"long|2-00:00:00|DenyOnLimit,OverPartQOS\n": {Name: "long", MaxWall: 48 * time.Hour, OverPartQOS: true},
+		"normal||PartitionTimeLimit\n":              {Name: "normal", PartitionTimeLimit: true},
+	} {
+		got, err := parseQOS([]byte(out), want.Name)
+		if err != nil || got != want {
+			t.Errorf("%q: %+v %v, want %+v", out, got, err, want)
+		}
+	}
+	if _, err := parseQOS(nil, "nope"); !errors.Is(err, provider.ErrRejected) || !strings.Contains(err.Error(), "no QOS nope") {
+		t.Errorf("an unknown QOS: %v", err)
+	}
+	if _, err := parseQOS([]byte("ci|soon|\n"), "ci"); err == nil {
+		t.Error("MaxWall soon read as a time")
 	}
 }
 

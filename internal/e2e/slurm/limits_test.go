@@ -17,6 +17,7 @@ import (
 // refused at start, naming the partition and both figures, and submits
 // nothing; with a job_timeout that fits, its runner's --time is the
 // partition's MaxTime, the idle life shortened to leave room for a job.
+// The same holds for a QOS's MaxWall.
 func TestSlurmTimeMustFit(t *testing.T) {
 	beside(t)
 	harness.NeedSlurm(t)
@@ -46,6 +47,29 @@ func TestSlurmTimeMustFit(t *testing.T) {
 	}
 	if !f.LogHas("idle runners retire early") {
 		t.Error("the manager did not say that the partition shortens the runners' idle life")
+	}
+	f.StopLeavesNothing()
+
+	// The QOS's MaxWall (read with sacctmgr) bounds --time as the
+	// partition's MaxTime does: a job of 20m cannot fit ciwall's 20
+	// minutes; one of 10m can, and its runner's job runs (asking the
+	// default partition's 4 hours, it would pend for ever:
+	// QOSMaxWallDurationPerJobLimit).
+	shorten(t, f, "      partition: short\n", "      qos: "+harness.WallQOS+"\n")
+	f.Start()
+	harness.Eventually(t, 30*time.Second, "the manager refuses to start", f.Exited)
+	if want := "over QOS " + harness.WallQOS + "'s MaxWall 20m0s"; len(harness.LogLines(f.LogPath, want)) == 0 {
+		t.Errorf("the refusal lacks %q:\n%s", want, harness.LogLines(f.LogPath, "job_timeout"))
+	}
+	shorten(t, f, "    job_timeout: 20m\n", "    job_timeout: 10m\n")
+	f.Start()
+	harness.Eventually(t, 2*time.Minute, "a runner idle in QOS "+harness.WallQOS, func() bool { return f.IdleOnline() == 1 })
+	jobs = f.SlurmJobs()
+	if len(jobs) != 1 {
+		t.Fatalf("%d jobs, want 1", len(jobs))
+	}
+	if limit, qos := harness.SlurmJob(t, jobs[0].ID, "%l"), harness.SlurmJob(t, jobs[0].ID, "%q"); limit != "20:00" || qos != harness.WallQOS {
+		t.Errorf("the runner's job has time limit %q in QOS %q, want the QOS's 20:00 in %s", limit, qos, harness.WallQOS)
 	}
 	f.StopLeavesNothing()
 }

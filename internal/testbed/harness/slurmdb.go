@@ -22,9 +22,15 @@ import (
 // CappedAccount is a Slurm account in which the Slurm user may have at
 // most CappedSubmitJobs jobs queued or running (MaxSubmitJobs of its
 // association): sbatch refuses more with AssocMaxSubmitJobLimit.
+//
+// WallQOS is a QOS the Slurm user may use whose MaxWall (WallQOSMax) is
+// shorter than any partition's MaxTime: a job asking for more pends for
+// ever (QOSMaxWallDurationPerJobLimit; AccountingStorageEnforce=limits).
 const (
 	CappedAccount    = "capped"
 	CappedSubmitJobs = 2
+	WallQOS          = "ciwall"
+	WallQOSMax       = "00:20:00"
 )
 
 // accountingConf is slurm.conf's part for accounting through slurmdbd on
@@ -92,13 +98,16 @@ StorageLoc=slurm_acct_db
 
 // addAssociations gives the Slurm user and the run_as accounts an
 // association in account ci (their default), and the Slurm user one in
-// CappedAccount with its MaxSubmitJobs; root has its own from the start.
+// CappedAccount with its MaxSubmitJobs, and WallQOS beside the default
+// QOS (normal); root has its own from the start.
 func (s *SlurmCluster) addAssociations() error {
 	for _, args := range [][]string{
 		{"add", "account", "ci", "description=runfleet's tests", "organization=runfleet"},
 		{"add", "account", CappedAccount, "description=at most a few jobs", "organization=runfleet"},
 		{"add", "user", strings.Join(append([]string{s.User}, RunAsAccounts...), ","), "account=ci", "defaultaccount=ci"},
 		{"add", "user", s.User, "account=" + CappedAccount, fmt.Sprintf("maxsubmitjobs=%d", CappedSubmitJobs)},
+		{"add", "qos", WallQOS, "maxwall=" + WallQOSMax},
+		{"modify", "user", "where", "name=" + s.User, "set", "qos+=" + WallQOS},
 	} {
 		if err := sacctmgr(args...); err != nil {
 			return err
@@ -111,7 +120,7 @@ func sacctmgr(args ...string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "sacctmgr", append([]string{"-i"}, args...)...).CombinedOutput()
-	if err != nil && !strings.Contains(string(out), "Nothing new added") {
+	if err != nil && !strings.Contains(string(out), "Nothing new added") && !strings.Contains(string(out), "Nothing modified") {
 		return fmt.Errorf("sacctmgr %s: %v: %s", strings.Join(args, " "), err, out)
 	}
 	return nil
