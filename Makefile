@@ -13,11 +13,12 @@ demo:
 # empty, cached in ~/.cache/runfleet afterwards, one build at a time under
 # a lock), hence the long timeout. The end-to-end packages
 # (internal/e2e/*) mostly wait on jobs, so up to TEST_PARALLEL test
-# packages run side by side (three: 21m24s of tests warm; four took
-# 17m43s but ran at a load of 10-15, where Gitea answered task fetches
-# after the runners had given up on them and a drain of pods outlived its
-# minute; at six, two cores ran at a load of 20 and container starts took
-# 20 s); testsum
+# packages run side by side: four, on two cores about half busy (18m21s
+# of tests warm, against 25m49s at three). A first try at four failed
+# where Gitea answered task fetches after the runners had given up on them
+# and a drain of pods outlived its minute, both since fixed in the
+# manager; at six, two cores ran at a load of 20 and container starts took
+# 20 s. testsum
 # shows each package's output as it ends, then the wall time of every
 # package and the ten slowest tests.
 # TEST_JSON keeps go test's own record. -count=1: go test's cache cannot
@@ -32,7 +33,7 @@ demo:
 # The NVML reader is behind the nvml build tag (cgo); its tests run over
 # go-nvml's DGX H200 mock. NVML's header marks some calls deprecated.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
-TEST_PARALLEL ?= 3
+TEST_PARALLEL ?= 4
 # Tests marked t.Parallel run up to TEST_BESIDE at once in their package
 # (go test's default is GOMAXPROCS, two here): only the Slurm package's
 # that wait on Slurm's clock are, four of them beside each other.
