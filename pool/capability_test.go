@@ -163,6 +163,18 @@ func TestVanishedMidJobIsReportedOnce(t *testing.T) {
 	}
 }
 
+// listedBusyWhileWaiting is a pool of one runner, gpu-1, that the forge
+// lists busy while its agent says it waits for a job, lost jobs re-run.
+func listedBusyWhileWaiting(t *testing.T) *capHarness {
+	t.Helper()
+	h := newCapHarness(t, Config{Size: 1, Max: 1, RetryLost: true})
+	h.settle()
+	h.out.print("gpu-1", "ready")
+	h.forge.set("gpu-1", forge.StatusBusy)
+	h.settle()
+	return h
+}
+
 // A job the forge handed to a runner whose agent never received it (Gitea
 // answering a task fetch after gitea-runner gave up on it): the forge
 // lists the runner busy, its agent goes on saying it waits. Within the
@@ -170,11 +182,7 @@ func TestVanishedMidJobIsReportedOnce(t *testing.T) {
 // the machine goes and a replacement starts, while the registration,
 // whose job the forge holds until it fails it, is left to the forge.
 func TestJobThatNeverReachedItsAgent(t *testing.T) {
-	h := newCapHarness(t, Config{Size: 1, Max: 1, RetryLost: true})
-	h.settle()
-	h.out.print("gpu-1", "ready")
-	h.forge.set("gpu-1", forge.StatusBusy)
-	h.settle()
+	h := listedBusyWhileWaiting(t)
 	if s := h.states(); s[StateBusy] != 1 || len(h.forge.lost) != 0 {
 		t.Fatalf("states %v, lost %v: want the runner busy while its job may yet show", s, h.forge.lost)
 	}
@@ -203,11 +211,7 @@ func TestJobThatNeverReachedItsAgent(t *testing.T) {
 // machine goes (TestForgeOutage under a cold CI's load: the job failed
 // and was not re-run, the machine went as one "without a registration").
 func TestJobThatNeverReachedItsAgentFailedByTheForge(t *testing.T) {
-	h := newCapHarness(t, Config{Size: 1, Max: 1, RetryLost: true})
-	h.settle()
-	h.out.print("gpu-1", "ready")
-	h.forge.set("gpu-1", forge.StatusBusy)
-	h.settle()
+	h := listedBusyWhileWaiting(t)
 	id := h.forge.byName("gpu-1").ID
 	h.clk.Add(unclaimedGrace / 3)
 	h.forge.drop(id)
@@ -230,11 +234,7 @@ func TestJobThatNeverReachedItsAgentFailedByTheForge(t *testing.T) {
 // A runner whose job reached it and ended as its registration went
 // (listed busy once while its output lagged) is no loss.
 func TestRegistrationGoneAfterItsJobIsNoLoss(t *testing.T) {
-	h := newCapHarness(t, Config{Size: 1, Max: 1, RetryLost: true})
-	h.settle()
-	h.out.print("gpu-1", "ready")
-	h.forge.set("gpu-1", forge.StatusBusy)
-	h.settle()
+	h := listedBusyWhileWaiting(t)
 	h.out.print("gpu-1", "busy")
 	h.out.print("gpu-1", "done")
 	h.forge.drop(h.forge.byName("gpu-1").ID)

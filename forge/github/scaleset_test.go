@@ -216,15 +216,11 @@ func TestScaleSetQueueTokenExpiry(t *testing.T) {
 	}
 }
 
-// A session another manager keeps polling is not waited for for ever:
-// Listen gives up after its wait with an error that names the session's
-// owner, as the service's 409 does.
-func TestScaleSetSessionHeldByAnother(t *testing.T) {
-	s := newSim(t, ghsim.Options{LongPoll: fastPoll, SessionTimeout: time.Second})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	first := newScaleSet(t, s)
-	if _, err := first.Register(ctx, forge.RunnerRequest{Name: "x"}); err != nil { // creates the scale set
+// sessionOfAnother creates the scale set and opens its message session
+// as another manager ("other-manager") would.
+func sessionOfAnother(ctx context.Context, t *testing.T, s *ghsim.Server) *scaleset.MessageSessionClient {
+	t.Helper()
+	if _, err := newScaleSet(t, s).Register(ctx, forge.RunnerRequest{Name: "x"}); err != nil { // creates the scale set
 		t.Fatal(err)
 	}
 	c, err := scaleset.NewClientWithPersonalAccessToken(scaleset.NewClientWithPersonalAccessTokenConfig{GitHubConfigURL: s.URL + "/acme", PersonalAccessToken: token})
@@ -235,6 +231,17 @@ func TestScaleSetSessionHeldByAnother(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return other
+}
+
+// A session another manager keeps polling is not waited for for ever:
+// Listen gives up after its wait with an error that names the session's
+// owner, as the service's 409 does.
+func TestScaleSetSessionHeldByAnother(t *testing.T) {
+	s := newSim(t, ghsim.Options{LongPoll: fastPoll, SessionTimeout: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	other := sessionOfAnother(ctx, t, s)
 	go func() { // the other manager polls on
 		for ctx.Err() == nil {
 			_, _ = other.GetMessage(ctx, 0, 2)
@@ -265,17 +272,7 @@ func TestScaleSetStoppedBeforeItsSession(t *testing.T) {
 	s := newSim(t, ghsim.Options{LongPoll: fastPoll, SessionTimeout: time.Minute})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	first := newScaleSet(t, s)
-	if _, err := first.Register(ctx, forge.RunnerRequest{Name: "x"}); err != nil { // creates the scale set
-		t.Fatal(err)
-	}
-	c, err := scaleset.NewClientWithPersonalAccessToken(scaleset.NewClientWithPersonalAccessTokenConfig{GitHubConfigURL: s.URL + "/acme", PersonalAccessToken: token})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.MessageSessionClient(ctx, s.ScaleSets()[0].ID, "other-manager"); err != nil {
-		t.Fatal(err)
-	}
+	sessionOfAnother(ctx, t, s)
 	lctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- newScaleSet(t, s).Listen(lctx, 2, func() {}) }()

@@ -99,57 +99,47 @@ func (p *Provider) boundIn(ctx context.Context, part Partition) (bound, error) {
 }
 
 // qos reads a QOS's limits once. A cluster without accounting (or with
-// slurmdbd down) has none to read; sbatch will say if the job does not
-// fit. The QOS a job gets without one named (its association's default)
-// is not read.
+// slurmdbd down) has none to read. The QOS a job gets without one named
+// (its association's default) is not read.
 func (p *Provider) qos(ctx context.Context, name string) (QOS, error) {
 	r, ok := p.opt.Cluster.(QOSReader)
 	if !ok || name == "" {
 		return QOS{Name: name}, nil
 	}
-	p.mu.Lock()
-	got, ok := p.qoses[name]
-	p.mu.Unlock()
-	if ok {
-		return got, nil
-	}
-	got, err := r.QOS(ctx, name)
-	switch {
-	case errors.Is(err, provider.ErrRejected):
-		return QOS{}, err
-	case err != nil:
-		p.log.Warn("could not read the QOS's limits", "qos", name, "error", err)
-		return QOS{Name: name}, nil
-	}
-	p.mu.Lock()
-	p.qoses[name] = got
-	p.mu.Unlock()
-	return got, nil
+	return readOnce(p, p.qoses, "qos", name, QOS{Name: name}, func() (QOS, error) { return r.QOS(ctx, name) })
 }
 
-// partition reads a partition's limits once; where the controller does
-// not answer, none are known and sbatch will say if the job does not fit.
+// partition reads a partition's limits once.
 func (p *Provider) partition(ctx context.Context, name string) (Partition, error) {
 	r, ok := p.opt.Cluster.(PartitionReader)
 	if !ok {
 		return Partition{Name: name}, nil
 	}
+	return readOnce(p, p.parts, "partition", name, Partition{Name: name}, func() (Partition, error) { return r.Partition(ctx, name) })
+}
+
+// readOnce returns the limits kept of name, or reads and keeps them. A
+// refusal (one the cluster lacks) is returned; where the cluster does not
+// answer, none are known (unknown, not kept) and sbatch will say if the
+// job does not fit.
+func readOnce[T any](p *Provider, kept map[string]T, what, name string, unknown T, read func() (T, error)) (T, error) {
 	p.mu.Lock()
-	got, ok := p.parts[name]
+	got, ok := kept[name]
 	p.mu.Unlock()
 	if ok {
 		return got, nil
 	}
-	got, err := r.Partition(ctx, name)
+	got, err := read()
 	switch {
 	case errors.Is(err, provider.ErrRejected):
-		return Partition{}, err
+		var none T
+		return none, err
 	case err != nil:
-		p.log.Warn("could not read the partition's limits", "partition", name, "error", err)
-		return Partition{Name: name}, nil
+		p.log.Warn("could not read the limits of a "+what, what, name, "error", err)
+		return unknown, nil
 	}
 	p.mu.Lock()
-	p.parts[name] = got
+	kept[name] = got
 	p.mu.Unlock()
 	return got, nil
 }
