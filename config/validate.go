@@ -15,6 +15,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/placement"
 	"github.com/runfleet/runfleet/provider"
 )
 
@@ -317,11 +318,26 @@ func (p Pool) validate(ps *problems, field string) {
 // Driver is the pool's configuration as its provider's driver gets it;
 // the caller adds the host's GPUs and a logger.
 func (p Pool) Driver(manager, stateDir string) provider.PoolConfig {
-	per := int(p.GPUsPerRunner)
-	if p.GPUsPerRunner == badGPUCount {
-		per = 0
+	return provider.PoolConfig{Manager: manager, Pool: p.Name, StateDir: stateDir, Workdir: p.Workdir, GPUsPerRunner: p.gpusPerRunner(), MaxLifetime: p.MaxLifetime.Duration, IdleTimeout: p.IdleTimeout.Duration, JobTimeout: p.JobTimeout.Duration, Section: p.Section}
+}
+
+// Want is what the pool asks of its placement, as written: the size
+// placement fits to the GPUs is its own, never written back here.
+func (p Pool) Want() placement.Want {
+	return placement.Want{
+		Pool: p.Name, Provider: p.Provider, Labels: p.Labels,
+		GPUsPerRunner: p.gpusPerRunner(), SizeFromGPUs: p.SizeFromGPUs,
+		Size: p.Size, Max: p.Max, HardwareLabels: p.HasHardwareLabels(), Dynamic: p.Dynamic,
 	}
-	return provider.PoolConfig{Manager: manager, Pool: p.Name, StateDir: stateDir, Workdir: p.Workdir, GPUsPerRunner: per, MaxLifetime: p.MaxLifetime.Duration, IdleTimeout: p.IdleTimeout.Duration, JobTimeout: p.JobTimeout.Duration, Section: p.Section}
+}
+
+// gpusPerRunner is gpus_per_runner as a number (-1 all), 0 where it is
+// not one (an error Check reports).
+func (p Pool) gpusPerRunner() int {
+	if p.GPUsPerRunner == badGPUCount {
+		return 0
+	}
+	return int(p.GPUsPerRunner)
 }
 
 func checkURL(s string) error {

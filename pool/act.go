@@ -57,14 +57,14 @@ func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit, sh sha
 			// Cut short by the pool's own stop (a drain, a shutdown):
 			// no sign that runners fail to start, so no backoff, which
 			// would be saved and hold the next manager off.
-			p.releaseGPUs(name)
+			p.cfg.Runners.Release(name)
 			p.created--
 			p.mu.Unlock()
 			p.log.Info("create runner abandoned: the pool is stopping", "runner", name, "err", err)
 			return
 		}
 		if err != nil {
-			p.releaseGPUs(name)
+			p.cfg.Runners.Release(name)
 			p.created--
 			rejected := errors.Is(err, forge.ErrRejected) || errors.Is(err, provider.ErrRejected)
 			var wait time.Duration
@@ -122,7 +122,7 @@ func refusedBy(err error) string {
 // half-applied: a registration whose machine did not start is removed.
 // It returns the machine and the registration's id.
 func (p *Pool) createRunner(ctx context.Context, name string, units []gpu.Unit, sh shaped) (provider.Instance, int64, error) {
-	labels := p.shapeLabels(sh.shape, units)
+	labels := p.cfg.Runners.LabelsFor(units, sh.shape)
 	cred, err := p.forge.Register(ctx, forge.RunnerRequest{Name: name, Labels: labels, OneRunnerOnly: provider.TraitsOf(p.prov).KeepsBootData})
 	if err != nil {
 		return provider.Instance{}, 0, err

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/placement"
 )
 
 // BenchmarkReconcile1000 times one pass over a pool of 1,000 idle runners
@@ -21,7 +22,7 @@ func BenchmarkReconcile1000(b *testing.B) {
 	const n = 1000
 	clk := &clock{t: time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)}
 	f, prov := newFakeForge(), newFakeProvider(clk.Now)
-	p := New(Config{Name: "gpu", Manager: "m1", Labels: []string{"gpu"}, Size: n, Max: n, IdleTimeout: time.Hour, BootstrapTimeout: time.Hour},
+	p := New(Config{Name: "gpu", Manager: "m1", Runners: placement.Runners{Labels: []string{"gpu"}}, Size: n, Max: n, IdleTimeout: time.Hour, BootstrapTimeout: time.Hour},
 		f, prov, fakeAgent{}, WithClock(clk.Now), WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	ctx := context.Background()
 	for range 3 {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/gpu"
+	"github.com/runfleet/runfleet/placement"
 	"github.com/runfleet/runfleet/provider"
 )
 
@@ -43,7 +44,7 @@ func (h *harness) held() map[string][]string {
 }
 
 func TestGPUsOnePerRunnerFreedWhenItEnds(t *testing.T) {
-	h := newHarness(t, Config{Size: 6, GPUs: h100s(4), GPUsPerRunner: 1, CUDA: gpu.Version{Major: 12, Minor: 4}, HardwareLabels: true})
+	h := newHarness(t, Config{Size: 6, Runners: placement.Runners{Labels: []string{"gpu"}, GPUs: h100s(4), PerRunner: 1, CUDA: gpu.Version{Major: 12, Minor: 4}, HardwareLabels: true}})
 	h.settle()
 	held := h.held()
 	if len(held) != 4 {
@@ -74,7 +75,7 @@ func TestGPUsOnePerRunnerFreedWhenItEnds(t *testing.T) {
 }
 
 func TestGPUsTwoPerRunnerAndAll(t *testing.T) {
-	h := newHarness(t, Config{Size: 3, GPUs: h100s(4), GPUsPerRunner: 2})
+	h := newHarness(t, Config{Size: 3, Runners: placement.Runners{Labels: []string{"gpu"}, GPUs: h100s(4), PerRunner: 2}})
 	h.settle()
 	held := h.held()
 	if len(held) != 2 || len(held["gpu-1"]) != 2 || len(held["gpu-2"]) != 2 {
@@ -84,7 +85,7 @@ func TestGPUsTwoPerRunnerAndAll(t *testing.T) {
 		t.Errorf("labels %v: hardware labels are off", h.forge.byName("gpu-1").Labels)
 	}
 
-	all := newHarness(t, Config{Size: 2, GPUs: h100s(4), GPUsPerRunner: -1})
+	all := newHarness(t, Config{Size: 2, Runners: placement.Runners{Labels: []string{"gpu"}, GPUs: h100s(4), PerRunner: -1}})
 	all.settle()
 	if held := all.held(); len(held) != 1 || len(held["gpu-1"]) != 4 {
 		t.Fatalf("all: %v", held)
@@ -92,7 +93,7 @@ func TestGPUsTwoPerRunnerAndAll(t *testing.T) {
 }
 
 func TestGPUsRebuiltAfterRestart(t *testing.T) {
-	h := newHarness(t, Config{Size: 3, GPUs: h100s(4), GPUsPerRunner: 1})
+	h := newHarness(t, Config{Size: 3, Runners: placement.Runners{Labels: []string{"gpu"}, GPUs: h100s(4), PerRunner: 1}})
 	// Left running by the previous manager: gpu-2 holds GPU-0, and its
 	// registration is busy.
 	h.prov.add(provider.Instance{Name: "gpu-2", Manager: "m1", Pool: "gpu", State: provider.StateRunning, Created: h.clk.Now(), ID: "x", GPUs: []string{"GPU-0"}})
@@ -105,8 +106,8 @@ func TestGPUsRebuiltAfterRestart(t *testing.T) {
 	if len(held) != 3 || !slices.Equal(held["gpu-2"], []string{"GPU-0"}) {
 		t.Fatalf("held %v", held)
 	}
-	if h.pool.cfg.GPUs.Free() != 1 {
-		t.Fatalf("free %d, want 1", h.pool.cfg.GPUs.Free())
+	if h.pool.cfg.Runners.GPUs.Free() != 1 {
+		t.Fatalf("free %d, want 1", h.pool.cfg.Runners.GPUs.Free())
 	}
 }
 
@@ -115,8 +116,8 @@ func TestGPUsSharedByTwoPools(t *testing.T) {
 	clk := &clock{t: time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)}
 	f, prov := newFakeForge(), newFakeProvider(clk.Now)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	a := New(Config{Name: "a", Manager: "m1", Labels: []string{"a"}, Size: 3, GPUs: alloc, GPUsPerRunner: 1}, f, prov, fakeAgent{}, WithClock(clk.Now), WithLogger(log))
-	b := New(Config{Name: "b", Manager: "m1", Labels: []string{"b"}, Size: 3, GPUs: alloc, GPUsPerRunner: 1}, f, prov, fakeAgent{}, WithClock(clk.Now), WithLogger(log))
+	a := New(Config{Name: "a", Manager: "m1", Size: 3, Runners: placement.Runners{Labels: []string{"a"}, GPUs: alloc, PerRunner: 1}}, f, prov, fakeAgent{}, WithClock(clk.Now), WithLogger(log))
+	b := New(Config{Name: "b", Manager: "m1", Size: 3, Runners: placement.Runners{Labels: []string{"b"}, GPUs: alloc, PerRunner: 1}}, f, prov, fakeAgent{}, WithClock(clk.Now), WithLogger(log))
 	for range 4 {
 		for _, p := range []*Pool{a, b} {
 			if err := p.Reconcile(context.Background()); err != nil {
@@ -137,7 +138,7 @@ func TestGPUsSharedByTwoPools(t *testing.T) {
 func TestGPUsNeverSharedUnderChurn(t *testing.T) {
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 1))
-		h := newHarness(t, Config{Size: 3, Max: 5, GPUs: h100s(5), GPUsPerRunner: 1 + int(seed%2)})
+		h := newHarness(t, Config{Size: 3, Max: 5, Runners: placement.Runners{Labels: []string{"gpu"}, GPUs: h100s(5), PerRunner: 1 + int(seed%2)}})
 		for step := range 200 {
 			switch rng.IntN(6) {
 			case 0:
@@ -176,8 +177,8 @@ func TestGPUsNeverSharedUnderChurn(t *testing.T) {
 		for _, ids := range held {
 			n += len(ids)
 		}
-		if free := h.pool.cfg.GPUs.Free(); free+n != 5 {
-			t.Fatalf("seed %d: %d free + %d held != 5: %v, holders %v", seed, free, n, held, h.pool.cfg.GPUs.Holders())
+		if free := h.pool.cfg.Runners.GPUs.Free(); free+n != 5 {
+			t.Fatalf("seed %d: %d free + %d held != 5: %v, holders %v", seed, free, n, held, h.pool.cfg.Runners.GPUs.Holders())
 		}
 	}
 }

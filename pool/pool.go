@@ -38,7 +38,7 @@ import (
 	"github.com/runfleet/runfleet/agent"
 	"github.com/runfleet/runfleet/dynamic"
 	"github.com/runfleet/runfleet/forge"
-	"github.com/runfleet/runfleet/gpu"
+	"github.com/runfleet/runfleet/placement"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/record"
 )
@@ -55,7 +55,6 @@ type Forge interface {
 type Config struct {
 	Name    string
 	Manager string
-	Labels  []string
 	Env     map[string]string
 	// Size is the number of idle runners kept ready; Max caps all
 	// runners, busy ones included.
@@ -81,17 +80,9 @@ type Config struct {
 	// stays empty (a one-shot runner, `runfleet runner --single`).
 	Once bool
 
-	// GPUs hands out the host's GPUs, shared by the pools of one host;
-	// nil for a pool whose runners get none of their own.
-	GPUs *gpu.Allocator
-	// GPUsPerRunner is how many GPUs (or MIG devices) each runner gets;
-	// -1 is all of them.
-	GPUsPerRunner int
-	// CUDA is the newest CUDA version the driver supports, for labels.
-	CUDA gpu.Version
-	// HardwareLabels adds labels that describe each runner's GPUs
-	// ("gpu", "gpu-h200", "gpus-1", "cuda-12.4") to Labels.
-	HardwareLabels bool
+	// Runners is what each runner gets and registers with: its labels
+	// and its share of this host's GPUs (package placement).
+	Runners placement.Runners
 
 	// Demand returns the queued jobs matched to this pool that no
 	// runner has taken yet: the pool keeps Size + Demand runners idle or
@@ -244,7 +235,7 @@ func New(cfg Config, f Forge, prov provider.Provider, a agent.Agent, opts ...Opt
 func (p *Pool) Update(c Config) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.cfg.Labels, p.cfg.Env = c.Labels, c.Env
+	p.cfg.Runners, p.cfg.Env = c.Runners, c.Env
 	p.cfg.Size, p.cfg.Max = c.Size, max(c.Max, c.Size)
 	p.cfg.IdleTimeout, p.cfg.MaxLifetime, p.cfg.BootstrapTimeout = c.IdleTimeout, c.MaxLifetime, c.BootstrapTimeout
 	p.cfg.RetryLost = c.RetryLost

@@ -33,8 +33,8 @@ func newHarness(t *testing.T, cfg Config) *harness {
 	if cfg.Manager == "" {
 		cfg.Manager = "m1"
 	}
-	if cfg.Labels == nil {
-		cfg.Labels = []string{"gpu"}
+	if cfg.Runners.Labels == nil {
+		cfg.Runners.Labels = []string{"gpu"}
 	}
 	if cfg.BootstrapTimeout == 0 {
 		cfg.BootstrapTimeout = 2 * time.Minute

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/agent"
+	"github.com/runfleet/runfleet/dynamic"
 )
 
 // scaleInput is what plan needs to size the pool.
@@ -96,7 +97,7 @@ func (p *Pool) scale(ctx context.Context, snap snapshot, prev, view []Runner, n 
 		if _, used := p.inflight(name, snap.since); used {
 			continue
 		}
-		units, ok := p.takeGPUs(name)
+		units, ok := p.takeGPUs(name, dynamic.Request{})
 		if !ok {
 			break
 		}

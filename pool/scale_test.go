@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/placement"
 )
 
 func TestDemandGrowsPoolAndIdleShrinksIt(t *testing.T) {
@@ -119,7 +120,7 @@ func TestScaleDownNeverRemovesBusyRunner(t *testing.T) {
 		rf := &raceForge{fakeForge: newFakeForge(), prov: fp}
 		var demand atomic.Int64
 		p := New(Config{
-			Name: "gpu", Manager: "m1", Labels: []string{"gpu"}, Size: rng.IntN(2), Max: 2 + rng.IntN(4),
+			Name: "gpu", Manager: "m1", Runners: placement.Runners{Labels: []string{"gpu"}}, Size: rng.IntN(2), Max: 2 + rng.IntN(4),
 			IdleTimeout: 0, BootstrapTimeout: time.Hour, OrphanGrace: time.Hour,
 			Demand: func([]int64) int { return int(demand.Load()) },
 		}, rf, checkingProvider{fp, rf}, fakeAgent{}, WithClock(clk.Now), WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/dynamic"
-	"github.com/runfleet/runfleet/gpu"
 )
 
 // A dynamic pool's jobs choose their machine in their labels (package
@@ -115,12 +114,12 @@ func (p *Pool) scaleShapes(ctx context.Context, snap snapshot, prev, view []Runn
 			if _, used := p.inflight(name, snap.since); used {
 				continue
 			}
-			units, ok := p.takeShapeGPUs(name, req)
+			units, ok := p.takeGPUs(name, req)
 			if !ok {
 				break
 			}
-			if shape != "" && p.holdBack(shape, p.shapeLabels(shape, units), now) {
-				p.releaseGPUs(name)
+			if shape != "" && p.holdBack(shape, p.cfg.Runners.LabelsFor(units, shape), now) {
+				p.cfg.Runners.Release(name)
 				break
 			}
 			p.shapes[name] = shape
@@ -174,36 +173,6 @@ func (p *Pool) holdBack(shape string, labels []string, now time.Time) bool {
 	}
 	p.log.Warn("a runner waited long enough for a job with fewer labels to be taken; starting it", "labels", shape, "job", why)
 	return false
-}
-
-// shapeLabels are the labels a shape's runner registers with, given its
-// GPUs.
-func (p *Pool) shapeLabels(shape string, units []gpu.Unit) []string {
-	labels := slices.Clone(p.labels(units))
-	for _, l := range dynamic.Labels(shape) {
-		if !slices.Contains(labels, l) {
-			labels = append(labels, l)
-		}
-	}
-	return labels
-}
-
-// takeShapeGPUs takes the GPUs a shape asks for (how many, which model),
-// or the pool's. Called with p.mu held.
-func (p *Pool) takeShapeGPUs(name string, req dynamic.Request) ([]gpu.Unit, bool) {
-	if p.cfg.GPUs == nil || req.GPUs == 0 && req.GPU == "" {
-		return p.takeGPUs(name)
-	}
-	n := req.GPUs
-	if n == 0 {
-		n = p.cfg.GPUsPerRunner
-	}
-	units, err := p.cfg.GPUs.TakeModel(name, n, req.GPU)
-	if err != nil {
-		p.log.Debug("no runner started: its GPUs are taken", "runner", name, "err", err)
-		return nil, false
-	}
-	return units, true
 }
 
 // Refusals returns, by shape, why the pool starts no runner for jobs that

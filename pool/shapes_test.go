@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/dynamic"
+	"github.com/runfleet/runfleet/placement"
 )
 
 // queue is the demand of a dynamic pool: queued jobs by shape.
@@ -40,7 +41,7 @@ func dynamicHarness(t *testing.T, q *queue) *harness {
 		t.Fatal(err)
 	}
 	return newHarness(t, Config{
-		Size: 0, Max: 4, GPUs: h100s(4), GPUsPerRunner: 1, IdleTimeout: time.Minute,
+		Size: 0, Max: 4, Runners: placement.Runners{Labels: []string{"gpu"}, GPUs: h100s(4), PerRunner: 1}, IdleTimeout: time.Minute,
 		Shapes: q.shapes, Resolve: lim.Resolve,
 		HoldBack: func([]string, string) (string, bool) {
 			q.mu.Lock()

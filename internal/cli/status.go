@@ -118,7 +118,8 @@ func collect(ctx context.Context, fleet *daemon.Fleet) []PoolStatus {
 	var out []PoolStatus
 	for i, p := range fleet.Pools {
 		pc := fleet.Config.Pools[i]
-		ps := PoolStatus{Name: p.Name(), Size: pc.Size, Max: pc.Max, Runners: []RunnerStatus{}}
+		plan, _ := fleet.Plan(p.Name())
+		ps := PoolStatus{Name: p.Name(), Size: plan.Size, Max: plan.Max, Runners: []RunnerStatus{}}
 		if b := fleet.SavedBackoff(p.Name()); b.Failures > 0 {
 			ps.Backoff = &b
 		}

@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,8 +18,8 @@ import (
 	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/demand"
 	"github.com/runfleet/runfleet/forge"
-	"github.com/runfleet/runfleet/gpu"
 	"github.com/runfleet/runfleet/metrics"
+	"github.com/runfleet/runfleet/placement"
 	"github.com/runfleet/runfleet/pool"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/version"
@@ -55,11 +53,9 @@ type Fleet struct {
 	Forges map[string]forge.Forge
 	// Providers by pool name.
 	Providers map[string]provider.Provider
-	// Inventory is this host's GPUs, read when a pool needs them.
-	Inventory *gpu.Inventory
-	// GPUs hands out the GPUs to the pools' runners; nil when no pool
-	// gives runners GPUs of their own.
-	GPUs *gpu.Allocator
+	// Host is this host's GPUs, read when a pool first needs them, and
+	// their allocator.
+	Host *placement.Host
 	// Demand tracks queued jobs, from webhooks and polls.
 	Demand *demand.Tracker
 	// Metrics are the manager's Prometheus metrics.
@@ -71,7 +67,8 @@ type Fleet struct {
 	runs   map[string]*poolRun    // by pool name, while Run runs
 	runCtx context.Context
 
-	gpuMu   sync.Mutex // guards Inventory and GPUs while they are read
+	// plans are the pools' placements, by pool name (guarded by mu).
+	plans   map[string]placement.Plan
 	closers []io.Closer
 	history jobHistory
 	// readOnly: the fleet is only read (Inspect).
@@ -97,7 +94,8 @@ func Inspect(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
 }
 
 func build(cfg *config.Config, log *slog.Logger, readOnly bool) (*Fleet, error) {
-	f := &Fleet{Config: cfg, Forges: map[string]forge.Forge{}, Providers: map[string]provider.Provider{}, log: log, runs: map[string]*poolRun{}, readOnly: readOnly}
+	f := &Fleet{Config: cfg, Forges: map[string]forge.Forge{}, Providers: map[string]provider.Provider{}, log: log, runs: map[string]*poolRun{}, readOnly: readOnly, plans: map[string]placement.Plan{}}
+	f.Host = &placement.Host{NvidiaSMI: cfg.GPU.NvidiaSMI, ShareVMGPUs: cfg.GPU.AllowHostVGPU, Log: log}
 	f.Metrics = metrics.New(f)
 	conns, err := openForges(cfg, log)
 	if err != nil {
@@ -156,15 +154,14 @@ func openForges(cfg *config.Config, log *slog.Logger) (map[string]forge.Forge, e
 	return conns, errors.Join(errs...)
 }
 
-// buildPool makes one pool's provider, agent and reconciler. It may set
-// the pool's size (from its GPUs).
+// buildPool makes one pool's provider, placement, agent and reconciler.
 func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 	d, ok := provider.Lookup(pc.Provider)
 	if !ok {
 		return nil, fmt.Errorf("provider: %q is not in this build (known: %s)", pc.Provider, strings.Join(provider.Names(), ", "))
 	}
 	pconf := pc.Driver(f.Config.ID, f.Config.StateDir)
-	pconf.GPUs, pconf.Logger, pconf.ReadOnly = f.inventory, f.log, f.readOnly
+	pconf.GPUs, pconf.Logger, pconf.ReadOnly = f.Host.GPUs, f.log, f.readOnly
 	if l, ok := f.conns[pc.Forge].(forge.JobLimiter); ok && pconf.JobTimeout == 0 {
 		pconf.JobTimeout = l.JobLimit()
 	}
@@ -176,7 +173,7 @@ func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 		f.closers = append(f.closers, c)
 	}
 	traits := provider.TraitsOf(prov)
-	per, err := f.poolGPUs(pc, traits)
+	plan, err := placement.For(f.Host, pc.Want(), prov)
 	if err != nil {
 		return nil, err
 	}
@@ -187,20 +184,17 @@ func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 	}
 	f.Forges[pc.Name] = conn
 	f.Providers[pc.Name] = prov
+	f.plans[pc.Name] = plan
 	name := pc.Name
-	pcfg := f.poolConfig(*pc)
-	if per != 0 {
-		pcfg.GPUs, pcfg.GPUsPerRunner = f.GPUs, per
-		pcfg.CUDA, pcfg.HardwareLabels = f.Inventory.CUDA, pc.HasHardwareLabels()
-	}
-	pcfg.Record, pcfg.History = f.recordTemplate(*pc, per != 0), &f.history
+	pcfg := f.poolConfig(*pc, plan)
+	pcfg.Record, pcfg.History = f.recordTemplate(*pc, plan.Runners.GPUs != nil), &f.history
 	pcfg.TookWindow = time.Minute
 	pcfg.Demand = func(took []int64) int { return f.Demand.Unserved(name, took, pcfg.TookWindow) }
 	if d, ok := conn.(forge.Demander); ok {
 		pcfg.Demand = d.Unserved
 	}
 	if pc.Dynamic != nil {
-		if err := f.shapePool(*pc, &pcfg, prov, per != 0 && traits.HostGPUs); err != nil {
+		if err := f.shapePool(*pc, &pcfg, prov); err != nil {
 			return nil, err
 		}
 	}
@@ -214,6 +208,15 @@ func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 	return pool.New(pcfg, conn, prov, ag, pool.WithLogger(f.log)), nil
 }
 
+// Plan is a pool's placement: its size and max as its GPUs fit them, and
+// what its runners get and register with.
+func (f *Fleet) Plan(pool string) (placement.Plan, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.plans[pool]
+	return p, ok
+}
+
 // idleLifetime is the pool's max_lifetime, or less where its machines'
 // own limit leaves less room (provider.Lifetimer).
 func idleLifetime(maxLifetime time.Duration, p provider.Provider) time.Duration {
@@ -224,14 +227,14 @@ func idleLifetime(maxLifetime time.Duration, p provider.Provider) time.Duration 
 }
 
 // poolConfig is the part of a pool's settings that a reload may change.
-func (f *Fleet) poolConfig(pc config.Pool) pool.Config {
+func (f *Fleet) poolConfig(pc config.Pool, plan placement.Plan) pool.Config {
 	return pool.Config{
 		Name:             pc.Name,
 		Manager:          f.Config.ID,
-		Labels:           f.providerLabels(pc),
+		Runners:          plan.Runners,
 		Env:              pc.Env,
-		Size:             pc.Size,
-		Max:              pc.Max,
+		Size:             plan.Size,
+		Max:              plan.Max,
 		IdleTimeout:      pc.IdleTimeout.Duration,
 		MaxLifetime:      idleLifetime(pc.MaxLifetime.Duration, f.Providers[pc.Name]),
 		BootstrapTimeout: pc.BootstrapTimeout.Duration + provider.TraitsOf(f.Providers[pc.Name]).BootGrace,
@@ -239,113 +242,6 @@ func (f *Fleet) poolConfig(pc config.Pool) pool.Config {
 		RetryLost:        pc.RetryLost == nil || *pc.RetryLost,
 		Once:             pc.Single,
 	}
-}
-
-// providerLabels is a pool's labels and, with hardware labels, those its
-// provider gives every machine of the pool (provider.Labeler).
-func (f *Fleet) providerLabels(pc config.Pool) []string {
-	l, ok := f.Providers[pc.Name].(provider.Labeler)
-	if !ok || !pc.HasHardwareLabels() {
-		return pc.Labels
-	}
-	labels := slices.Clone(pc.Labels)
-	for _, h := range l.HardwareLabels() {
-		if !slices.Contains(labels, h) {
-			labels = append(labels, h)
-		}
-	}
-	return labels
-}
-
-// inventory reads the host's GPUs once, when a pool first needs them (its
-// runners get GPUs of their own, or its provider chooses by CUDA
-// version): a CPU-only configuration never runs nvidia-smi.
-func (f *Fleet) inventory() gpu.Inventory {
-	f.gpuMu.Lock()
-	defer f.gpuMu.Unlock()
-	if f.Inventory != nil {
-		return *f.Inventory
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	inv := gpu.Detect(ctx, f.Config.GPU.NvidiaSMI)
-	inv.ShareVMGPUs = f.Config.GPU.AllowHostVGPU
-	f.Inventory = &inv
-	f.GPUs = gpu.NewAllocator(inv.Units())
-	for id, why := range inv.Skipped {
-		if !inv.ShareVMGPUs {
-			f.log.Warn("GPU not handed out", "gpu", id, "why", why)
-		}
-	}
-	switch {
-	case inv.Error != "":
-		f.log.Error("could not read this host's GPUs", "err", inv.Error, "source", inv.Source)
-	case len(inv.GPUs) == 0:
-		f.log.Warn("no GPU found", "reason", inv.Reason, "source", inv.Source)
-	default:
-		f.log.Info("GPUs found", "gpus", len(inv.GPUs), "units", f.GPUs.Len(), "driver", inv.Driver, "cuda", inv.CUDA, "source", inv.Source)
-	}
-	return inv
-}
-
-// poolGPUs returns how many of this host's GPUs each of a pool's runners
-// gets (-1 all, 0 none): none where the provider's backend gives machines
-// GPUs of its own (Slurm's gres), which it is told of in its PoolConfig.
-func (f *Fleet) poolGPUs(pc *config.Pool, traits provider.Traits) (int, error) {
-	switch {
-	case pc.GPUsPerRunner == 0:
-		return 0, nil
-	case traits.SchedulesGPUs && pc.SizeFromGPUs && pc.Max == 0:
-		return 0, fmt.Errorf("max: not given, and provider %s gives runners GPUs of its own nodes, which this host cannot count: give max, the most runners at once (size is 0: runners start as jobs queue)", pc.Provider)
-	case traits.SchedulesGPUs && pc.SizeFromGPUs:
-		// No idle runner holds a cluster's GPUs, and burns its
-		// account's GPU-hours, unless the pool asks for one.
-		pc.Size = 0
-		return 0, nil
-	case traits.SchedulesGPUs:
-		return 0, nil
-	case !traits.HostGPUs:
-		return 0, fmt.Errorf("gpus_per_runner: provider %s cannot give runners this host's GPUs", pc.Provider)
-	}
-	return f.fitGPUs(pc)
-}
-
-// fitGPUs checks a pool's GPUs per runner against the host, and sizes a
-// pool whose size comes from its GPUs. It returns the GPUs per runner for
-// the pool (-1 all, 0 none).
-func (f *Fleet) fitGPUs(pc *config.Pool) (int, error) {
-	per := int(pc.GPUsPerRunner)
-	if per == 0 {
-		return 0, nil
-	}
-	inv := f.inventory()
-	units := f.GPUs.Len()
-	switch {
-	case units == 0:
-		return 0, fmt.Errorf("gpus_per_runner: %s, and this host has no GPU (%s)", gpusText(per), inv.Reason)
-	case per > units:
-		return 0, fmt.Errorf("gpus_per_runner: %d, and this host has %d GPUs", per, units)
-	}
-	fit := 1 // runners the GPUs allow at once
-	if per > 0 {
-		fit = units / per
-	}
-	switch {
-	case pc.SizeFromGPUs:
-		pc.Size = fit
-		pc.Max = max(pc.Max, pc.Size)
-		f.log.Info("pool sized by its GPUs", "pool", pc.Name, "size", pc.Size, "gpus_per_runner", gpusText(per))
-	case pc.Max > fit:
-		f.log.Warn("the pool asks for more runners than the GPUs allow; it runs at most what they allow", "pool", pc.Name, "max", pc.Max, "runners_the_gpus_allow", fit)
-	}
-	return per, nil
-}
-
-func gpusText(per int) string {
-	if per < 0 {
-		return "all"
-	}
-	return strconv.Itoa(per)
 }
 
 // Holders maps each GPU id held by a runner of this manager to the

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/demand"
 	"github.com/runfleet/runfleet/pool"
 
 	// The drivers the configs here name.
@@ -99,17 +100,94 @@ func TestGPUPoolsFitTheHost(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer f.Close()
-			pc := f.Config.Pools[0]
-			if pc.Size != tt.size || pc.Max != tt.max {
-				t.Errorf("size %d max %d, want %d %d", pc.Size, pc.Max, tt.size, tt.max)
+			plan, _ := f.Plan("gpu")
+			if plan.Size != tt.size || plan.Max != tt.max {
+				t.Errorf("size %d max %d, want %d %d", plan.Size, plan.Max, tt.size, tt.max)
 			}
 			if img, ok := f.Providers["gpu"].(interface{ Image() string }); tt.image != "" && (!ok || img.Image() != tt.image) {
 				t.Errorf("image %v, want %q", img, tt.image)
 			}
-			if tt.name == "cpu only" && (f.Inventory != nil || f.GPUs != nil) {
-				t.Errorf("a CPU-only config read the GPUs: %+v", f.Inventory)
+			if inv, alloc := f.Host.Read(); tt.name == "cpu only" && (inv != nil || alloc != nil) {
+				t.Errorf("a CPU-only config read the GPUs: %+v", inv)
 			}
 		})
+	}
+}
+
+// A pool sized by its GPUs keeps that size over a reload that changes
+// something else, and the size is the plan's: the parsed config keeps
+// what the user wrote, so a reload of the same file changes nothing.
+func TestReloadKeepsTheGPUsSize(t *testing.T) {
+	t.Setenv("T_TOKEN", "x")
+	state, smi := t.TempDir(), fakeSMI(t, "h100x4-v12.xml")
+	parse := func(idle string) *config.Config {
+		t.Helper()
+		cfg, err := config.Parse([]byte(`
+state_dir: ` + state + `
+gpu: {nvidia_smi: ` + smi + `}
+forges:
+  - {name: f, type: gitea, url: "http://127.0.0.1:3000", token: "${T_TOKEN}", repo: a/b}
+pools:
+  - {name: gpu, labels: [gpu], gpus_per_runner: 1, idle_timeout: ` + idle + `, agent: {path: /bin/true}}
+`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	cfg := parse("5m")
+	f, err := New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if cfg.Pools[0].Size != 0 || !cfg.Pools[0].SizeFromGPUs {
+		t.Errorf("the parsed config was written to: size %d", cfg.Pools[0].Size)
+	}
+	for _, idle := range []string{"5m", "7m"} {
+		if err := f.Reload(parse(idle)); err != nil {
+			t.Fatal(err)
+		}
+		if plan, _ := f.Plan("gpu"); plan.Size != 4 || plan.Max != 4 || plan.Runners.PerRunner != 1 {
+			t.Errorf("after a reload: size %d max %d, %d GPUs a runner; want 4 4 1", plan.Size, plan.Max, plan.Runners.PerRunner)
+		}
+	}
+}
+
+// A Slurm pool's runners get GPUs of the cluster's nodes, not this
+// host's: when another pool has read this host's GPUs, a job asking for
+// them still goes to that pool, not to the Slurm pool listed first, whose
+// runners would never register with their labels.
+func TestClusterPoolIsNotMatchedOnTheHostsGPUs(t *testing.T) {
+	t.Setenv("T_TOKEN", "x")
+	cfg, err := config.Parse([]byte(`
+state_dir: ` + t.TempDir() + `
+gpu: {nvidia_smi: ` + fakeSMI(t, "h100x4-v12.xml") + `}
+forges:
+  - {name: f, type: gitea, url: "http://127.0.0.1:3000", token: "${T_TOKEN}", repo: a/b}
+pools:
+  - {name: cluster, labels: [gpu], gpus_per_runner: 1, max: 4, workdir: /tmp, agent: {path: /bin/true}, slurm: {memory: 1G}}
+  - {name: host, labels: [gpu], gpus_per_runner: 1, agent: {path: /bin/true}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, tt := range []struct {
+		labels []string
+		pool   string
+	}{
+		{[]string{"gpu"}, "cluster"},
+		{[]string{"gpu", "gpu-h100"}, "host"},
+		{[]string{"gpu", "gpus-1", "cuda-12.4"}, "host"},
+	} {
+		if got := f.Demand.Match(demand.Job{Forge: "f", ID: 1, Labels: tt.labels}); got != tt.pool {
+			t.Errorf("a job asking for %v is matched to pool %q, want %q", tt.labels, got, tt.pool)
+		}
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/runfleet/runfleet/config"
@@ -33,21 +32,10 @@ func meetsDynamic(meets func(have, want []string) bool) func(have, want []string
 // shapePool makes a pool whose jobs choose their machine: its demand by
 // shape, its limits, and the wait of a runner that a job with fewer
 // labels could take. It fails when the provider cannot give a machine
-// what the pool lets jobs ask for.
-func (f *Fleet) shapePool(pc config.Pool, pcfg *pool.Config, prov provider.Provider, hostGPUs bool) error {
+// what the pool lets jobs ask for (placement.For has checked that it
+// honours each key).
+func (f *Fleet) shapePool(pc config.Pool, pcfg *pool.Config, prov provider.Provider) error {
 	lim := pc.Dynamic
-	honours := []string{}
-	if s, ok := prov.(provider.Shaper); ok {
-		honours = s.Honours()
-	}
-	if hostGPUs {
-		honours = append(honours, dynamic.KeyGPUs, dynamic.KeyGPU)
-	}
-	for _, k := range lim.Keys() {
-		if !slices.Contains(honours, k) {
-			return fmt.Errorf("dynamic.%s: provider %s cannot give a runner what a job asks for in %s= (it can: %s)", k, pc.Provider, k, strings.Join(orNone(honours), ", "))
-		}
-	}
 	if c, ok := prov.(provider.ShapeChecker); ok {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		err := c.CheckShapes(ctx, *lim)
@@ -74,11 +62,4 @@ func (f *Fleet) shapePool(pc config.Pool, pcfg *pool.Config, prov provider.Provi
 		return f.Demand.Fewer(forgeName, append(slices.Clone(labels), implicit...), shape)
 	}
 	return nil
-}
-
-func orNone(s []string) []string {
-	if len(s) == 0 {
-		return []string{"none"}
-	}
-	return s
 }

@@ -153,10 +153,8 @@ func (f *Fleet) recordTemplate(pc config.Pool, hostGPUs bool) *record.Record {
 	if fc, ok := f.Config.Forge(pc.Forge); ok {
 		r.ForgeType = fc.Type
 	}
-	f.gpuMu.Lock()
-	if inv := f.Inventory; hostGPUs && inv != nil {
+	if inv, _ := f.Host.Read(); hostGPUs && inv != nil {
 		r.Driver, r.CUDA = inv.Driver, inv.CUDA.String()
 	}
-	f.gpuMu.Unlock()
 	return r
 }

@@ -159,9 +159,7 @@ func (f *Fleet) Page(ctx context.Context) server.Page {
 	f.mu.Lock()
 	cfg := f.Config
 	f.mu.Unlock()
-	f.gpuMu.Lock()
-	inventory, alloc := f.Inventory, f.GPUs
-	f.gpuMu.Unlock()
+	inventory, alloc := f.Host.Read()
 	page := server.Page{Manager: cfg.ID, Version: Version, Now: now}
 	jobs := f.Demand.Recent(30)
 	byRunner := map[string]demand.JobView{}
@@ -173,7 +171,8 @@ func (f *Fleet) Page(ctx context.Context) server.Page {
 	queued := f.Demand.Queued()
 	for _, p := range f.pools() {
 		pc, _ := cfg.Pool(p.Name())
-		pv := server.PoolView{Name: p.Name(), Forge: pc.Forge, Provider: pc.Provider, Size: pc.Size, Max: pc.Max, Queued: queued[p.Name()]}
+		plan, _ := f.Plan(p.Name())
+		pv := server.PoolView{Name: p.Name(), Forge: pc.Forge, Provider: pc.Provider, Size: plan.Size, Max: plan.Max, Queued: queued[p.Name()]}
 		if err := p.LastError(); err != nil {
 			pv.Error = err.Error()
 		}

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/placement"
 	"github.com/runfleet/runfleet/pool"
 )
 
@@ -33,6 +34,19 @@ func (f *Fleet) Reload(cfg *config.Config) error {
 	for _, p := range f.Pools {
 		byName[p.Name()] = p
 	}
+	// The kept pools' placements first: one that fails refuses the
+	// reload before anything changed.
+	plans := map[string]placement.Plan{}
+	for i, pc := range cfg.Pools {
+		if _, ok := byName[pc.Name]; !ok {
+			continue
+		}
+		plan, err := placement.For(f.Host, pc.Want(), f.Providers[pc.Name])
+		if err != nil {
+			return fmt.Errorf("reload refused: pools[%d]: %w", i, err)
+		}
+		plans[pc.Name] = plan
+	}
 	var next []*pool.Pool
 	var errs []error
 	f.Config = cfg
@@ -41,14 +55,12 @@ func (f *Fleet) Reload(cfg *config.Config) error {
 		if p, ok := byName[pc.Name]; ok {
 			delete(byName, pc.Name)
 			prev, _ := old.Pool(pc.Name)
-			if pc.SizeFromGPUs { // as sized at start
-				pc.Size, pc.Max = prev.Size, max(pc.Max, prev.Size)
-			}
+			f.plans[pc.Name] = plans[pc.Name]
 			if reflect.DeepEqual(prev, *pc) {
 				next = append(next, p)
 				continue
 			}
-			pcfg := f.poolConfig(*pc)
+			pcfg := f.poolConfig(*pc, plans[pc.Name])
 			if r, ok := f.runs[pc.Name]; ok {
 				r.cancel()
 				<-r.done
@@ -58,7 +70,7 @@ func (f *Fleet) Reload(cfg *config.Config) error {
 			} else {
 				p.Update(pcfg)
 			}
-			f.log.Info("pool reloaded", "pool", pc.Name, "size", pc.Size, "max", pc.Max)
+			f.log.Info("pool reloaded", "pool", pc.Name, "size", pcfg.Size, "max", pcfg.Max)
 			next = append(next, p)
 			continue
 		}
@@ -74,6 +86,7 @@ func (f *Fleet) Reload(cfg *config.Config) error {
 		f.log.Info("pool added", "pool", pc.Name)
 	}
 	for name, p := range byName {
+		delete(f.plans, name)
 		if r, ok := f.runs[name]; ok {
 			r.cancel()
 			delete(f.runs, name)

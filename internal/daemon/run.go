@@ -12,7 +12,6 @@ import (
 	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/demand"
 	"github.com/runfleet/runfleet/forge"
-	"github.com/runfleet/runfleet/gpu"
 	"github.com/runfleet/runfleet/metrics"
 	"github.com/runfleet/runfleet/pool"
 	"github.com/runfleet/runfleet/provider"
@@ -53,12 +52,16 @@ func (f *Fleet) RunLeader(ctx context.Context, lost <-chan struct{}) []pool.Runn
 	for _, p := range f.Pools {
 		f.startPool(p)
 	}
+	listened, _ := demanderPools(cfg, f.conns) // checked by New
+	most := map[string]int{}
+	for _, pc := range listened {
+		most[pc.Name] = f.plans[pc.Name].Max
+	}
 	f.mu.Unlock()
 	var wg sync.WaitGroup
-	listened, _ := demanderPools(cfg, f.conns) // checked by New
 	for forgeName, pc := range listened {
 		d := f.conns[forgeName].(forge.Demander)
-		wg.Go(func() { f.listen(runCtx, forgeName, d, pc.Name, pc.Max) })
+		wg.Go(func() { f.listen(runCtx, forgeName, d, pc.Name, most[pc.Name]) })
 	}
 	for _, fc := range cfg.Forges {
 		if _, ok := listened[fc.Name]; ok || fc.PollOff {
@@ -142,7 +145,7 @@ func (f *Fleet) startPool(p *pool.Pool) {
 	// job comes to the runner it started.
 	if pc, ok := f.Config.Pool(p.Name()); ok && !pc.Single {
 		if ph, ok := f.conns[pc.Forge].(forge.Placeholder); ok {
-			go f.placehold(ctx, pc.Name, ph, slices.Compact(slices.Sorted(slices.Values(f.runnerLabels(pc)))))
+			go f.placehold(ctx, pc.Name, ph, slices.Sorted(slices.Values(f.plans[pc.Name].Runners.DemandLabels())))
 		}
 	}
 }
@@ -319,12 +322,18 @@ func (f *Fleet) pools() []*pool.Pool {
 	return slices.Clone(f.Pools)
 }
 
-// demandPools describes the pools to the tracker: their labels, the
-// forge's implicit ones, and the hardware labels their runners may get.
+// demandPools describes the pools to the tracker: the labels their
+// runners may register with (placement.Runners.DemandLabels) and the
+// forge's implicit ones. A pool that could not be built is left out.
+// Called with f.mu held, or before the fleet runs.
 func (f *Fleet) demandPools(cfg *config.Config) []demand.Pool {
 	var out []demand.Pool
 	for _, pc := range cfg.Pools {
-		labels := f.runnerLabels(pc)
+		plan, ok := f.plans[pc.Name]
+		if !ok {
+			continue
+		}
+		labels := plan.Runners.DemandLabels()
 		if l, ok := f.conns[pc.Forge].(forge.Labeler); ok {
 			labels = append(labels, l.ImplicitLabels()...)
 		}
@@ -338,25 +347,6 @@ func (f *Fleet) demandPools(cfg *config.Config) []demand.Pool {
 		out = append(out, dp)
 	}
 	return out
-}
-
-// runnerLabels are the labels a pool's runners may register with: the
-// pool's and its provider's, and the hardware labels of the GPUs they may
-// get.
-func (f *Fleet) runnerLabels(pc config.Pool) []string {
-	labels := f.providerLabels(pc)
-	if pc.GPUsPerRunner != 0 && pc.HasHardwareLabels() && f.GPUs != nil {
-		units := f.GPUs.Units()
-		for i := range units {
-			labels = append(labels, gpu.Labels(units[i:i+1], f.Inventory.CUDA)...)
-		}
-		n := len(units)
-		if pc.GPUsPerRunner > 0 {
-			n = int(pc.GPUsPerRunner)
-		}
-		labels = append(labels, fmt.Sprintf("gpus-%d", n))
-	}
-	return labels
 }
 
 // RunnerCounts counts the pools' runners by state, for the metrics.
