@@ -85,11 +85,26 @@ func (p *Pool) scale(ctx context.Context, snap snapshot, prev, view []Runner, n 
 		p.retire(ctx, s.name, s.reg, s.inst, "idle above pool size")
 		view[i].State = StateStopping
 	}
-	// Names come from the fixed set <pool>-1 .. <pool>-<max>; a name is
-	// reused once its runner is gone from both the provider and the forge.
-	// A busy runner whose machine is being taken back still holds its
-	// name, so its replacement takes one beyond max.
-	for i := 1; start > 0 && i <= p.cfg.Max+n.taken; i++ {
+	free := p.freeNames(snap, n)
+	for _, name := range free[:min(start, len(free))] {
+		units, ok := p.takeGPUs(name, dynamic.Request{})
+		if !ok {
+			break
+		}
+		p.create(ctx, name, units, shaped{})
+		view = append(view, Runner{Name: name, Pool: p.cfg.Name, State: StateStarting})
+	}
+	return view
+}
+
+// freeNames are the slots a runner may start in, in order. Names come
+// from the fixed set <pool>-1 .. <pool>-<max>; a name is reused once its
+// runner is gone from both the provider and the forge. A busy runner
+// whose machine is being taken back still holds its name, so its
+// replacement takes one beyond max. Called with p.mu held.
+func (p *Pool) freeNames(snap snapshot, n tally) []string {
+	var out []string
+	for i := 1; i <= p.cfg.Max+n.taken; i++ {
 		name := p.cfg.Name + "-" + strconv.Itoa(i)
 		if _, used := snap.slots[name]; used {
 			continue
@@ -97,15 +112,9 @@ func (p *Pool) scale(ctx context.Context, snap snapshot, prev, view []Runner, n 
 		if _, used := p.inflight(name, snap.since); used {
 			continue
 		}
-		units, ok := p.takeGPUs(name, dynamic.Request{})
-		if !ok {
-			break
-		}
-		p.create(ctx, name, units, shaped{})
-		view = append(view, Runner{Name: name, Pool: p.cfg.Name, State: StateStarting})
-		start--
+		out = append(out, name)
 	}
-	return view
+	return out
 }
 
 // tookJob returns the registrations of the runners seen to take a job

@@ -4,7 +4,6 @@ import (
 	"context"
 	"maps"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/runfleet/runfleet/dynamic"
@@ -41,6 +40,14 @@ func (p *Pool) shapeOf(name string, s *slot) string {
 
 // scaleShapes is scale for a dynamic pool. Called with p.mu held.
 func (p *Pool) scaleShapes(ctx context.Context, snap snapshot, prev, view []Runner, n tally, now time.Time) []Runner {
+	return p.sizeShapes(ctx, snap, view, p.shapeDemand(snap, prev, view, now), n, now)
+}
+
+// shapeDemand is, by shape, how many runners a dynamic pool wants idle
+// or starting: its queued jobs that no runner of their shape took, and
+// its size of the pool's own shape (""); a shape outside its limits
+// wants none. Called with p.mu held.
+func (p *Pool) shapeDemand(snap snapshot, prev, view []Runner, now time.Time) map[string]int {
 	took := p.tookJob(snap, prev, view, now)
 	byShape := map[string][]int64{}
 	shapeOfReg := map[int64]string{}
@@ -70,50 +77,53 @@ func (p *Pool) scaleShapes(ctx context.Context, snap snapshot, prev, view []Runn
 			delete(want, shape)
 		}
 	}
-	// Idle or starting runners of each shape.
-	idle := map[string][]int{}
+	return want
+}
+
+// sizeShapes retires and starts a dynamic pool's runners, by shape, to
+// what its jobs want. Called with p.mu held.
+func (p *Pool) sizeShapes(ctx context.Context, snap snapshot, view []Runner, want map[string]int, n tally, now time.Time) []Runner {
+	// Each shape is sized as a pool of its own (plan), within the
+	// pool's max: its idle runners above what its jobs need retired
+	// first, then its runners started, in shape order, in the pool's
+	// free names.
+	idle := map[string][]int{} // by shape, indexes into view
 	for i, r := range view {
 		if r.State == StateIdle || r.State == StateStarting {
 			idle[r.Shape] = append(idle[r.Shape], i)
 		}
 	}
+	in := scaleInput{
+		max: p.cfg.Max, draining: p.draining, idleTimeout: p.cfg.IdleTimeout, now: now,
+		createAfter: p.backoff.Until, halted: p.backoff.Halted,
+	}
 	total := n.total
-	if !p.draining {
-		for shape, is := range idle {
-			extra := len(is) - want[shape]
-			for _, i := range is {
-				r := view[i]
-				if extra <= 0 {
-					break
-				}
-				if r.State == StateIdle && !r.IdleSince.IsZero() && now.Sub(r.IdleSince) >= p.cfg.IdleTimeout {
-					s := snap.slots[r.Name]
-					p.retire(ctx, s.name, s.reg, s.inst, "idle above what its shape's jobs need")
-					view[i].State = StateStopping
-					extra--
-					total--
-				}
-			}
+	left := map[string]int{} // by shape, idle or starting after the retirements
+	for shape, is := range idle {
+		sub := make([]Runner, len(is))
+		for j, i := range is {
+			sub[j] = view[i]
 		}
+		in.want = want[shape]
+		retire, _ := plan(sub, len(sub), total, in)
+		for _, j := range retire {
+			s := snap.slots[sub[j].Name]
+			p.retire(ctx, s.name, s.reg, s.inst, "idle above what its shape's jobs need")
+			view[is[j]].State = StateStopping
+		}
+		left[shape] = len(is) - len(retire)
+		total -= len(retire)
 	}
-	if p.draining || p.backoff.Halted || now.Before(p.backoff.Until) {
-		return view
-	}
-	next := 1
+	free := p.freeNames(snap, n)
 	for _, shape := range slices.Sorted(maps.Keys(want)) {
-		start := min(want[shape]-len(idle[shape]), p.cfg.Max-total)
-		if start <= 0 {
+		in.want = want[shape]
+		_, start := plan(nil, left[shape], total, in)
+		if start == 0 {
 			continue
 		}
 		req, _ := p.resolve(shape)
-		for ; start > 0 && next <= p.cfg.Max+n.taken; next++ {
-			name := p.cfg.Name + "-" + strconv.Itoa(next)
-			if _, used := snap.slots[name]; used {
-				continue
-			}
-			if _, used := p.inflight(name, snap.since); used {
-				continue
-			}
+		for ; start > 0 && len(free) > 0; start-- {
+			name := free[0]
 			units, ok := p.takeGPUs(name, req)
 			if !ok {
 				break
@@ -122,10 +132,10 @@ func (p *Pool) scaleShapes(ctx context.Context, snap snapshot, prev, view []Runn
 				p.cfg.Runners.Release(name)
 				break
 			}
+			free = free[1:]
 			p.shapes[name] = shape
 			p.create(ctx, name, units, shaped{shape, req})
 			view = append(view, Runner{Name: name, Pool: p.cfg.Name, State: StateStarting, Shape: shape})
-			start--
 			total++
 		}
 	}

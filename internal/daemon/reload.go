@@ -34,18 +34,9 @@ func (f *Fleet) Reload(cfg *config.Config) error {
 	for _, p := range f.Pools {
 		byName[p.Name()] = p
 	}
-	// The kept pools' placements first: one that fails refuses the
-	// reload before anything changed.
-	plans := map[string]placement.Plan{}
-	for i, pc := range cfg.Pools {
-		if _, ok := byName[pc.Name]; !ok {
-			continue
-		}
-		plan, err := placement.For(f.Host, pc.Want(), f.Providers[pc.Name])
-		if err != nil {
-			return fmt.Errorf("reload refused: pools[%d]: %w", i, err)
-		}
-		plans[pc.Name] = plan
+	plans, err := f.replan(cfg, byName)
+	if err != nil {
+		return err
 	}
 	var next []*pool.Pool
 	var errs []error
@@ -101,6 +92,23 @@ func (f *Fleet) Reload(cfg *config.Config) error {
 	f.Pools = next
 	f.Demand.SetPools(f.demandPools(cfg))
 	return errors.Join(errs...)
+}
+
+// replan places the pools a reload keeps, before anything changed: one
+// that fails refuses the reload.
+func (f *Fleet) replan(cfg *config.Config, kept map[string]*pool.Pool) (map[string]placement.Plan, error) {
+	plans := map[string]placement.Plan{}
+	for i, pc := range cfg.Pools {
+		if _, ok := kept[pc.Name]; !ok {
+			continue
+		}
+		plan, err := placement.For(f.Host, pc.Want(), f.Providers[pc.Name])
+		if err != nil {
+			return nil, fmt.Errorf("reload refused: pools[%d]: %w", i, err)
+		}
+		plans[pc.Name] = plan
+	}
+	return plans, nil
 }
 
 // restartNeeded refuses a reload that changes what only a restart can.
