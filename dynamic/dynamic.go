@@ -38,6 +38,14 @@ const (
 	KeyTime       = "time" // how long the job runs: 90m, 2h
 )
 
+// The most a pool may let a job ask for, beyond any machine there is
+// (the largest have under a thousand CPUs and 32 TiB): a value past them
+// is a slip, refused with the bound rather than sent to a backend.
+const (
+	maxCPUs  = 4096
+	maxBytes = 64 << 40
+)
+
 // Keys lists them, in the order requests are written.
 var Keys = []string{KeyGPUs, KeyGPU, KeyCPU, KeyMem, KeyImage, KeySpot, KeyPartition, KeyConstraint, KeyTime}
 
@@ -138,8 +146,8 @@ func (l *Limits) Check() error {
 			errs = append(errs, fmt.Errorf("gpu[%d]: %q is not a GPU model's name (h100)", i, g))
 		}
 	}
-	if l.CPU < 0 {
-		errs = append(errs, fmt.Errorf("cpu: %v is negative", l.CPU))
+	if !(l.CPU >= 0 && l.CPU <= maxCPUs) { // NaN too
+		errs = append(errs, fmt.Errorf("cpu: %v is not a number of CPUs from 0 to %d", l.CPU, maxCPUs))
 	}
 	if l.Mem != "" {
 		n, err := ParseBytes(l.Mem)
@@ -258,7 +266,7 @@ func (l Limits) resolve(r *Request, k, v string) error {
 		r.GPU = v
 	case KeyCPU:
 		n, err := strconv.ParseFloat(v, 64)
-		if err != nil || n <= 0 || n > l.CPU {
+		if err != nil || !(n > 0 && n <= l.CPU) { // NaN and Inf too
 			return fmt.Errorf("the pool allows cpu up to %v", l.CPU)
 		}
 		r.CPUs = n
@@ -333,8 +341,8 @@ func ParseBytes(s string) (int64, error) {
 		}
 	}
 	f, err := strconv.ParseFloat(t, 64)
-	if err != nil || f <= 0 {
-		return 0, fmt.Errorf("%q is not a size (512m, 64g)", s)
+	if err != nil || !(f > 0 && f*float64(mult) <= maxBytes) { // NaN and Inf too
+		return 0, fmt.Errorf("%q is not a size from 1 byte to 64t (512m, 64g)", s)
 	}
 	return int64(f * float64(mult)), nil
 }

@@ -80,6 +80,19 @@ func TestRefusalsSayWhy(t *testing.T) {
 		"image=rocm":    "image=rocm: the pool's images are cuda12.4",
 		"spot=maybe":    "spot=maybe: spot is true or false",
 		"gpus=1,gpus=2": "gpus is asked for twice",
+		// Values no machine has, which would reach a backend as a
+		// negative or unbounded limit.
+		"cpu=nan":  "cpu=nan: the pool allows cpu up to 8",
+		"cpu=NaN":  "the pool allows cpu up to 8",
+		"cpu=inf":  "cpu=inf: the pool allows cpu up to 8",
+		"cpu=-2":   "cpu=-2: the pool allows cpu up to 8",
+		"cpu=0":    "cpu=0: the pool allows cpu up to 8",
+		"mem=nang": "mem=nang: the pool allows mem up to 64g",
+		"mem=infg": "the pool allows mem up to 64g",
+		"mem=-1g":  "the pool allows mem up to 64g",
+		"gpus=-1":  "gpus=-1: the pool allows gpus=1|2",
+		"gpus=1e9": "the pool allows gpus=1|2",
+		"time=1h":  "time=1h: this pool lets jobs choose only",
 	} {
 		if _, err := l.Resolve(shape); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Resolve(%s) = %v, want %q", shape, err, want)
@@ -97,6 +110,11 @@ func TestCheckNamesTheField(t *testing.T) {
 		`{"mem":"lots"}`:         `mem: "lots" is not a size`,
 		`{"image":{"a=b":"x"}}`:  "image.a=b:",
 		`{"gpu":["h100","a:b"]}`: `gpu[1]: "a:b"`,
+		`{"cpu":-1}`:             "cpu: -1 is not a number of CPUs from 0 to 4096",
+		`{"cpu":100000}`:         "cpu: 100000 is not a number of CPUs from 0 to 4096",
+		`{"mem":"nan"}`:          `mem: "nan" is not a size`,
+		`{"mem":"1000t"}`:        `mem: "1000t" is not a size from 1 byte to 64t`,
+		`{"gpus":[65]}`:          "gpus[0]: 65 is not a number of GPUs from 1 to 64",
 	} {
 		if _, err := Decode([]byte(raw)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Decode(%s) = %v, want %q", raw, err, want)

@@ -63,7 +63,17 @@ func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit, sh sha
 			p.log.Info("create runner abandoned: the pool is stopping", "runner", name, "err", err)
 			return
 		}
-		if err != nil {
+		if err != nil && sh.shape != "" && !errors.Is(err, forge.ErrRejected) {
+			// The shape's machine, not the pool's registration: the
+			// pool's other shapes carry on.
+			p.cfg.Runners.Release(name)
+			p.created--
+			p.shapeFailed(sh.shape, "create runner failed: "+err.Error(), errors.Is(err, provider.ErrRejected), name)
+			p.mu.Unlock()
+			if p.cfg.OnError != nil {
+				p.cfg.OnError("create")
+			}
+		} else if err != nil {
 			p.cfg.Runners.Release(name)
 			p.created--
 			rejected := errors.Is(err, forge.ErrRejected) || errors.Is(err, provider.ErrRejected)

@@ -162,6 +162,7 @@ type fakeProvider struct {
 	insts     map[string]*provider.Instance
 	specs     map[string]provider.Spec
 	failNext  error
+	refuse    func(provider.Spec) error // each Create, where set: a backend that cannot make what a spec asks
 	deleted   []string
 	created   int
 	onChanged func(string)
@@ -181,6 +182,11 @@ func (p *fakeProvider) Create(_ context.Context, s provider.Spec) (provider.Inst
 		err := p.failNext
 		p.failNext = nil
 		return provider.Instance{}, err
+	}
+	if p.refuse != nil {
+		if err := p.refuse(s); err != nil {
+			return provider.Instance{}, err
+		}
 	}
 	if in, ok := p.insts[s.Name]; ok {
 		return *in, nil

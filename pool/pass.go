@@ -40,6 +40,7 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 	debug := p.log.Enabled(ctx, slog.LevelDebug)
 	var crashed, unstarted *slot
 	refused := ""
+	failed := map[string]bool{} // shapes backed off in this pass, once each
 	for _, name := range snap.order {
 		s := snap.slots[name]
 		if !s.classified {
@@ -57,16 +58,26 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 		if s.unregistered && (s.inst == nil || s.inst.State == provider.StateExited) {
 			delete(p.unregistered, s.name) // its end is told once
 		}
+		shape := p.shapeOf(s.name, s)
 		switch {
 		case s.verdict.state == StateBusy, s.phase == agent.PhaseBusy, s.phase == agent.PhaseDone:
 			p.served = true
 			p.recovered()
+			p.shapes.Recovered(shape)
+		case shape != "" && (s.verdict.crashed || s.verdict.unstarted || s.verdict.refused != ""):
+			// A runner of a job's shape: that shape backs off alone.
+			if !failed[shape] {
+				failed[shape] = true
+				p.shapeFailed(shape, failure(s), s.verdict.refused != "", s.name)
+			}
 		case s.verdict.crashed && crashed == nil:
 			crashed = s
 		case s.verdict.unstarted && unstarted == nil:
 			unstarted = s
 		}
-		refused = cmp.Or(refused, s.verdict.refused)
+		if shape == "" {
+			refused = cmp.Or(refused, s.verdict.refused)
+		}
 	}
 	p.lateNotices(ctx)
 	p.recordGone(snap)
@@ -135,11 +146,7 @@ func (p *Pool) deletedByForge(s *slot) bool {
 // Called with p.mu held.
 func (p *Pool) crashed(s *slot) {
 	tail := lastLines(s.output, 5)
-	reason := "agent exited without taking a job"
-	if tail != "" {
-		reason += "; its output ended: " + tail
-	}
-	wait := p.backOff(reason)
+	wait := p.backOff(crashReason(tail))
 	p.log.Warn("agent exited without taking a job; backing off", "runner", s.name, "failures", p.backoff.Failures, "retry_in", wait, "output", tail)
 }
 
@@ -287,4 +294,23 @@ func (p *Pool) lateNotices(ctx context.Context) {
 			delete(p.ended, id)
 		}
 	}
+}
+
+func crashReason(tail string) string {
+	if tail == "" {
+		return "agent exited without taking a job"
+	}
+	return "agent exited without taking a job; its output ended: " + tail
+}
+
+// failure says why a slot's runner failed: its machine refused, not
+// started within the bootstrap timeout, or its agent ended without a job.
+func failure(s *slot) string {
+	switch {
+	case s.verdict.refused != "":
+		return "the provider refused the runner's machine: " + s.verdict.refused
+	case s.verdict.unstarted:
+		return "machine not started within bootstrap_timeout: " + s.verdict.retire
+	}
+	return crashReason(lastLines(s.output, 5))
 }

@@ -168,9 +168,7 @@ type Pool struct {
 	backoff        Backoff                      // runners failing one after another
 	backoffChanged bool                         // since the last OnBackoff
 	noted          map[int64]noted              // registration -> what the history was told of it
-	shapes         map[string]string            // slot -> the shape its runner was made for (dynamic pools)
-	refusals       map[string]string            // shape -> why no runner starts for it
-	held           map[string]time.Time         // shape -> since when its runner waits (holdBack)
+	shapes         placement.Shapes             // a dynamic pool's shapes: of each slot, refused, waiting, backing off
 	view           []Runner                     // after the last pass
 	lastErr        error
 	failingSince   time.Time // first of the passes failing in a row; zero after a pass that worked
@@ -217,9 +215,6 @@ func New(cfg Config, f Forge, prov provider.Provider, a agent.Agent, opts ...Opt
 		unregistered: map[string]bool{},
 		refused:      map[int64]refusal{},
 		noted:        map[int64]noted{},
-		shapes:       map[string]string{},
-		refusals:     map[string]string{},
-		held:         map[string]time.Time{},
 		backoff:      cfg.Backoff,
 	}
 	for _, o := range opts {

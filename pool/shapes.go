@@ -35,7 +35,7 @@ func (p *Pool) shapeOf(name string, s *slot) string {
 	if s != nil && s.reg != nil && len(s.reg.Labels) > 0 {
 		return dynamic.Shape(s.reg.Labels)
 	}
-	return p.shapes[name]
+	return p.shapes.Of(name)
 }
 
 // scaleShapes is scale for a dynamic pool. Called with p.mu held.
@@ -57,17 +57,13 @@ func (p *Pool) shapeDemand(snap snapshot, prev, view []Runner, now time.Time) ma
 		}
 	}
 	for name, reg := range p.registered {
-		shapeOfReg[reg] = p.shapes[name]
+		shapeOfReg[reg] = p.shapes.Of(name)
 	}
 	for _, id := range took {
 		byShape[shapeOfReg[id]] = append(byShape[shapeOfReg[id]], id)
 	}
 	want := p.cfg.Shapes(byShape)
-	for shape := range p.refusals {
-		if _, asked := want[shape]; !asked {
-			delete(p.refusals, shape) // its jobs left the queue
-		}
-	}
+	p.shapes.Asked(want) // a shape whose jobs left the queue is forgotten
 	want[""] += p.cfg.Size
 	for shape := range want {
 		if shape == "" {
@@ -118,7 +114,7 @@ func (p *Pool) sizeShapes(ctx context.Context, snap snapshot, view []Runner, wan
 	for _, shape := range slices.Sorted(maps.Keys(want)) {
 		in.want = want[shape]
 		_, start := plan(nil, left[shape], total, in)
-		if start == 0 {
+		if start == 0 || shape != "" && !p.shapes.Ready(shape, now) {
 			continue
 		}
 		req, _ := p.resolve(shape)
@@ -133,7 +129,7 @@ func (p *Pool) sizeShapes(ctx context.Context, snap snapshot, view []Runner, wan
 				break
 			}
 			free = free[1:]
-			p.shapes[name] = shape
+			p.shapes.Made(name, shape)
 			p.create(ctx, name, units, shaped{shape, req})
 			view = append(view, Runner{Name: name, Pool: p.cfg.Name, State: StateStarting, Shape: shape})
 			total++
@@ -150,13 +146,12 @@ func (p *Pool) resolve(shape string) (dynamic.Request, error) {
 	}
 	req, err := p.cfg.Resolve(shape)
 	if err != nil {
-		if _, told := p.refusals[shape]; !told {
+		if p.shapes.Refuse(shape, err.Error()) {
 			p.log.Warn("a job asks for what this pool does not allow; no runner starts for it", "labels", shape, "why", err)
 		}
-		p.refusals[shape] = err.Error()
 		return req, err
 	}
-	delete(p.refusals, shape)
+	p.shapes.Allow(shape)
 	return req, nil
 }
 
@@ -169,12 +164,11 @@ func (p *Pool) holdBack(shape string, labels []string, now time.Time) bool {
 	}
 	why, hold := p.cfg.HoldBack(labels, shape)
 	if !hold {
-		delete(p.held, shape)
+		p.shapes.Unhold(shape)
 		return false
 	}
-	since, ok := p.held[shape]
-	if !ok {
-		p.held[shape] = now
+	since, first := p.shapes.Hold(shape, now)
+	if first {
 		p.log.Info("a runner waits: a queued job with fewer labels could take it", "labels", shape, "job", why)
 		return true
 	}
@@ -185,10 +179,20 @@ func (p *Pool) holdBack(shape string, labels []string, now time.Time) bool {
 	return false
 }
 
+// shapeFailed backs off a shape whose runner failed to start or to take a
+// job, and says so once a failure: the pool's other shapes, and its own,
+// start as before. refused is the provider's refusal (no machine can be
+// what the shape asks). Called with p.mu held.
+func (p *Pool) shapeFailed(shape, reason string, refused bool, runner string) {
+	wait := p.shapes.Failed(shape, reason, refused, p.now())
+	p.log.Warn("a runner of a job's shape failed; that shape backs off, the pool's others start as before",
+		"labels", shape, "runner", runner, "why", reason, "retry_in", wait)
+}
+
 // Refusals returns, by shape, why the pool starts no runner for jobs that
 // ask for it.
 func (p *Pool) Refusals() map[string]string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return maps.Clone(p.refusals)
+	return p.shapes.Refusals(p.now())
 }

@@ -1,6 +1,8 @@
 package pool
 
 import (
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/runfleet/runfleet/dynamic"
 	"github.com/runfleet/runfleet/placement"
+	"github.com/runfleet/runfleet/provider"
 )
 
 // queue is the demand of a dynamic pool: queued jobs by shape.
@@ -151,5 +154,60 @@ func TestShapeIdleRunnerRetires(t *testing.T) {
 		if slices.ContainsFunc(h.forge.labelsOf(name), func(l string) bool { return strings.Contains(l, "=") }) {
 			t.Fatalf("the runner left is %s with %v", name, h.forge.labelsOf(name))
 		}
+	}
+}
+
+// TestShapeThatCannotBePlacedHoldsOnlyItself: a shape whose machine the
+// provider refuses (a Slurm gres no node has) or fails to make backs off
+// alone, and says why for its jobs, while the pool's other shapes and its
+// own keep starting runners; the pool itself is neither halted nor backed
+// off.
+func TestShapeThatCannotBePlacedHoldsOnlyItself(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		err  error
+		why  string
+	}{
+		{"refused", fmt.Errorf("sbatch: Requested node configuration is not available: %w", provider.ErrRejected), "Requested node configuration is not available"},
+		{"failing", errors.New("image pull failed"), "image pull failed"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			q := &queue{jobs: map[string]int{"gpus=2": 1, "gpus=1": 1}}
+			h := dynamicHarness(t, q)
+			h.prov.refuse = func(s provider.Spec) error {
+				if s.Request.GPUs == 2 {
+					return tt.err
+				}
+				return nil
+			}
+			h.settle()
+			if b := h.pool.Backoff(); b.Halted || b.Failures != 0 {
+				t.Fatalf("the pool backs off for one shape: %+v", b)
+			}
+			if why := h.pool.Refusals()["gpus=2"]; !strings.Contains(why, tt.why) {
+				t.Fatalf("refusals %v, want gpus=2's reason", h.pool.Refusals())
+			}
+			// Another shape's job and the pool's own size start as before.
+			h.online()
+			q.set("gpus=1", 2)
+			h.pool.cfg.Size = 1
+			h.clk.Add(time.Second)
+			h.settle()
+			n := 0
+			for name := range h.held() {
+				if !slices.Contains(h.forge.labelsOf(name), "gpus=2") {
+					n++
+				}
+			}
+			if n != 3 {
+				t.Fatalf("%d runners of the other shapes, want 3 (2 gpus=1, 1 of the pool's own): %v", n, h.held())
+			}
+			// Its jobs gone, nothing is said of the shape any more.
+			delete(q.jobs, "gpus=2")
+			h.settle()
+			if _, ok := h.pool.Refusals()["gpus=2"]; ok {
+				t.Fatalf("refusals after its job left: %v", h.pool.Refusals())
+			}
+		})
 	}
 }

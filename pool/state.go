@@ -336,7 +336,7 @@ func (p *Pool) classifyAll(snap snapshot, pol policy) (view []Runner, n tally) {
 	}
 	// Created after this pass listed: running, but not in the snapshot.
 	for _, name := range p.startingUnlisted(snap) {
-		view = append(view, Runner{Name: name, Pool: p.cfg.Name, State: StateStarting, RunnerID: p.registered[name], Shape: p.shapes[name]})
+		view = append(view, Runner{Name: name, Pool: p.cfg.Name, State: StateStarting, RunnerID: p.registered[name], Shape: p.shapes.Of(name)})
 		n.idle++
 		n.total++
 	}
