@@ -198,8 +198,10 @@ func (p *Provider) placement(spot, fallback bool, what string) vm.Placement {
 	}
 }
 
-// judge says what an error of RunInstances means: an error no retry
-// fixes (a permission, an AMI, a subnet) halts the pool at once.
+// judge says what an error of RunInstances means: one that no retry
+// fixes for this type or subnet is tried at the next (the pool stops if
+// all refuse), one that none would take (the account, the AMI, the user
+// data) halts the pool at once.
 func judge(err error) (vm.Outcome, string, string) {
 	if errors.Is(err, provider.ErrRejected) {
 		return vm.Halt, "", ""
@@ -207,6 +209,8 @@ func judge(err error) (vm.Outcome, string, string) {
 	switch kind, code := kindOf(err); kind {
 	case errCapacity:
 		return vm.NoCapacity, code, ""
+	case errRefused:
+		return vm.Refused, code, err.Error()
 	case errFatal:
 		return vm.Halt, code, ""
 	case errThrottle:

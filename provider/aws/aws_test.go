@@ -187,6 +187,23 @@ func TestNoCapacityWithoutFallback(t *testing.T) {
 	}
 }
 
+// A type the region lacks, or a subnet that is not there, is refused for
+// that choice alone: the next type and subnet are tried, as Compute
+// Engine's and Azure's pools do, and the pool stops only when every
+// choice refuses (TestFatalErrorsAreRejected).
+func TestRefusedChoiceFallsThrough(t *testing.T) {
+	p, sim := newProvider(t, "instance_types: [z9.huge, t3.medium]\nsubnets: [subnet-0ffffffffffffffff, subnet-0b000000000000002]\n")
+	if _, err := p.Create(context.Background(), spec("gpu-1")); err != nil {
+		t.Fatal(err)
+	}
+	if in := sim.Instances()[0]; in.Type != "t3.medium" || in.Subnet != "subnet-0b000000000000002" {
+		t.Errorf("got %s in %s, want t3.medium in the second subnet", in.Type, in.Subnet)
+	}
+	if n := sim.Calls()["RunInstances"]; n != 4 {
+		t.Errorf("%d RunInstances calls, want 4 (z9.huge twice, then t3.medium in each subnet)", n)
+	}
+}
+
 func TestFatalErrorsAreRejected(t *testing.T) {
 	_, sim := newProvider(t, "instance_types: [t3.medium]\n")
 	for _, c := range []struct{ section, code string }{

@@ -18,6 +18,12 @@ const (
 	errCapacity                // this type, zone or market has none: try the next
 	errFatal                   // no retry can fix it: the pool stops, saying why
 	errThrottle                // RequestLimitExceeded after the SDK's own retries
+	// errRefused: refused for this instance type or subnet (a type the
+	// region lacks or the AMI's architecture does not run, a subnet that
+	// is not there, a policy that allows other types or subnets): the
+	// next is tried, and the pool stops only if every one refuses, as on
+	// Compute Engine and Azure.
+	errRefused
 )
 
 var errKinds = map[string]errKind{
@@ -33,20 +39,20 @@ var errKinds = map[string]errKind{
 	"UnsupportedOperation":                        errCapacity,
 	"RequestLimitExceeded":                        errThrottle,
 	"AuthFailure":                                 errFatal,
-	"UnauthorizedOperation":                       errFatal,
+	"UnauthorizedOperation":                       errRefused, // an IAM condition on ec2:InstanceType or the subnet
 	"Blocked":                                     errFatal,
 	"OptInRequired":                               errFatal,
 	"PendingVerification":                         errFatal,
 	"InvalidAMIID.NotFound":                       errFatal,
 	"InvalidAMIID.Malformed":                      errFatal,
 	"InvalidAMIID.Unavailable":                    errFatal,
-	"InvalidSubnetID.NotFound":                    errFatal,
-	"InvalidSubnetID.Malformed":                   errFatal,
+	"InvalidSubnetID.NotFound":                    errRefused,
+	"InvalidSubnetID.Malformed":                   errRefused,
 	"InvalidGroup.NotFound":                       errFatal,
 	"InvalidGroupId.Malformed":                    errFatal,
 	"InvalidKeyPair.NotFound":                     errFatal,
-	"InvalidParameterValue":                       errFatal,
-	"InvalidParameterCombination":                 errFatal,
+	"InvalidParameterValue":                       errRefused, // "Invalid value 'z9.huge' for InstanceType."
+	"InvalidParameterCombination":                 errRefused, // a type the AMI's architecture does not run
 	"InvalidParameter":                            errFatal,
 	"MissingParameter":                            errFatal,
 	"InvalidUserData.Malformed":                   errFatal,
@@ -55,7 +61,7 @@ var errKinds = map[string]errKind{
 	"InvalidLaunchTemplateName.NotFoundException": errFatal,
 	"InvalidLaunchTemplateId.VersionNotFound":     errFatal,
 	"InvalidIamInstanceProfile.NotFound":          errFatal,
-	"InvalidBlockDeviceMapping":                   errFatal,
+	"InvalidBlockDeviceMapping":                   errRefused, // a type without the device the mapping names
 	"SignatureDoesNotMatch":                       errFatal,
 	"InvalidClientTokenId":                        errFatal,
 }
