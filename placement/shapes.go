@@ -118,14 +118,19 @@ func (s *Shapes) Recovered(shape string) { delete(s.backoff, shape) }
 
 // Refusals returns, by shape, why the pool starts no runner for jobs
 // that ask for it: outside its limits, or backing off.
-func (s *Shapes) Refusals(now time.Time) map[string]string {
-	out := maps.Clone(s.refused)
-	if out == nil {
-		out = map[string]string{}
-	}
+func (s *Shapes) Refusals() map[string]string {
+	out := map[string]string{}
+	maps.Copy(out, s.Backoffs())
+	maps.Copy(out, s.refused)
+	return out
+}
+
+// Backoffs returns, by shape, why its runners back off; nil for none.
+func (s *Shapes) Backoffs() map[string]string {
+	var out map[string]string
 	for shape, b := range s.backoff {
-		if _, ok := out[shape]; ok {
-			continue
+		if out == nil {
+			out = map[string]string{}
 		}
 		out[shape] = fmt.Sprintf("%d runner starts failed in a row; next try at %s: %s", b.failures, b.until.Format(time.RFC3339), b.reason)
 	}

@@ -20,19 +20,19 @@ func TestShapeBacksOffAlone(t *testing.T) {
 	if s.Ready("gpus=2", now.Add(3*time.Second)) || !s.Ready("gpus=2", now.Add(4*time.Second)) || !s.Ready("gpus=1", now) {
 		t.Error("a shape is ready before its backoff ends, or another shape is held")
 	}
-	if why := s.Refusals(now)["gpus=2"]; !strings.Contains(why, "3 runner starts failed in a row") || !strings.Contains(why, "image pull failed") {
-		t.Errorf("refusals %v", s.Refusals(now))
+	if why := s.Refusals()["gpus=2"]; !strings.Contains(why, "3 runner starts failed in a row") || !strings.Contains(why, "image pull failed") {
+		t.Errorf("refusals %v", s.Refusals())
 	}
 	s.Recovered("gpus=2")
-	if len(s.Refusals(now)) != 0 {
-		t.Errorf("after a runner took a job: %v", s.Refusals(now))
+	if len(s.Refusals()) != 0 {
+		t.Errorf("after a runner took a job: %v", s.Refusals())
 	}
 	if got := s.Failed("gpu=h100", "no node has it", true, now); got != 5*time.Minute {
 		t.Errorf("a refused shape waits %v, want 5m", got)
 	}
 	s.Refuse("gpus=8", "gpus=8: the pool allows gpus=1|2")
 	s.Asked(map[string]int{"": 1})
-	if len(s.Refusals(now)) != 0 {
-		t.Errorf("after the shapes' jobs left the queue: %v", s.Refusals(now))
+	if len(s.Refusals()) != 0 {
+		t.Errorf("after the shapes' jobs left the queue: %v", s.Refusals())
 	}
 }

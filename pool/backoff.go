@@ -23,6 +23,10 @@ type Backoff struct {
 	// (forge.ErrRejected): no retry can fix that, so no runner starts
 	// until the pool's config changes.
 	Halted bool `json:"halted,omitempty"`
+	// Shapes says, by shape of a dynamic pool, why its runners back off
+	// (placement.Shapes): a shape backs off alone, and the pool's
+	// Failures do not count it.
+	Shapes map[string]string `json:"shapes,omitempty"`
 }
 
 // String says it for people: the status page and `status`.
@@ -69,7 +73,7 @@ func (p *Pool) halt(reason string) {
 // recovered ends a backoff: a runner took a job. Called with p.mu held.
 func (p *Pool) recovered() {
 	if p.backoff.Failures > 0 {
-		p.backoff = Backoff{}
+		p.backoff = Backoff{Shapes: p.backoff.Shapes}
 		p.backoffChanged = true
 	}
 }

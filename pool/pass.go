@@ -79,6 +79,7 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 			refused = cmp.Or(refused, s.verdict.refused)
 		}
 	}
+	p.noteShapes()
 	p.lateNotices(ctx)
 	p.recordGone(snap)
 	switch {

@@ -185,8 +185,18 @@ func (p *Pool) holdBack(shape string, labels []string, now time.Time) bool {
 // what the shape asks). Called with p.mu held.
 func (p *Pool) shapeFailed(shape, reason string, refused bool, runner string) {
 	wait := p.shapes.Failed(shape, reason, refused, p.now())
+	p.noteShapes()
 	p.log.Warn("a runner of a job's shape failed; that shape backs off, the pool's others start as before",
 		"labels", shape, "runner", runner, "why", reason, "retry_in", wait)
+}
+
+// noteShapes keeps the shapes' backoffs in the pool's Backoff, which is
+// saved for `runfleet status` (Config.OnBackoff). Called with p.mu held.
+func (p *Pool) noteShapes() {
+	if b := p.shapes.Backoffs(); !maps.Equal(b, p.backoff.Shapes) {
+		p.backoff.Shapes = b
+		p.backoffChanged = true
+	}
 }
 
 // Refusals returns, by shape, why the pool starts no runner for jobs that
@@ -194,5 +204,5 @@ func (p *Pool) shapeFailed(shape, reason string, refused bool, runner string) {
 func (p *Pool) Refusals() map[string]string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.shapes.Refusals(p.now())
+	return p.shapes.Refusals()
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -124,6 +125,10 @@ func collect(ctx context.Context, fleet *daemon.Fleet) []PoolStatus {
 			ps.Backoff = &b
 		}
 		ps.Refused = refused(ctx, pc, fleet.Forges[p.Name()])
+		shapes := fleet.SavedBackoff(p.Name()).Shapes
+		for _, shape := range slices.Sorted(maps.Keys(shapes)) {
+			ps.Refused = append(ps.Refused, fmt.Sprintf("jobs asking %s get no runner: %s", shape, shapes[shape]))
+		}
 		runners, err := p.Observe(ctx)
 		if err != nil {
 			ps.Error = err.Error()

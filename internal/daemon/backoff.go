@@ -43,7 +43,7 @@ func (f *Fleet) runnersOf(name string) string {
 // saveBackoff records a pool's backoff; none left removes the record.
 func (f *Fleet) saveBackoff(name string, b pool.Backoff) {
 	path := f.backoffPath(name)
-	if b.Failures == 0 {
+	if b.Failures == 0 && len(b.Shapes) == 0 {
 		if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
 			f.log.Warn("could not remove the pool's backoff record", "pool", name, "err", err)
 		}

@@ -204,7 +204,7 @@ func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 	// A refusal by the forge is not carried over: a new manager tries
 	// again, once.
 	pcfg.Backoff = f.SavedBackoff(name)
-	pcfg.Backoff.Halted = false
+	pcfg.Backoff.Halted, pcfg.Backoff.Shapes = false, nil
 	return pool.New(pcfg, conn, prov, ag, pool.WithLogger(f.log)), nil
 }
 

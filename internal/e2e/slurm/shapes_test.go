@@ -108,3 +108,48 @@ func TestSlurmJobChoosesPartitionAndTime(t *testing.T) {
 	t.Logf("runfleet status says: %s", strings.Join(f.Status().Pools[0].Refused, "; "))
 	f.StopLeavesNothing()
 }
+
+// A dynamic GPU pool that lets jobs ask for gpu=h100, which no node of
+// the cluster has (its two GPUs are untyped gres): sbatch refuses that
+// job's runner ("Requested node configuration is not available"), and
+// `runfleet status` says so for jobs asking gpu=h100; the pool is not
+// halted, and jobs pushed after the refusal, one asking gpus=1 and one
+// asking nothing, run and pass while the h100 job waits in the queue.
+func TestSlurmShapeOnNoNodeHoldsOnlyItself(t *testing.T) {
+	harness.NeedSlurm(t)
+	const label = "slurmnonode"
+	f := harness.NewFleet(t, label, harness.FleetOptions{Size: 0, Max: 2, Slurm: mem,
+		Extra: "    gpus_per_runner: 1\n    dynamic:\n      gpus: [1]\n      gpu: [h100]\n"})
+	f.Start()
+	f.Push(jobsOn(map[string]string{"h100": "[" + label + ", gpu=h100]"}))
+	var why string
+	harness.Eventually(t, 2*time.Minute, "the gpu=h100 shape refused in `runfleet status`", func() bool {
+		for _, r := range f.Status().Pools[0].Refused {
+			if strings.Contains(r, "jobs asking gpu=h100 get no runner") {
+				why = r
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("runfleet status says: %s", why)
+	if b := f.Status().Pools[0].Backoff; b != nil && b.Halted {
+		t.Fatalf("the pool is halted for one shape: %+v", b)
+	}
+	f.Push(jobsOn(map[string]string{"one": "[" + label + ", gpus=1]", "plain": "[" + label + "]"}))
+	harness.Eventually(t, 4*time.Minute, "the gpus=1 and plain jobs to pass", func() bool {
+		passed := 0
+		for _, j := range f.Jobs() {
+			if j.Name != "h100" && j.Conclusion == "success" {
+				passed++
+			}
+		}
+		return passed == 2
+	})
+	for _, j := range f.Jobs() {
+		if j.Name == "h100" && j.Status == "completed" {
+			t.Errorf("the gpu=h100 job ran: %+v", j)
+		}
+	}
+	f.StopLeavesNothing()
+}
