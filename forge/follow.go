@@ -1,42 +1,74 @@
 package forge
 
 import (
+	"context"
 	"fmt"
 	"sync"
 )
 
-// Following runs at most one background follow-up per runner at a time:
-// the re-run of a lost runner's job, which waits for its run to end. A
-// runner reported lost again while followed is not followed twice. The
-// zero value is ready to use.
+// Following runs a connection's background follow-ups: the re-run of a
+// lost runner's job, which waits for its run to end, at most one per
+// runner at a time (a runner reported lost again while followed is not
+// followed twice). A follow-up outlives the pass that started it, with
+// its context's values but not its end, and is waited for at the
+// connection's Drain (Wait). The zero value is ready to use.
 type Following struct {
-	mu   sync.Mutex
-	keys map[string]bool
+	mu      sync.Mutex
+	running map[string]context.CancelFunc
+	wg      sync.WaitGroup
 }
 
 // Go runs follow in the background for r, unless r is followed already.
 // A runner is known by its registration id, or by its name without one.
-func (f *Following) Go(r Runner, follow func()) {
+func (f *Following) Go(ctx context.Context, r Runner, follow func(context.Context)) {
 	key := fmt.Sprintf("id %d", r.ID)
 	if r.ID == 0 {
 		key = "name " + r.Name
 	}
+	f.Start(ctx, key, follow)
+}
+
+// Start runs follow in the background under key, unless one runs under
+// it already.
+func (f *Following) Start(ctx context.Context, key string, follow func(context.Context)) {
 	f.mu.Lock()
-	if f.keys[key] {
-		f.mu.Unlock()
+	defer f.mu.Unlock()
+	if _, ok := f.running[key]; ok {
 		return
 	}
-	if f.keys == nil {
-		f.keys = map[string]bool{}
+	if f.running == nil {
+		f.running = map[string]context.CancelFunc{}
 	}
-	f.keys[key] = true
-	f.mu.Unlock()
-	go func() {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	f.running[key] = cancel
+	f.wg.Go(func() {
 		defer func() {
 			f.mu.Lock()
-			delete(f.keys, key)
+			delete(f.running, key)
 			f.mu.Unlock()
+			cancel()
 		}()
-		follow()
+		follow(ctx)
+	})
+}
+
+// Wait waits for the follow-ups under way until ctx ends, then cancels
+// those left and waits for them to return.
+func (f *Following) Wait(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		f.wg.Wait()
+		close(done)
 	}()
+	select {
+	case <-done:
+		return
+	case <-ctx.Done():
+	}
+	f.mu.Lock()
+	for _, cancel := range f.running {
+		cancel()
+	}
+	f.mu.Unlock()
+	<-done
 }

@@ -186,9 +186,19 @@ type Labeler interface {
 type Rerunner interface {
 	// Lost is told that the runner's machine is gone while it ran a job.
 	// The runner's ID is 0 when the pool never saw its registration. It
-	// must return at once; the re-run happens in the background, bound
-	// to ctx.
+	// must return at once; the re-run happens in the background, with
+	// ctx's values, until it is done or the connection's Drain ends it
+	// (Following).
 	Lost(ctx context.Context, r Runner)
+}
+
+// Drainer is implemented by connections that do work in the background
+// (a lost runner's job re-run once its run ends, Rerunner): Drain waits
+// for it until ctx ends, then cancels what is left and waits for it to
+// return. The manager drains its connections after its pools, within
+// the same drain timeout.
+type Drainer interface {
+	Drain(ctx context.Context)
 }
 
 // ConclusionTimedOut is the conclusion of a job that hit its time limit.

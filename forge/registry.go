@@ -1,6 +1,7 @@
 package forge
 
 import (
+	"context"
 	"encoding/json"
 	"log/slog"
 	"maps"
@@ -24,8 +25,9 @@ type Driver interface {
 	Check(c Config) error
 	// Open returns a connection to the forge. It makes no network call:
 	// an unreachable forge shows up on the first call, which the caller
-	// retries.
-	Open(c Config, env Env) (Forge, error)
+	// retries. ctx bounds the opening, not the connection: background
+	// work a connection starts ends at its Drain (Drainer).
+	Open(ctx context.Context, c Config, env Env) (Forge, error)
 }
 
 // Config is one forge connection's configuration as its driver gets it:

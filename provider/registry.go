@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"context"
 	"encoding/json"
 	"log/slog"
 	"maps"
@@ -21,8 +22,9 @@ type Driver interface {
 	// errors.Join.
 	Check(c PoolConfig) error
 	// Open returns the provider of one pool's machines. It may create
-	// the directories it needs, but starts no machine.
-	Open(c PoolConfig) (Provider, error)
+	// the directories it needs, but starts no machine. ctx bounds the
+	// opening (a cloud's credentials read), not the provider.
+	Open(ctx context.Context, c PoolConfig) (Provider, error)
 }
 
 // PoolConfig is what a driver is told of the pool whose machines it runs.

@@ -22,7 +22,7 @@ const DefaultAgentPath = "/azp/run.sh"
 
 // Agent makes the Azure Pipelines agent the agent of a pool: its run.sh
 // at the pool's agent.path, DefaultAgentPath unless the pool names another.
-func (d *Driver) Agent(cfg agent.Config) (agent.Agent, error) {
+func (d *Forge) Agent(cfg agent.Config) (agent.Agent, error) {
 	p := cmp.Or(cfg.Path, DefaultAgentPath)
 	if path.Base(p) != "run.sh" {
 		return nil, fmt.Errorf("agent.path: %q is not the agent's run.sh (its root directory holds bin/ and run.sh)", p)

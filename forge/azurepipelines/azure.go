@@ -47,7 +47,7 @@ import (
 	"github.com/runfleet/runfleet/forge"
 )
 
-// Config configures a Driver.
+// Config configures a Forge.
 type Config struct {
 	// URL is the organisation (https://dev.azure.com/acme) or collection.
 	URL string
@@ -93,9 +93,9 @@ const (
 	CapPlaceholder = "runfleet.placeholder"
 )
 
-// Driver talks to one Azure DevOps organisation and one of its agent
+// Forge talks to one Azure DevOps organisation and one of its agent
 // pools.
-type Driver struct {
+type Forge struct {
 	cfg   Config
 	log   *slog.Logger
 	hc    *http.Client
@@ -120,7 +120,7 @@ type Driver struct {
 }
 
 // New returns a driver. It makes no call.
-func New(cfg Config) (*Driver, error) {
+func New(cfg Config) (*Forge, error) {
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = 30 * time.Second
 	}
@@ -147,7 +147,7 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.RunnerURL == "" {
 		cfg.RunnerURL = cfg.URL
 	}
-	d := &Driver{cfg: cfg, log: cfg.Logger, poolID: cfg.PoolID,
+	d := &Forge{cfg: cfg, log: cfg.Logger, poolID: cfg.PoolID,
 		cordoned: map[int64]int64{}, idle: map[int64]bool{}}
 	d.rl = &limits{remaining: -1}
 	hc := &http.Client{}
@@ -163,14 +163,14 @@ func New(cfg Config) (*Driver, error) {
 }
 
 // Stats reports the calls sent, the rate limit left and the waits for it.
-func (d *Driver) Stats() forge.Stats {
+func (d *Forge) Stats() forge.Stats {
 	return forge.Stats{Calls: d.calls.Load(), RateRemaining: d.rl.Remaining(), RateLimitWaits: d.rl.Waits()}
 }
 
 // client returns the task agent client, made on first use: the Go client
 // finds each call's route through the server's resource areas and
 // locations, which takes two calls once.
-func (d *Driver) client(ctx context.Context) (taskagent.Client, error) {
+func (d *Forge) client(ctx context.Context) (taskagent.Client, error) {
 	d.mu.Lock()
 	api := d.api
 	d.mu.Unlock()
@@ -204,7 +204,7 @@ func (d *Driver) client(ctx context.Context) (taskagent.Client, error) {
 
 // call runs one API call with the call timeout, and wraps its error with
 // what it did and where.
-func (d *Driver) call(ctx context.Context, what string, f func(ctx context.Context) error) error {
+func (d *Forge) call(ctx context.Context, what string, f func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.CallTimeout)
 	defer cancel()
 	if err := f(ctx); err != nil {
@@ -213,7 +213,7 @@ func (d *Driver) call(ctx context.Context, what string, f func(ctx context.Conte
 	return nil
 }
 
-func (d *Driver) where() string {
+func (d *Forge) where() string {
 	if d.cfg.PoolName != "" {
 		return fmt.Sprintf("%s, pool %s", d.cfg.URL, d.cfg.PoolName)
 	}
@@ -243,7 +243,7 @@ func rejectDefinitive(err error) error {
 }
 
 // pool returns the agent pool's id, looked up by name once.
-func (d *Driver) pool(ctx context.Context) (taskagent.Client, int, error) {
+func (d *Forge) pool(ctx context.Context) (taskagent.Client, int, error) {
 	api, err := d.client(ctx)
 	if err != nil {
 		return nil, 0, err
@@ -280,7 +280,7 @@ func (d *Driver) pool(ctx context.Context) (taskagent.Client, int, error) {
 
 // Runners lists the agents of the pool that carry this manager's id, with
 // the request each runs. A listing is reused for CacheTTL.
-func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
+func (d *Forge) Runners(ctx context.Context) ([]forge.Runner, error) {
 	list, ok, stamp := d.kept.Get(d.cfg.CacheTTL)
 	if ok {
 		return list, nil
@@ -304,7 +304,7 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 // listAgents reads the pool's agents that carry this manager's id: the
 // server filters them by that capability (a demand), and the driver checks
 // it again, since an agent of another manager must never be touched.
-func (d *Driver) listAgents(ctx context.Context) ([]taskagent.TaskAgent, error) {
+func (d *Forge) listAgents(ctx context.Context) ([]taskagent.TaskAgent, error) {
 	api, id, err := d.pool(ctx)
 	if err != nil {
 		return nil, err
@@ -370,7 +370,7 @@ func runner(a taskagent.TaskAgent) forge.Runner {
 }
 
 // forget drops a deleted agent.
-func (d *Driver) forget(id int64) {
+func (d *Forge) forget(id int64) {
 	d.kept.Forget(id)
 	d.mu.Lock()
 	delete(d.cordoned, id)
@@ -381,18 +381,18 @@ func (d *Driver) forget(id int64) {
 // ImplicitLabels are the capabilities every agent reports of itself that
 // pipelines demand most: its operating system and architecture, and its
 // version (the server adds an Agent.Version demand to every job).
-func (d *Driver) ImplicitLabels() []string {
+func (d *Forge) ImplicitLabels() []string {
 	return []string{"Agent.OS=Linux", "Agent.OSArchitecture=" + d.cfg.Architecture, "Agent.Version=" + d.cfg.AgentVersion}
 }
 
 // Meets matches a job's demands to a pool's labels as capabilities
 // (forge.DemandMatcher).
-func (d *Driver) Meets(labels, demands []string) bool { return meets(capabilities(labels), demands) }
+func (d *Forge) Meets(labels, demands []string) bool { return meets(capabilities(labels), demands) }
 
 // Refresh drops the kept listing of runners (forge.Refresher).
-func (d *Driver) Refresh() { d.kept.Drop() }
+func (d *Forge) Refresh() { d.kept.Drop() }
 
 // JobLimit is a job's timeoutInMinutes when its pipeline sets none: 60
 // (learn.microsoft.com, Azure Pipelines, "Specify jobs in your pipeline",
 // timeouts).
-func (*Driver) JobLimit() time.Duration { return time.Hour }
+func (*Forge) JobLimit() time.Duration { return time.Hour }

@@ -30,7 +30,7 @@ func newSim(t *testing.T, opt azsim.Options) *azsim.Server {
 	return sim
 }
 
-func newDriver(t *testing.T, sim *azsim.Server, manager string, mod ...func(*Config)) *Driver {
+func newDriver(t *testing.T, sim *azsim.Server, manager string, mod ...func(*Config)) *Forge {
 	t.Helper()
 	cfg := Config{URL: sim.URL, Token: testPAT, PoolName: "gpu", Manager: manager, CacheTTL: -1, Logger: slog.New(slog.DiscardHandler)}
 	for _, m := range mod {
@@ -151,7 +151,7 @@ func TestRunnersWithoutTheServersFilter(t *testing.T) {
 	sim := newSim(t, azsim.Options{NoDemandsFilter: true})
 	mine, theirs := newDriver(t, sim, "m1"), newDriver(t, sim, "m2")
 	ctx := context.Background()
-	for d, name := range map[*Driver]string{mine: "gpu-1", theirs: "gpu-2"} {
+	for d, name := range map[*Forge]string{mine: "gpu-1", theirs: "gpu-2"} {
 		if _, err := d.Register(ctx, forge.RunnerRequest{Name: name}); err != nil {
 			t.Fatal(err)
 		}
@@ -468,7 +468,7 @@ type connected struct {
 	id  int64
 }
 
-func connect(t *testing.T, sim *azsim.Server, d *Driver, name string) connected {
+func connect(t *testing.T, sim *azsim.Server, d *Forge, name string) connected {
 	t.Helper()
 	cred, err := d.Register(context.Background(), forge.RunnerRequest{Name: name})
 	if err != nil {

@@ -2,6 +2,7 @@ package azurepipelines
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -123,7 +124,7 @@ func (driver) Check(c forge.Config) error {
 	return err
 }
 
-func (driver) Open(c forge.Config, env forge.Env) (forge.Forge, error) {
+func (driver) Open(ctx context.Context, c forge.Config, env forge.Env) (forge.Forge, error) {
 	s, err := decode(c)
 	if err != nil {
 		return nil, err

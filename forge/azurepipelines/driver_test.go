@@ -98,7 +98,7 @@ func TestAgentSpec(t *testing.T) {
 		t.Errorf("phase %s, want done", ph)
 	}
 	d, _ := forge.Lookup("azure-pipelines")
-	conn, err := d.Open(forge.Config{Name: "ado", URL: "https://dev.azure.com/acme", Token: "pat", Section: json.RawMessage(`{"pool":"gpu"}`)}, forge.Env{Manager: "m"})
+	conn, err := d.Open(t.Context(), forge.Config{Name: "ado", URL: "https://dev.azure.com/acme", Token: "pat", Section: json.RawMessage(`{"pool":"gpu"}`)}, forge.Env{Manager: "m"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ const maxRequestPages = 5
 // authentication) and the driver's HTTP client (budget, counting, rate
 // limits), following the continuation token the server sends while there
 // are more.
-func (d *Driver) jobRequests(ctx context.Context) (reqs []taskagent.TaskAgentJobRequest, complete bool, err error) {
+func (d *Forge) jobRequests(ctx context.Context) (reqs []taskagent.TaskAgentJobRequest, complete bool, err error) {
 	_, poolID, err := d.pool(ctx)
 	if err != nil {
 		return nil, false, err
@@ -72,7 +72,7 @@ func (d *Driver) jobRequests(ctx context.Context) (reqs []taskagent.TaskAgentJob
 
 // Jobs lists the pool's job requests in a status: queued ones wait for an
 // agent, those in progress have one.
-func (d *Driver) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, error) {
+func (d *Forge) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, error) {
 	if st != forge.JobQueued && st != forge.JobInProgress {
 		return nil, fmt.Errorf("azure-pipelines jobs %s: %w", st, errors.ErrUnsupported)
 	}
@@ -182,7 +182,7 @@ func timeOf(t *azuredevops.Time) time.Time {
 // agents, or of the unfinished job requests) that it showed running no
 // job as done with their job: a cordoned agent gets no other, so
 // RemoveRunner deletes it at once.
-func (d *Driver) noteEnded(stamp int64, running map[int64]bool) {
+func (d *Forge) noteEnded(stamp int64, running map[int64]bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for id, at := range d.cordoned {

@@ -30,7 +30,7 @@ func placeholderName(pool string) string { return pool + "-placeholder" }
 
 // Placehold registers the pool's placeholder agent, or gives the one there
 // the pool's capabilities (forge.Placeholder).
-func (d *Driver) Placehold(ctx context.Context, pool string, labels []string) error {
+func (d *Forge) Placehold(ctx context.Context, pool string, labels []string) error {
 	api, poolID, err := d.pool(ctx)
 	if err != nil {
 		return err

@@ -33,7 +33,7 @@ const keyBits = 2048
 // capabilities with the manager's marks. The credential is the three files
 // the agent reads at start: its settings, its OAuth client, its private
 // key. The PAT is in none of them.
-func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
+func (d *Forge) Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
 	api, poolID, err := d.pool(ctx)
 	if err != nil {
 		return forge.Credential{}, err
@@ -90,7 +90,7 @@ func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.C
 // system capabilities its scan reports (AgentCapabilitiesProvider: the
 // agent's name, OS, architecture and version; the agent reports them
 // again, with the tools it finds, when it connects).
-func (d *Driver) newAgent(name string, key *rsa.PublicKey, caps map[string]string) taskagent.TaskAgent {
+func (d *Forge) newAgent(name string, key *rsa.PublicKey, caps map[string]string) taskagent.TaskAgent {
 	exp := big.NewInt(int64(key.E)).Bytes()
 	sys := d.systemCapabilities(name)
 	return taskagent.TaskAgent{
@@ -111,7 +111,7 @@ func (d *Driver) newAgent(name string, key *rsa.PublicKey, caps map[string]strin
 // knows before the agent runs (AgentCapabilitiesProvider.cs): the rest
 // (the tools on PATH, the environment) only the agent finds, and a pool
 // declares those a job demands in its labels.
-func (d *Driver) systemCapabilities(name string) map[string]string {
+func (d *Forge) systemCapabilities(name string) map[string]string {
 	return map[string]string{
 		"Agent.Name":           name,
 		"Agent.OS":             "Linux",
@@ -124,7 +124,7 @@ func (d *Driver) systemCapabilities(name string) map[string]string {
 // manager's, left from before (a crash after adding it), the pool removes
 // once the next listing shows it: a retry then adds the name. Another's
 // no retry fixes. nil when the name is free, or could not be looked up.
-func (d *Driver) nameTaken(ctx context.Context, api taskagent.Client, poolID int, name string) error {
+func (d *Forge) nameTaken(ctx context.Context, api taskagent.Client, poolID int, name string) error {
 	var agents *[]taskagent.TaskAgent
 	err := d.call(ctx, "look up agent "+name, func(ctx context.Context) (err error) {
 		agents, err = api.GetAgents(ctx, taskagent.GetAgentsArgs{PoolId: &poolID, AgentName: &name, IncludeCapabilities: new(true)})
@@ -202,7 +202,7 @@ type rsaParams struct {
 
 // agentFiles writes the agent's three files from what AddAgent answered,
 // as ConfigurationManager.UpdateCredentialData does.
-func (d *Driver) agentFiles(a *taskagent.TaskAgent, poolID int, key *rsa.PrivateKey) (map[string][]byte, error) {
+func (d *Forge) agentFiles(a *taskagent.TaskAgent, poolID int, key *rsa.PrivateKey) (map[string][]byte, error) {
 	if a == nil || a.Id == nil || a.Name == nil || a.Authorization == nil || a.Authorization.ClientId == nil || a.Authorization.AuthorizationUrl == nil {
 		return nil, fmt.Errorf("azure-pipelines: the server added the agent without its OAuth client (id and authorization URL): this server does not take agents that authenticate with their own key")
 	}
@@ -256,7 +256,7 @@ func (d *Driver) agentFiles(a *taskagent.TaskAgent, poolID int, key *rsa.Private
 // serverURL is where the agent talks to the server: the server's own word
 // for it (the agent's ServerUrl property) with the scheme and host by which
 // runners reach it, else the runner URL.
-func (d *Driver) serverURL(a *taskagent.TaskAgent) (string, error) {
+func (d *Forge) serverURL(a *taskagent.TaskAgent) (string, error) {
 	ru, err := url.Parse(strings.TrimRight(d.cfg.RunnerURL, "/") + "/")
 	if err != nil {
 		return "", fmt.Errorf("azure-pipelines: runner_url %q: %w", d.cfg.RunnerURL, err)

@@ -13,7 +13,7 @@ import (
 
 // Cordon disables an agent: the server assigns it no job, and the job it
 // runs goes on.
-func (d *Driver) Cordon(ctx context.Context, id int64) error {
+func (d *Forge) Cordon(ctx context.Context, id int64) error {
 	if err := d.disable(ctx, id); err != nil {
 		return err
 	}
@@ -31,7 +31,7 @@ func (d *Driver) Cordon(ctx context.Context, id int64) error {
 	return nil
 }
 
-func (d *Driver) disable(ctx context.Context, id int64) error {
+func (d *Forge) disable(ctx context.Context, id int64) error {
 	api, poolID, err := d.pool(ctx)
 	if err != nil {
 		return err
@@ -57,7 +57,7 @@ func (d *Driver) disable(ctx context.Context, id int64) error {
 // disabled first (unless the driver did already), so that no job is
 // assigned to it while its requests are read, then deleted if it has none;
 // one that has a job stays disabled, and goes once that job ends.
-func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
+func (d *Forge) RemoveRunner(ctx context.Context, id int64) error {
 	d.mu.Lock()
 	done := d.idle[id]
 	_, cordoned := d.cordoned[id]
@@ -83,9 +83,9 @@ func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 // RemoveExited deletes an agent whose process has exited: it takes no job
 // any more, so neither disabling it nor reading its request is needed
 // (forge.ExitedRemover).
-func (d *Driver) RemoveExited(ctx context.Context, id int64) error { return d.delete(ctx, id) }
+func (d *Forge) RemoveExited(ctx context.Context, id int64) error { return d.delete(ctx, id) }
 
-func (d *Driver) delete(ctx context.Context, id int64) error {
+func (d *Forge) delete(ctx context.Context, id int64) error {
 	api, poolID, err := d.pool(ctx)
 	if err != nil {
 		return err
@@ -104,7 +104,7 @@ func (d *Driver) delete(ctx context.Context, id int64) error {
 }
 
 // assigned reads the request assigned to an agent: its id, 0 for none.
-func (d *Driver) assigned(ctx context.Context, id int64) (uint64, error) {
+func (d *Forge) assigned(ctx context.Context, id int64) (uint64, error) {
 	api, poolID, err := d.pool(ctx)
 	if err != nil {
 		return 0, err

@@ -34,7 +34,7 @@ const ImagePrefix = "docker://"
 // ImagePrefix and an image runs the runner as that image through the
 // machine's engine, as Atlassian's instructions run it: for a machine with
 // Docker and no runner (a stock cloud image).
-func (d *Driver) Agent(cfg agent.Config) (agent.Agent, error) {
+func (d *Forge) Agent(cfg agent.Config) (agent.Agent, error) {
 	if image, ok := strings.CutPrefix(cfg.Path, ImagePrefix); ok {
 		if image == "" || strings.ContainsAny(image, " \t\n'\"$`\\") {
 			return nil, fmt.Errorf("agent.path: %q names no image (%s<image>, such as %s%s)", cfg.Path, ImagePrefix, ImagePrefix, RunnerImage)

@@ -53,7 +53,7 @@ import (
 // DefaultURL is Bitbucket Cloud's API.
 const DefaultURL = "https://api.bitbucket.org"
 
-// Config configures a Driver.
+// Config configures a Forge.
 type Config struct {
 	// URL is the API's address (DefaultURL when empty).
 	URL string
@@ -100,8 +100,8 @@ type Config struct {
 	Logger  *slog.Logger
 }
 
-// Driver talks to one Bitbucket workspace or repository.
-type Driver struct {
+// Forge talks to one Bitbucket workspace or repository.
+type Forge struct {
 	cfg   Config
 	log   *slog.Logger
 	hc    *http.Client
@@ -145,7 +145,7 @@ type Driver struct {
 }
 
 // New returns a driver. It makes no call.
-func New(cfg Config) (*Driver, error) {
+func New(cfg Config) (*Forge, error) {
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = 30 * time.Second
 	}
@@ -178,7 +178,7 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.Workspace == "" {
 		return nil, errors.New("bitbucket: no workspace")
 	}
-	d := &Driver{cfg: cfg, log: cfg.Logger, auth: authorization(cfg.Username, cfg.Token),
+	d := &Forge{cfg: cfg, log: cfg.Logger, auth: authorization(cfg.Username, cfg.Token),
 		uuids: map[int64]string{}, cordoned: map[int64]bool{}, late: map[int64]bool{}, ended: map[int64]bool{},
 		pipelinesYML: map[string]map[string][]string{}, steps: map[int64]string{}, rerun: map[string]bool{}, checked: map[string]bool{}, pace: map[string]*pace{}, reads: map[string]jobsRead{}}
 	d.kept.Now = cfg.Clock
@@ -233,7 +233,7 @@ func isUserPassword(token string) bool {
 }
 
 // Stats reports the calls sent, the rate limit left and the waits for it.
-func (d *Driver) Stats() forge.Stats {
+func (d *Forge) Stats() forge.Stats {
 	return forge.Stats{Calls: d.calls.Load(), RateRemaining: -1, RateLimitWaits: d.rl.Waits()}
 }
 
@@ -320,7 +320,7 @@ func rejectDefinitive(err error) error {
 // call sends one request with the call timeout and decodes a JSON answer
 // into out (when not nil). path is below the API's URL, or a whole URL of
 // the API (a page's next). Its error names what it did and where.
-func (d *Driver) call(ctx context.Context, what, method, path string, body, out any) error {
+func (d *Forge) call(ctx context.Context, what, method, path string, body, out any) error {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.CallTimeout)
 	defer cancel()
 	if err := d.send(ctx, method, path, body, out); err != nil {
@@ -333,7 +333,7 @@ func (d *Driver) call(ctx context.Context, what, method, path string, body, out 
 	return nil
 }
 
-func (d *Driver) send(ctx context.Context, method, path string, body, out any) error {
+func (d *Forge) send(ctx context.Context, method, path string, body, out any) error {
 	u := path
 	if !strings.HasPrefix(path, "http://") && !strings.HasPrefix(path, "https://") {
 		u = d.cfg.URL + path
@@ -385,7 +385,7 @@ func (d *Driver) send(ctx context.Context, method, path string, body, out any) e
 	return nil
 }
 
-func (d *Driver) where() string {
+func (d *Forge) where() string {
 	if d.cfg.Repository != "" {
 		return "repository " + d.cfg.Workspace + "/" + d.cfg.Repository
 	}
@@ -402,7 +402,7 @@ type page[T any] struct {
 const maxPages = 20
 
 // listAll reads every page of a collection, following next.
-func listAll[T any](ctx context.Context, d *Driver, what, path string) ([]T, error) {
+func listAll[T any](ctx context.Context, d *Forge, what, path string) ([]T, error) {
 	var out []T
 	for range maxPages {
 		var p page[T]
@@ -421,7 +421,7 @@ func listAll[T any](ctx context.Context, d *Driver, what, path string) ([]T, err
 
 // scope returns the workspace's uuid and the repository's (empty for a
 // workspace scope), looked up once.
-func (d *Driver) scope(ctx context.Context) (ws, repo string, err error) {
+func (d *Forge) scope(ctx context.Context) (ws, repo string, err error) {
 	d.mu.Lock()
 	ws, repo = d.ws, d.repo
 	d.mu.Unlock()
@@ -457,7 +457,7 @@ func repoPath(ws, repo string) string {
 }
 
 // runnersPath is the scope's runners, as the autoscaler calls them.
-func (d *Driver) runnersPath(ctx context.Context) (string, error) {
+func (d *Forge) runnersPath(ctx context.Context) (string, error) {
 	ws, repo, err := d.scope(ctx)
 	if err != nil {
 		return "", err
@@ -490,9 +490,9 @@ func idOf(uuid string) int64 {
 }
 
 // Refresh drops the kept listing of runners (forge.Refresher).
-func (d *Driver) Refresh() { d.kept.Drop() }
+func (d *Forge) Refresh() { d.kept.Drop() }
 
 // JobLimit is a step's max-time when its pipeline sets none: 120 minutes
 // (support.atlassian.com, Bitbucket Pipelines, "Global options",
 // max-time).
-func (*Driver) JobLimit() time.Duration { return 2 * time.Hour }
+func (*Forge) JobLimit() time.Duration { return 2 * time.Hour }

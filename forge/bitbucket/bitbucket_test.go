@@ -30,7 +30,7 @@ func newSim(t *testing.T, opt bbsim.Options) *bbsim.Server {
 	return sim
 }
 
-func newDriver(t *testing.T, sim *bbsim.Server, mod ...func(*Config)) *Driver {
+func newDriver(t *testing.T, sim *bbsim.Server, mod ...func(*Config)) *Forge {
 	t.Helper()
 	cfg := Config{URL: sim.URL, Workspace: "acme", Repository: "models", Token: token, Manager: "m1", CacheTTL: -1}
 	for _, m := range mod {
@@ -45,7 +45,7 @@ func newDriver(t *testing.T, sim *bbsim.Server, mod ...func(*Config)) *Driver {
 
 // connectedRunner registers the runner gpu-1 (labels gpu) and connects
 // it, as its agent would.
-func connectedRunner(t *testing.T, d *Driver, sim *bbsim.Server) (forge.Credential, bbsim.Runner) {
+func connectedRunner(t *testing.T, d *Forge, sim *bbsim.Server) (forge.Credential, bbsim.Runner) {
 	t.Helper()
 	cred, err := d.Register(context.Background(), forge.RunnerRequest{Name: "gpu-1", Labels: []string{"gpu"}})
 	if err != nil {
@@ -459,7 +459,7 @@ func TestRunnerLimitIsNoRefusal(t *testing.T) {
 	}
 }
 
-func mustPath(t *testing.T, d *Driver) string {
+func mustPath(t *testing.T, d *Forge) string {
 	t.Helper()
 	p, err := d.runnersPath(context.Background())
 	if err != nil {
@@ -626,7 +626,7 @@ func TestLateCordonLooksForStepsFailedUnrun(t *testing.T) {
 // naming the scope Bitbucket requires (forge.ErrRejected).
 func TestLeastScopes(t *testing.T) {
 	least := []string{"read:repository:bitbucket", "read:pipeline:bitbucket", "write:pipeline:bitbucket", "write:runner:bitbucket"}
-	steps := func(d *Driver, sim *bbsim.Server) map[string]error {
+	steps := func(d *Forge, sim *bbsim.Server) map[string]error {
 		ctx := context.Background()
 		errs := map[string]error{}
 		if _, err := sim.RunPipeline("models", bbsim.StepSpec{Name: "train", RunsOn: []string{"self.hosted", "gpu"}, Script: "true"}); err != nil {

@@ -1,6 +1,7 @@
 package bitbucket
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -101,7 +102,7 @@ func (driver) CheckLabels(labels []string) error {
 	return errors.Join(errs...)
 }
 
-func (driver) Open(c forge.Config, env forge.Env) (forge.Forge, error) {
+func (driver) Open(ctx context.Context, c forge.Config, env forge.Env) (forge.Forge, error) {
 	s, err := decode(c)
 	if err != nil {
 		return nil, err

@@ -116,7 +116,7 @@ func TestAgentSpec(t *testing.T) {
 }
 
 func TestMeets(t *testing.T) {
-	d := &Driver{}
+	d := &Forge{}
 	pool := []string{"gpu", "gpu-h100", "cuda-12.4"}
 	for runsOn, want := range map[string]bool{
 		"self.hosted gpu":                true,
@@ -163,7 +163,7 @@ func TestAgentImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
-	a, err := (&Driver{}).Agent(agent.Config{Path: ImagePrefix + RunnerImage, Local: true})
+	a, err := (&Forge{}).Agent(agent.Config{Path: ImagePrefix + RunnerImage, Local: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +218,7 @@ func TestAgentImage(t *testing.T) {
 		t.Errorf("phase of %q", out.String())
 	}
 	for _, bad := range []string{ImagePrefix, ImagePrefix + "a b", ImagePrefix + "x$(id)"} {
-		if _, err := (&Driver{}).Agent(agent.Config{Path: bad}); err == nil || !strings.Contains(err.Error(), "agent.path") {
+		if _, err := (&Forge{}).Agent(agent.Config{Path: bad}); err == nil || !strings.Contains(err.Error(), "agent.path") {
 			t.Errorf("%q: %v", bad, err)
 		}
 	}

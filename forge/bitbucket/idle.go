@@ -58,14 +58,14 @@ func calm(list []forge.Runner) bool {
 
 // keptCalm is the kept listing, while it is calm and younger than
 // IdleCacheTTL.
-func (d *Driver) keptCalm() ([]forge.Runner, bool) {
+func (d *Forge) keptCalm() ([]forge.Runner, bool) {
 	list, ok, _ := d.kept.Get(d.cfg.IdleCacheTTL)
 	return list, ok && calm(list)
 }
 
 // skipRead reports whether repo's pipelines need not be read now: it was
 // idle when last read, its wait has not passed, and the runners are calm.
-func (d *Driver) skipRead(repo string) bool {
+func (d *Forge) skipRead(repo string) bool {
 	if _, ok := d.keptCalm(); !ok {
 		return false
 	}
@@ -77,7 +77,7 @@ func (d *Driver) skipRead(repo string) bool {
 
 // paced notes what a read of repo's pipelines found: nothing pending or
 // in progress doubles its wait, anything brings the usual pace back.
-func (d *Driver) paced(repo string, busy bool) {
+func (d *Forge) paced(repo string, busy bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if busy {

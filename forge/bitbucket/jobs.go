@@ -61,7 +61,7 @@ const maxKeptFiles = 256
 // commit; a step without runs-on runs on Bitbucket's own machines and is
 // left out. Steps of a pipeline wait in turn, so a pending step may not
 // wait for a runner yet: a pool may start its runner early, never late.
-func (d *Driver) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, error) {
+func (d *Forge) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, error) {
 	if st != forge.JobQueued && st != forge.JobInProgress {
 		return nil, fmt.Errorf("bitbucket jobs %s: %w", st, errors.ErrUnsupported)
 	}
@@ -82,14 +82,14 @@ func (d *Driver) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, err
 
 // demandRepos are the repositories whose pipelines are read: the scope's
 // own, or those configured for a workspace.
-func (d *Driver) demandRepos() []string {
+func (d *Forge) demandRepos() []string {
 	if len(d.cfg.Repositories) == 0 && d.cfg.Repository != "" {
 		return []string{d.cfg.Repository}
 	}
 	return d.cfg.Repositories
 }
 
-func (d *Driver) repoJobs(ctx context.Context, repo string, st forge.JobStatus) ([]forge.Job, error) {
+func (d *Forge) repoJobs(ctx context.Context, repo string, st forge.JobStatus) ([]forge.Job, error) {
 	if st == forge.JobQueued && d.skipRead(repo) {
 		return nil, nil // idle when last read (idle.go)
 	}
@@ -139,7 +139,7 @@ type jobsRead struct {
 // lastRead returns a repository's jobs as last read, while Bitbucket says
 // the hour's calls are nearly spent and the read is younger than
 // IdleCacheTTL.
-func (d *Driver) lastRead(key string) ([]forge.Job, bool) {
+func (d *Forge) lastRead(key string) ([]forge.Job, bool) {
 	if !d.rl.nearLimit() {
 		return nil, false
 	}
@@ -152,7 +152,7 @@ func (d *Driver) lastRead(key string) ([]forge.Job, bool) {
 	return slices.Clone(r.jobs), true
 }
 
-func (d *Driver) pipelineJobs(ctx context.Context, repo, base string, pl pipeline, st forge.JobStatus) ([]forge.Job, error) {
+func (d *Forge) pipelineJobs(ctx context.Context, repo, base string, pl pipeline, st forge.JobStatus) ([]forge.Job, error) {
 	steps, err := d.stepsOf(ctx, base, pl.UUID)
 	if status(err) == http.StatusNotFound {
 		return nil, nil // the pipeline went meanwhile
@@ -188,7 +188,7 @@ func (d *Driver) pipelineJobs(ctx context.Context, repo, base string, pl pipelin
 
 // runsOn reads a commit's bitbucket-pipelines.yml and returns the runs-on
 // of each step, by the step's name; kept per commit.
-func (d *Driver) runsOn(ctx context.Context, repo, commit string) (map[string][]string, error) {
+func (d *Forge) runsOn(ctx context.Context, repo, commit string) (map[string][]string, error) {
 	key := repo + "@" + commit
 	d.mu.Lock()
 	m, ok := d.pipelinesYML[key]

@@ -25,7 +25,7 @@ import (
 // created after the lost one is its re-run (this manager's, an earlier
 // one's or a person's). The step is the one the runner was last listed,
 // disabled or read with.
-func (d *Driver) Lost(ctx context.Context, r forge.Runner) {
+func (d *Forge) Lost(ctx context.Context, r forge.Runner) {
 	d.mu.Lock()
 	stepUUID := d.steps[r.ID]
 	d.mu.Unlock()
@@ -33,7 +33,7 @@ func (d *Driver) Lost(ctx context.Context, r forge.Runner) {
 		d.log.Warn("bitbucket: a runner lost without a step seen; nothing to re-run", "runner", r.Name)
 		return
 	}
-	d.losing.Go(r, func() {
+	d.losing.Go(ctx, r, func(ctx context.Context) {
 		if err := d.rerunLost(ctx, stepUUID); err != nil && ctx.Err() == nil {
 			d.log.Error("bitbucket: could not re-run the pipeline of a lost step", "runner", r.Name, "step", stepUUID, "err", err)
 		}
@@ -68,7 +68,7 @@ func (p fullPipeline) target() target {
 	return target{t.RefType, t.RefName, t.Commit.Hash, t.Selector.Type, t.Selector.Pattern}
 }
 
-func (d *Driver) rerunLost(ctx context.Context, stepUUID string) error {
+func (d *Forge) rerunLost(ctx context.Context, stepUUID string) error {
 	found, err := d.pipelineOf(ctx, stepUUID)
 	if err != nil || found.pipeline == nil {
 		return err
@@ -83,7 +83,7 @@ func (d *Driver) rerunLost(ctx context.Context, stepUUID string) error {
 // rerunPipeline runs a pipeline again on its target for a lost step,
 // unless a pipeline among newer, those listed as created after it, runs
 // on the same target, or this driver re-ran it already.
-func (d *Driver) rerunPipeline(ctx context.Context, repo string, pl *fullPipeline, newer []fullPipeline, stepUUID string) error {
+func (d *Forge) rerunPipeline(ctx context.Context, repo string, pl *fullPipeline, newer []fullPipeline, stepUUID string) error {
 	if i := slices.IndexFunc(newer, func(p fullPipeline) bool { return p.target() == pl.target() }); i >= 0 {
 		d.log.Info("bitbucket: the pipeline of a lost step was run again already", "lost_pipeline", pl.BuildNumber, "pipeline", newer[i].BuildNumber, "step", stepUUID)
 		return nil
@@ -122,7 +122,7 @@ const unrunWindow = 15 * time.Minute
 // deleted, in the background; a call while a scan runs makes it scan once
 // more after. Running pipelines are read at every scan (the failed step's
 // pipeline may still run others), ended ones that failed once.
-func (d *Driver) rescueUnrun(ctx context.Context) {
+func (d *Forge) rescueUnrun(ctx context.Context) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.scanning {
@@ -130,7 +130,7 @@ func (d *Driver) rescueUnrun(ctx context.Context) {
 		return
 	}
 	d.scanning = true
-	go func() {
+	d.losing.Start(ctx, "steps failed unrun", func(ctx context.Context) {
 		for {
 			if err := d.scanUnrun(ctx); err != nil && ctx.Err() == nil {
 				d.log.Warn("bitbucket: could not look for steps that failed unrun", "err", err)
@@ -143,10 +143,10 @@ func (d *Driver) rescueUnrun(ctx context.Context) {
 				return
 			}
 		}
-	}()
+	})
 }
 
-func (d *Driver) scanUnrun(ctx context.Context) error {
+func (d *Forge) scanUnrun(ctx context.Context) error {
 	for _, repo := range d.demandRepos() {
 		base := repoPath(d.cfg.Workspace, repo) + "/pipelines"
 		p, err := d.latestPipelines(ctx, repo, base)
@@ -179,7 +179,7 @@ func (d *Driver) scanUnrun(ctx context.Context) error {
 
 // firstLook reports whether an ended pipeline is looked at for the first
 // time, and notes it.
-func (d *Driver) firstLook(uuid string) bool {
+func (d *Forge) firstLook(uuid string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.checked[uuid] {
@@ -216,7 +216,7 @@ type stepFound struct {
 
 // pipelineOf finds the pipeline of a step among the latest pipelines of
 // the repositories read for demand.
-func (d *Driver) pipelineOf(ctx context.Context, stepUUID string) (stepFound, error) {
+func (d *Forge) pipelineOf(ctx context.Context, stepUUID string) (stepFound, error) {
 	for _, repo := range d.demandRepos() {
 		base := repoPath(d.cfg.Workspace, repo) + "/pipelines"
 		p, err := d.latestPipelines(ctx, repo, base)
@@ -248,13 +248,17 @@ func (d *Driver) pipelineOf(ctx context.Context, stepUUID string) (stepFound, er
 
 // latestPipelines lists a repository's 20 newest pipelines, newest first;
 // base is its pipelines' path.
-func (d *Driver) latestPipelines(ctx context.Context, repo, base string) (page[fullPipeline], error) {
+func (d *Forge) latestPipelines(ctx context.Context, repo, base string) (page[fullPipeline], error) {
 	var p page[fullPipeline]
 	err := d.call(ctx, "list pipelines of "+repo, http.MethodGet, base+"?sort=-created_on&pagelen=20", nil, &p)
 	return p, err
 }
 
 // stepsOf lists the steps of the pipeline uuid below base.
-func (d *Driver) stepsOf(ctx context.Context, base, uuid string) ([]step, error) {
+func (d *Forge) stepsOf(ctx context.Context, base, uuid string) ([]step, error) {
 	return listAll[step](ctx, d, "list steps of pipeline "+uuid, base+"/"+url.PathEscape(uuid)+"/steps?pagelen=100")
 }
+
+// Drain waits for the re-runs under way and a scan for steps that failed
+// unrun (forge.Drainer).
+func (d *Forge) Drain(ctx context.Context) { d.losing.Wait(ctx) }

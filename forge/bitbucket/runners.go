@@ -62,7 +62,7 @@ const (
 )
 
 // prefix is what a runner's name starts with when it is this manager's.
-func (d *Driver) prefix() string { return d.cfg.Manager + "." }
+func (d *Forge) prefix() string { return d.cfg.Manager + "." }
 
 // Labels maps a pool's labels to Bitbucket's form (lowercase letters,
 // digits and dots: "gpu=a100" becomes "gpu.a100"), without duplicates,
@@ -89,7 +89,7 @@ func Labels(in []string) []string {
 // Register creates a runner in the scope, named <manager>.<runner>, with
 // the pool's labels. Its credential is its identity and its own OAuth
 // client, in the agent's environment as Bitbucket's runner reads them.
-func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
+func (d *Forge) Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
 	path, err := d.runnersPath(ctx)
 	if err != nil {
 		return forge.Credential{}, err
@@ -152,7 +152,7 @@ func atRunnerLimit(err error) bool {
 // their runner names: busy while they run a step, idle when online,
 // cordoned when disabled. A listing is reused for CacheTTL, or for
 // IdleCacheTTL while it is calm (idle.go).
-func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
+func (d *Forge) Runners(ctx context.Context) ([]forge.Runner, error) {
 	if list, ok := d.keptCalm(); ok {
 		return list, nil
 	}
@@ -211,7 +211,7 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 
 // uuid returns a runner's uuid, listing the runners when the driver has
 // not seen it yet (a manager started again).
-func (d *Driver) uuid(ctx context.Context, id int64) (string, error) {
+func (d *Forge) uuid(ctx context.Context, id int64) (string, error) {
 	d.mu.Lock()
 	u, ok := d.uuids[id]
 	d.mu.Unlock()
@@ -235,7 +235,7 @@ func (d *Driver) uuid(ctx context.Context, id int64) (string, error) {
 // runs goes on. The pool cordons a runner once its agent took a step; one
 // that Bitbucket says runs none then had its step end first, and may have
 // been given the next as it stopped (rescueUnrun, once it is deleted).
-func (d *Driver) Cordon(ctx context.Context, id int64) error {
+func (d *Forge) Cordon(ctx context.Context, id int64) error {
 	r, err := d.disable(ctx, id)
 	if err == nil && r.State.Step == nil {
 		d.mu.Lock()
@@ -246,7 +246,7 @@ func (d *Driver) Cordon(ctx context.Context, id int64) error {
 }
 
 // disable disables a runner and returns it as Bitbucket answered.
-func (d *Driver) disable(ctx context.Context, id int64) (runner, error) {
+func (d *Forge) disable(ctx context.Context, id int64) (runner, error) {
 	var r runner
 	u, err := d.uuid(ctx, id)
 	if err != nil {
@@ -281,14 +281,14 @@ func (d *Driver) disable(ctx context.Context, id int64) (runner, error) {
 
 // noteStep keeps the step a runner runs, as an answer about it says, for
 // the re-run of a lost one.
-func (d *Driver) noteStep(id int64, r runner) {
+func (d *Forge) noteStep(id int64, r runner) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.keepStep(id, r)
 }
 
 // keepStep is noteStep with d.mu held.
-func (d *Driver) keepStep(id int64, r runner) {
+func (d *Forge) keepStep(id int64, r runner) {
 	if r.State.Step == nil || r.State.Step.UUID == "" {
 		return
 	}
@@ -305,7 +305,7 @@ func (d *Driver) keepStep(id int64, r runner) {
 // none; one that runs a step stays disabled, and goes once it ends. One
 // that may have failed a step unrun as it stopped (late) has the latest
 // pipelines looked at once it is deleted (rescueUnrun).
-func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
+func (d *Forge) RemoveRunner(ctx context.Context, id int64) error {
 	d.mu.Lock()
 	ended, cordoned, late := d.ended[id], d.cordoned[id], d.late[id]
 	d.mu.Unlock()
@@ -337,7 +337,7 @@ func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 // pipeline again (Lost), and the runner goes at a later pass. One listed
 // disabled without a step is deleted at once. One this driver never
 // disabled may have failed such a step as it stopped (rescueUnrun).
-func (d *Driver) RemoveExited(ctx context.Context, id int64) error {
+func (d *Forge) RemoveExited(ctx context.Context, id int64) error {
 	d.mu.Lock()
 	ended, cordoned, late := d.ended[id], d.cordoned[id], d.late[id]
 	d.mu.Unlock()
@@ -361,7 +361,7 @@ func (d *Driver) RemoveExited(ctx context.Context, id int64) error {
 // deleteRescuing deletes a runner and then, where it may have failed a
 // step unrun as it stopped, looks for that step in the background
 // (rescueUnrun).
-func (d *Driver) deleteRescuing(ctx context.Context, id int64, mayHaveFailed bool) error {
+func (d *Forge) deleteRescuing(ctx context.Context, id int64, mayHaveFailed bool) error {
 	if err := d.delete(ctx, id); err != nil {
 		return err
 	}
@@ -372,7 +372,7 @@ func (d *Driver) deleteRescuing(ctx context.Context, id int64, mayHaveFailed boo
 }
 
 // read reads one runner.
-func (d *Driver) read(ctx context.Context, id int64) (runner, error) {
+func (d *Forge) read(ctx context.Context, id int64) (runner, error) {
 	var r runner
 	u, err := d.uuid(ctx, id)
 	if err != nil {
@@ -391,7 +391,7 @@ func (d *Driver) read(ctx context.Context, id int64) (runner, error) {
 	return r, err
 }
 
-func (d *Driver) delete(ctx context.Context, id int64) error {
+func (d *Forge) delete(ctx context.Context, id int64) error {
 	u, err := d.uuid(ctx, id)
 	if err != nil {
 		return err
@@ -414,7 +414,7 @@ func (d *Driver) delete(ctx context.Context, id int64) error {
 }
 
 // forget drops a deleted runner.
-func (d *Driver) forget(id int64) {
+func (d *Forge) forget(id int64) {
 	d.kept.Forget(id)
 	d.mu.Lock()
 	delete(d.uuids, id)
@@ -425,12 +425,12 @@ func (d *Driver) forget(id int64) {
 }
 
 // ImplicitLabels are the labels Bitbucket gives every Linux runner.
-func (d *Driver) ImplicitLabels() []string { return []string{LabelSelfHosted, LabelLinux} }
+func (d *Forge) ImplicitLabels() []string { return []string{LabelSelfHosted, LabelLinux} }
 
 // Meets matches a step's runs-on to a pool's labels in the form its
 // runners carry them (forge.DemandMatcher): a hardware label gpu-h100 is
 // gpu.h100 on the runner, as a step names it.
-func (d *Driver) Meets(labels, runsOn []string) bool {
+func (d *Forge) Meets(labels, runsOn []string) bool {
 	have := Labels(slices.Concat(labels, d.ImplicitLabels()))
 	for _, l := range runsOn {
 		if !slices.Contains(have, strings.ToLower(l)) {

@@ -15,7 +15,7 @@ import (
 
 // Agent makes gitea-runner the agent of a pool: "gitea-runner" in PATH
 // unless the pool names another.
-func (d *Driver) Agent(cfg agent.Config) (agent.Agent, error) {
+func (d *Forge) Agent(cfg agent.Config) (agent.Agent, error) {
 	path := cfg.Path
 	if path == "" {
 		path = "gitea-runner"

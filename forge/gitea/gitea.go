@@ -37,7 +37,7 @@ type Scope struct {
 	Repo  string
 }
 
-// Config configures a Driver.
+// Config configures a Forge.
 type Config struct {
 	URL string
 	// RunnerURL is Gitea's address as the runners see it (from inside a
@@ -67,8 +67,8 @@ type Config struct {
 	Logger     *slog.Logger
 }
 
-// Driver talks to one Gitea instance in one scope.
-type Driver struct {
+// Forge talks to one Gitea instance in one scope.
+type Forge struct {
 	cfg    Config
 	hc     *http.Client
 	runner runnerv1connect.RunnerServiceClient
@@ -82,11 +82,11 @@ type Driver struct {
 }
 
 // Stats reports the calls sent; Gitea sends no rate-limit figures.
-func (d *Driver) Stats() forge.Stats { return forge.Stats{Calls: d.calls.Load(), RateRemaining: -1} }
+func (d *Forge) Stats() forge.Stats { return forge.Stats{Calls: d.calls.Load(), RateRemaining: -1} }
 
 // New returns a driver. It makes no call: an unreachable Gitea shows up
 // on the first call, which the caller retries.
-func New(cfg Config) *Driver {
+func New(cfg Config) *Forge {
 	hc := cfg.HTTPClient
 	if hc == nil {
 		hc = &http.Client{}
@@ -108,7 +108,7 @@ func New(cfg Config) *Driver {
 		log = slog.Default()
 	}
 	cfg.URL = strings.TrimRight(cfg.URL, "/")
-	d := &Driver{cfg: cfg, log: log}
+	d := &Forge{cfg: cfg, log: log}
 	// A copy of the client that counts its requests.
 	counted := *hc
 	counted.Transport = forge.Budgeted(forge.CountCalls(forge.WithUserAgent(counted.Transport, cfg.UserAgent), &d.calls), cfg.Budget)
@@ -123,7 +123,7 @@ func New(cfg Config) *Driver {
 // api returns an SDK client bound to ctx. The SDK keeps one context per
 // client, so a light client is made per call rather than sharing one
 // whose context another call could replace.
-func (d *Driver) api(ctx context.Context) (*sdk.Client, error) {
+func (d *Forge) api(ctx context.Context) (*sdk.Client, error) {
 	c, err := sdk.NewClient(d.cfg.URL,
 		sdk.SetHTTPClient(d.hc),
 		sdk.SetToken(d.cfg.Token),
@@ -136,7 +136,7 @@ func (d *Driver) api(ctx context.Context) (*sdk.Client, error) {
 	return c, nil
 }
 
-func (d *Driver) where() string {
+func (d *Forge) where() string {
 	switch d.cfg.Scope.Kind {
 	case "repo":
 		return fmt.Sprintf("repo %s/%s", d.cfg.Scope.Owner, d.cfg.Scope.Repo)
@@ -162,14 +162,14 @@ func apiError(op string, resp *sdk.Response, err error) error {
 // jobs, a registration token), where a 404 says the scope is not there:
 // no such repository or organisation, a token that cannot see it, or a
 // URL that is not a Gitea at all; never that a runner was not found.
-func (d *Driver) scopeError(op string, resp *sdk.Response, err error) error {
+func (d *Forge) scopeError(op string, resp *sdk.Response, err error) error {
 	if resp != nil && resp.Response != nil && resp.StatusCode == http.StatusNotFound {
 		return fmt.Errorf("%s: HTTP 404: %s is not at %s, the token cannot see it, or %s is not a Gitea (%v)", op, d.where(), d.cfg.URL, d.cfg.URL, err)
 	}
 	return apiError(op, resp, err)
 }
 
-func (d *Driver) registrationToken(ctx context.Context, refresh bool) (string, error) {
+func (d *Forge) registrationToken(ctx context.Context, refresh bool) (string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.regToken != "" && !refresh {
@@ -215,7 +215,7 @@ type Registration struct {
 const RegistrationFile = ".runner"
 
 // Register registers an ephemeral runner and returns its .runner file.
-func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
+func (d *Forge) Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
 	var (
 		resp *connect.Response[runnerv1.RegisterResponse]
 		err  error
@@ -267,7 +267,7 @@ func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.C
 // Runners lists the runners in the scope. A runner is busy when a job in
 // progress is assigned to it: Gitea's own "busy" flag only says the runner
 // reported something in the last 10 seconds.
-func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
+func (d *Forge) Runners(ctx context.Context) ([]forge.Runner, error) {
 	c, err := d.api(ctx)
 	if err != nil {
 		return nil, err
@@ -327,7 +327,7 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 const maxJobPages = 200
 
 // Jobs lists the scope's jobs with the given status.
-func (d *Driver) Jobs(ctx context.Context, status forge.JobStatus) ([]forge.Job, error) {
+func (d *Forge) Jobs(ctx context.Context, status forge.JobStatus) ([]forge.Job, error) {
 	word, ok := statusWords[status]
 	if !ok {
 		return nil, fmt.Errorf("list jobs in %s: no Gitea status for %s", d.where(), status)
@@ -348,7 +348,7 @@ func (d *Driver) Jobs(ctx context.Context, status forge.JobStatus) ([]forge.Job,
 }
 
 // rawJobs lists the scope's jobs with a status word, all pages.
-func (d *Driver) rawJobs(ctx context.Context, word string) ([]*sdk.ActionWorkflowJob, error) {
+func (d *Forge) rawJobs(ctx context.Context, word string) ([]*sdk.ActionWorkflowJob, error) {
 	c, err := d.api(ctx)
 	if err != nil {
 		return nil, err
@@ -399,7 +399,7 @@ const maxSettle = 15 * time.Second
 // timeout, and a task assigned after that is lost to the runner anyway,
 // so waiting that long after the disable's answer sees every task the
 // runner can run.
-func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
+func (d *Forge) RemoveRunner(ctx context.Context, id int64) error {
 	start := time.Now()
 	r, err := d.setDisabled(ctx, id, true)
 	if err != nil {
@@ -425,7 +425,7 @@ func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 	return d.deleteRunner(ctx, id)
 }
 
-func (d *Driver) setDisabled(ctx context.Context, id int64, disabled bool) (*sdk.ActionRunner, error) {
+func (d *Forge) setDisabled(ctx context.Context, id int64, disabled bool) (*sdk.ActionRunner, error) {
 	c, err := d.api(ctx)
 	if err != nil {
 		return nil, err
@@ -450,7 +450,7 @@ func (d *Driver) setDisabled(ctx context.Context, id int64, disabled bool) (*sdk
 	return r, nil
 }
 
-func (d *Driver) deleteRunner(ctx context.Context, id int64) error {
+func (d *Forge) deleteRunner(ctx context.Context, id int64) error {
 	c, err := d.api(ctx)
 	if err != nil {
 		return err
@@ -478,4 +478,4 @@ func (d *Driver) deleteRunner(ctx context.Context, id int64) error {
 // JobLimit is Gitea's ENDLESS_TASK_TIMEOUT default: the server stops a
 // task still running after 3 hours (docs.gitea.com, config cheat sheet,
 // [actions]); the agent's own limit is set longer (Agent.Spec).
-func (*Driver) JobLimit() time.Duration { return 3 * time.Hour }
+func (*Forge) JobLimit() time.Duration { return 3 * time.Hour }

@@ -18,8 +18,8 @@ import (
 // stopped cleanly reports the job failed at once; a runner that vanished
 // is failed by Gitea's zombie-task cleanup), then its failed jobs are
 // re-run (POST .../runs/{run}/rerun-failed-jobs, Gitea 1.26).
-func (d *Driver) Lost(ctx context.Context, r forge.Runner) {
-	d.losing.Go(r, func() {
+func (d *Forge) Lost(ctx context.Context, r forge.Runner) {
+	d.losing.Go(ctx, r, func(ctx context.Context) {
 		if err := d.rerunLost(ctx, r); err != nil && ctx.Err() == nil {
 			d.log.Error("gitea: could not re-run the job of a lost runner", "runner", r.Name, "id", r.ID, "err", err)
 		}
@@ -32,7 +32,7 @@ var (
 	RerunWait = time.Hour
 )
 
-func (d *Driver) rerunLost(ctx context.Context, r forge.Runner) error {
+func (d *Forge) rerunLost(ctx context.Context, r forge.Runner) error {
 	ctx, cancel := context.WithTimeout(ctx, RerunWait)
 	defer cancel()
 	j, err := d.lostJob(ctx, r)
@@ -71,7 +71,7 @@ func (d *Driver) rerunLost(ctx context.Context, r forge.Runner) error {
 
 // lostJob finds the job the runner ran: in progress, or failed already
 // (a runner stopped cleanly reports its job failed).
-func (d *Driver) lostJob(ctx context.Context, r forge.Runner) (*sdk.ActionWorkflowJob, error) {
+func (d *Forge) lostJob(ctx context.Context, r forge.Runner) (*sdk.ActionWorkflowJob, error) {
 	for _, st := range []forge.JobStatus{forge.JobInProgress, forge.JobCompleted} {
 		jobs, err := d.rawJobs(ctx, statusWords[st])
 		if err != nil {
@@ -91,7 +91,7 @@ func (d *Driver) lostJob(ctx context.Context, r forge.Runner) (*sdk.ActionWorkfl
 
 // repoOf is the job's repository: the scope's, or, for an organisation or
 // an instance, the one its run URL names (/repos/{owner}/{repo}/...).
-func (d *Driver) repoOf(j *sdk.ActionWorkflowJob) (string, string, error) {
+func (d *Forge) repoOf(j *sdk.ActionWorkflowJob) (string, string, error) {
 	if s := d.cfg.Scope; s.Kind == "repo" {
 		return s.Owner, s.Repo, nil
 	}
@@ -109,7 +109,7 @@ func (d *Driver) repoOf(j *sdk.ActionWorkflowJob) (string, string, error) {
 
 // rerunOnce re-runs an ended run's failed jobs, unless it succeeded or
 // was re-run already.
-func (d *Driver) rerunOnce(ctx context.Context, c *sdk.Client, owner, repo string, r forge.Runner, run *sdk.ActionWorkflowRun) error {
+func (d *Forge) rerunOnce(ctx context.Context, c *sdk.Client, owner, repo string, r forge.Runner, run *sdk.ActionWorkflowRun) error {
 	if run.Conclusion == "success" {
 		d.log.Info("gitea: the lost runner's run succeeded; nothing to re-run", "runner", r.Name, "id", r.ID, "run", run.ID)
 		return nil
@@ -135,3 +135,6 @@ func (d *Driver) rerunOnce(ctx context.Context, c *sdk.Client, owner, repo strin
 	d.log.Info("gitea: re-ran the failed jobs of a run whose runner was lost", "runner", r.Name, "id", r.ID, "run", run.ID)
 	return nil
 }
+
+// Drain waits for the re-runs under way (forge.Drainer).
+func (d *Forge) Drain(ctx context.Context) { d.losing.Wait(ctx) }

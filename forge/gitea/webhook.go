@@ -70,7 +70,7 @@ type payload struct {
 
 // ParseWebhook checks a delivery's X-Gitea-Signature (the hex HMAC-SHA256
 // of the body) and reads its workflow_job event.
-func (d *Driver) ParseWebhook(r *http.Request, secret []byte) (forge.Delivery, error) {
+func (d *Forge) ParseWebhook(r *http.Request, secret []byte) (forge.Delivery, error) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		return forge.Delivery{}, fmt.Errorf("%w: read body: %v", forge.ErrBadPayload, err)

@@ -42,7 +42,7 @@ func (driver) AgentImage() string { return "ghcr.io/actions/actions-runner:" + A
 
 // Agent makes GitHub's runner the agent of a pool: run.sh in PATH on this
 // host, or in the image at ImageRunScript, unless the pool names another.
-func (d *Driver) Agent(cfg agent.Config) (agent.Agent, error) {
+func (d *Forge) Agent(cfg agent.Config) (agent.Agent, error) {
 	path := cfg.Path
 	switch {
 	case path == "" && cfg.Local:

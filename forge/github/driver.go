@@ -1,6 +1,7 @@
 package github
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -143,7 +144,7 @@ func (driver) Check(c forge.Config) error {
 	return err
 }
 
-func (driver) Open(c forge.Config, env forge.Env) (forge.Forge, error) {
+func (driver) Open(ctx context.Context, c forge.Config, env forge.Env) (forge.Forge, error) {
 	cfg, err := decode(c)
 	if err != nil {
 		return nil, err

@@ -88,7 +88,7 @@ func TestScaleSetServesOnePool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := daemon.New(cfg, slog.New(slog.DiscardHandler))
+	f, err := daemon.New(t.Context(), cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatalf("one pool on a scale set: %v", err)
 	}
@@ -100,10 +100,10 @@ func TestScaleSetServesOnePool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := f.Reload(two); err == nil || !strings.Contains(err.Error(), "it serves one pool") {
+	if err := f.Reload(t.Context(), two); err == nil || !strings.Contains(err.Error(), "it serves one pool") {
 		t.Fatalf("reload with two pools on the scale set: %v", err)
 	}
-	if _, err := daemon.New(two, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "it serves one pool") {
+	if _, err := daemon.New(t.Context(), two, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "it serves one pool") {
 		t.Fatalf("two pools on the scale set: %v", err)
 	}
 }

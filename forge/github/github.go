@@ -44,7 +44,7 @@ const (
 	EnvURL       = "ACTIONS_RUNNER_INPUT_URL"
 )
 
-// Config configures a Driver.
+// Config configures a Forge.
 type Config struct {
 	// URL is the repository (https://github.com/owner/repo) or the
 	// organisation (https://github.com/org) whose runners are managed, on
@@ -111,8 +111,8 @@ func ParseURL(raw string) (api string, s Scope, err error) {
 	return u.Scheme + "://" + u.Host + "/api/v3/", s, nil
 }
 
-// Driver is a GitHub forge driver.
-type Driver struct {
+// Forge is a GitHub forge driver.
+type Forge struct {
 	cfg   Config
 	scope Scope
 	api   *gh.Client
@@ -132,7 +132,7 @@ type Driver struct {
 }
 
 // New returns a driver. It makes no network call.
-func New(cfg Config) (*Driver, error) {
+func New(cfg Config) (*Forge, error) {
 	api, scope, err := ParseURL(cfg.URL)
 	if err != nil {
 		return nil, err
@@ -158,7 +158,7 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.CallTimeout == 0 {
 		cfg.CallTimeout = 30 * time.Second
 	}
-	d := &Driver{cfg: cfg, scope: scope, log: cfg.Logger, reruns: map[int64]bool{}, seen: map[int64]runSeen{}}
+	d := &Forge{cfg: cfg, scope: scope, log: cfg.Logger, reruns: map[int64]bool{}, seen: map[int64]runSeen{}}
 	d.remaining.Store(-1)
 	// Every request that leaves the driver is counted, the installation
 	// token requests of a GitHub App included.
@@ -193,16 +193,16 @@ func New(cfg Config) (*Driver, error) {
 }
 
 // Calls returns the HTTP requests sent so far.
-func (d *Driver) Calls() int64 { return d.calls.Load() }
+func (d *Forge) Calls() int64 { return d.calls.Load() }
 
 // RateLimitWaits returns how many times a call waited for a rate-limit reset.
-func (d *Driver) RateLimitWaits() int64 { return d.waits.Load() }
+func (d *Forge) RateLimitWaits() int64 { return d.waits.Load() }
 
 // RateRemaining returns the last X-RateLimit-Remaining seen, -1 before any.
-func (d *Driver) RateRemaining() int64 { return d.remaining.Load() }
+func (d *Forge) RateRemaining() int64 { return d.remaining.Load() }
 
 // Stats reports the calls sent, the rate limit left and the waits for it.
-func (d *Driver) Stats() forge.Stats {
+func (d *Forge) Stats() forge.Stats {
 	return forge.Stats{Calls: d.calls.Load(), RateRemaining: d.remaining.Load(), RateLimitWaits: d.waits.Load()}
 }
 
@@ -215,7 +215,7 @@ const maxPages = 100
 // call runs one API request, waiting out rate limits: until the reset that
 // GitHub announced, or Retry-After, and at least a second, so that it
 // never loops tightly. Other errors are returned for the caller's backoff.
-func (d *Driver) call(ctx context.Context, what string, fn func(context.Context) (*gh.Response, error)) error {
+func (d *Forge) call(ctx context.Context, what string, fn func(context.Context) (*gh.Response, error)) error {
 	for attempt := 0; ; attempt++ {
 		resp, err := fn(ctx)
 		if resp != nil && resp.Response != nil && resp.Header.Get(gh.HeaderRateRemaining) != "" {
@@ -288,7 +288,7 @@ func status(err error) int {
 // apiError words an API error for the log: what was asked, where, the
 // status and GitHub's message, without the request URL. The original stays
 // reachable with errors.As.
-func (d *Driver) apiError(what string, err error) error {
+func (d *Forge) apiError(what string, err error) error {
 	if e, ok := errors.AsType[*gh.ErrorResponse](err); ok && e.Response != nil {
 		msg := e.Message
 		if msg == "" {
@@ -310,7 +310,7 @@ func (w wrapped) Unwrap() error { return w.err }
 // Register creates a just-in-time runner. A registration left under the
 // same name (by a crash between registering and starting) is removed
 // first, unless it is running a job.
-func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
+func (d *Forge) Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
 	d.mu.Lock()
 	noJIT := d.noJIT
 	d.mu.Unlock()
@@ -351,7 +351,7 @@ func errNoJIT(name string) error {
 	return fmt.Errorf("%w: github register runner %s: GitHub offers no just-in-time runners here, and a registration token in a cloud instance's boot data, readable by its jobs for the instance's life, would let a job enrol runners of its own for an hour: use a GitHub with just-in-time runners (github.com has them), or a provider whose machines keep no boot data (process, docker, kubernetes)", forge.ErrRejected, name)
 }
 
-func (d *Driver) tokenCredential(tok string) forge.Credential {
+func (d *Forge) tokenCredential(tok string) forge.Credential {
 	return forge.Credential{Env: map[string]string{EnvToken: tok, EnvURL: d.cfg.URL}}
 }
 
@@ -377,7 +377,7 @@ func checkLabels(labels []string) error {
 	return errors.Join(errs...)
 }
 
-func (d *Driver) registerJIT(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
+func (d *Forge) registerJIT(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
 	// The pool's labels passed the config's check, but hardware labels
 	// are added at run time: a request GitHub would refuse is not sent.
 	if err := checkLabels(req.Labels); err != nil {
@@ -430,10 +430,10 @@ func (d *Driver) registerJIT(ctx context.Context, req forge.RunnerRequest) (forg
 // dropListing stops reuse of the kept list, and of any listing under
 // way, after a change whose outcome is unknown: the next call reads
 // GitHub.
-func (d *Driver) dropListing() { d.kept.Drop() }
+func (d *Forge) dropListing() { d.kept.Drop() }
 
 // remember adds a registration the driver made to the kept list.
-func (d *Driver) remember(r forge.Runner) {
+func (d *Forge) remember(r forge.Runner) {
 	d.kept.Change(r.ID, func(list []forge.Runner, _ int) []forge.Runner {
 		list = slices.DeleteFunc(list, func(x forge.Runner) bool { return x.Name == r.Name || x.ID == r.ID })
 		return append(list, r)
@@ -442,7 +442,7 @@ func (d *Driver) remember(r forge.Runner) {
 
 // markBusy notes in the kept list that the forge refused to remove a
 // runner running a job.
-func (d *Driver) markBusy(id int64) {
+func (d *Forge) markBusy(id int64) {
 	d.kept.Change(id, func(list []forge.Runner, i int) []forge.Runner {
 		if i >= 0 {
 			list[i].Status = forge.StatusBusy
@@ -474,7 +474,7 @@ func nameTaken(err error) bool {
 }
 
 // removeByName removes a leftover registration of that name.
-func (d *Driver) removeByName(ctx context.Context, name string) error {
+func (d *Forge) removeByName(ctx context.Context, name string) error {
 	var rs *gh.Runners
 	err := d.call(ctx, "list runners", func(ctx context.Context) (resp *gh.Response, err error) {
 		opt := &gh.ListRunnersOptions{Name: &name}
@@ -503,7 +503,7 @@ func (d *Driver) removeByName(ctx context.Context, name string) error {
 	return nil
 }
 
-func (d *Driver) registrationToken(ctx context.Context) (string, error) {
+func (d *Forge) registrationToken(ctx context.Context) (string, error) {
 	var t *gh.RegistrationToken
 	err := d.call(ctx, "registration-token", func(ctx context.Context) (resp *gh.Response, err error) {
 		if d.scope.Repo == "" {
@@ -524,7 +524,7 @@ func (d *Driver) registrationToken(ctx context.Context) (string, error) {
 
 // Runners lists the runner registrations in the scope: from GitHub when
 // the last listing is older than CacheTTL, from the kept list otherwise.
-func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
+func (d *Forge) Runners(ctx context.Context) ([]forge.Runner, error) {
 	d.listMu.Lock()
 	defer d.listMu.Unlock()
 	out, ok, stamp := d.kept.Get(d.cfg.CacheTTL)
@@ -587,7 +587,7 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 
 // RemoveRunner removes a registration. GitHub refuses (422) while the
 // runner runs a job: that is ErrBusy, and nothing is removed.
-func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
+func (d *Forge) RemoveRunner(ctx context.Context, id int64) error {
 	if id == 0 {
 		return forge.ErrNotFound
 	}
@@ -615,16 +615,16 @@ func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 	}
 }
 
-func (d *Driver) forget(id int64) { d.kept.Forget(id) }
+func (d *Forge) forget(id int64) { d.kept.Forget(id) }
 
 // Ended tells the driver that a runner's agent finished its job: GitHub
 // deletes an ephemeral runner then, so the kept list drops it without a
 // call.
-func (d *Driver) Ended(id int64) { d.forget(id) }
+func (d *Forge) Ended(id int64) { d.forget(id) }
 
 // ImplicitLabels are the labels GitHub gives every self-hosted runner,
 // which jobs name in runs-on without a pool listing them.
-func (d *Driver) ImplicitLabels() []string { return []string{"self-hosted", "linux", "x64"} }
+func (d *Forge) ImplicitLabels() []string { return []string{"self-hosted", "linux", "x64"} }
 
 // statuses maps GitHub's job status words to runfleet's. "waiting" (for a
 // deployment's approval) and "requested" are not yet for a runner.
@@ -640,7 +640,7 @@ var statuses = map[string]forge.JobStatus{
 // searched, within a bound of maxRunsPerPoll job listings. GitHub lists
 // jobs per repository only: for an organisation it returns
 // errors.ErrUnsupported.
-func (d *Driver) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, error) {
+func (d *Forge) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, error) {
 	if d.scope.Repo == "" {
 		return nil, fmt.Errorf("github jobs in %s: GitHub lists jobs per repository: %w", d.scope, errors.ErrUnsupported)
 	}
@@ -694,7 +694,7 @@ type runSeen struct {
 // lists: queued runs first, then runs in progress that changed since
 // their last listing or had queued jobs then, then the others, those
 // listed longest ago first.
-func (d *Driver) pollOrder(queued, inProgress []*gh.WorkflowRun) []*gh.WorkflowRun {
+func (d *Forge) pollOrder(queued, inProgress []*gh.WorkflowRun) []*gh.WorkflowRun {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	type cand struct {
@@ -749,7 +749,7 @@ func job(j *gh.WorkflowJob) forge.Job {
 
 // RerunJob re-runs one ended job ("Re-run a job from a workflow run"), a
 // new attempt of its run.
-func (d *Driver) RerunJob(ctx context.Context, j forge.Job) error {
+func (d *Forge) RerunJob(ctx context.Context, j forge.Job) error {
 	if d.scope.Repo == "" {
 		return fmt.Errorf("re-run job %d: re-running needs a repository scope", j.ID)
 	}
@@ -764,7 +764,7 @@ func (d *Driver) RerunJob(ctx context.Context, j forge.Job) error {
 
 // runs lists the repository's runs with the status, newest first; only
 // the first page when firstPage is set.
-func (d *Driver) runs(ctx context.Context, st string, firstPage bool) ([]*gh.WorkflowRun, error) {
+func (d *Forge) runs(ctx context.Context, st string, firstPage bool) ([]*gh.WorkflowRun, error) {
 	var out []*gh.WorkflowRun
 	opt := &gh.ListWorkflowRunsOptions{Status: st, ListOptions: gh.ListOptions{PerPage: 100}}
 	for {
@@ -796,7 +796,7 @@ func (d *Driver) runs(ctx context.Context, st string, firstPage bool) ([]*gh.Wor
 	}
 }
 
-func (d *Driver) runJobs(ctx context.Context, runID int64) ([]*gh.WorkflowJob, error) {
+func (d *Forge) runJobs(ctx context.Context, runID int64) ([]*gh.WorkflowJob, error) {
 	var out []*gh.WorkflowJob
 	opt := &gh.ListWorkflowJobsOptions{Filter: "latest", ListOptions: gh.ListOptions{PerPage: 100}}
 	for {
@@ -834,12 +834,12 @@ func (d *Driver) runJobs(ctx context.Context, runID int64) ([]*gh.WorkflowJob, e
 // GitHub has failed the job and the run has ended, re-runs the run's
 // failed jobs: once per run, as CML does for a spot instance taken back.
 // It returns at once; the wait is in the background, bound to ctx.
-func (d *Driver) Lost(ctx context.Context, r forge.Runner) {
+func (d *Forge) Lost(ctx context.Context, r forge.Runner) {
 	if d.scope.Repo == "" {
 		d.log.Warn("github: a runner was lost mid-job; re-running needs a repository scope, so its job is left failed", "runner", r.Name)
 		return
 	}
-	d.losing.Go(r, func() {
+	d.losing.Go(ctx, r, func(ctx context.Context) {
 		if err := d.rerunLost(ctx, r); err != nil && ctx.Err() == nil {
 			d.log.Error("github: could not re-run the job of a lost runner", "runner", r.Name, "id", r.ID, "err", err)
 		}
@@ -851,7 +851,7 @@ func (d *Driver) Lost(ctx context.Context, r forge.Runner) {
 // ones (it has given up on it). Without a registration id, only a job in
 // progress under the runner's name can be its: a failed one may be an
 // earlier runner's of the same name.
-func (d *Driver) lostJobRun(ctx context.Context, r forge.Runner) (int64, error) {
+func (d *Forge) lostJobRun(ctx context.Context, r forge.Runner) (int64, error) {
 	match := func(j *gh.WorkflowJob) bool {
 		if r.ID != 0 {
 			return j.GetRunnerID() == r.ID
@@ -879,7 +879,7 @@ func (d *Driver) lostJobRun(ctx context.Context, r forge.Runner) (int64, error) 
 	return 0, nil
 }
 
-func (d *Driver) rerunLost(ctx context.Context, r forge.Runner) error {
+func (d *Forge) rerunLost(ctx context.Context, r forge.Runner) error {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.RerunWait)
 	defer cancel()
 	runID, err := d.lostJobRun(ctx, r)
@@ -915,7 +915,7 @@ func (d *Driver) rerunLost(ctx context.Context, r forge.Runner) error {
 
 // rerunOnce re-runs an ended run's failed jobs, unless it succeeded or was
 // re-run already.
-func (d *Driver) rerunOnce(ctx context.Context, r forge.Runner, run *gh.WorkflowRun) error {
+func (d *Forge) rerunOnce(ctx context.Context, r forge.Runner, run *gh.WorkflowRun) error {
 	runID := run.GetID()
 	if run.GetConclusion() == "success" {
 		return nil
@@ -938,9 +938,12 @@ func (d *Driver) rerunOnce(ctx context.Context, r forge.Runner, run *gh.Workflow
 }
 
 // Refresh drops the kept listing of runners (forge.Refresher).
-func (d *Driver) Refresh() { d.kept.Drop() }
+func (d *Forge) Refresh() { d.kept.Drop() }
 
 // JobLimit is a job's timeout-minutes when its workflow sets none: 360
 // (docs.github.com, "Workflow syntax for GitHub Actions",
 // jobs.<job_id>.timeout-minutes).
-func (*Driver) JobLimit() time.Duration { return 6 * time.Hour }
+func (*Forge) JobLimit() time.Duration { return 6 * time.Hour }
+
+// Drain waits for the re-runs under way (forge.Drainer).
+func (d *Forge) Drain(ctx context.Context) { d.losing.Wait(ctx) }

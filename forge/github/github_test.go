@@ -36,7 +36,7 @@ func newSim(t *testing.T, opt ghsim.Options) *ghsim.Server {
 	return s
 }
 
-func newDriver(t *testing.T, s *ghsim.Server, path string, mod func(*github.Config)) *github.Driver {
+func newDriver(t *testing.T, s *ghsim.Server, path string, mod func(*github.Config)) *github.Forge {
 	t.Helper()
 	cfg := github.Config{URL: s.URL + path, Token: token, Logger: quiet()}
 	if mod != nil {

@@ -45,7 +45,7 @@ type ScaleSetConfig struct {
 // well as a repository. Listing runners and re-running a lost job go
 // through the REST driver it embeds.
 type ScaleSet struct {
-	*Driver
+	*Forge
 	client *scaleset.Client
 	name   string
 	group  string
@@ -80,7 +80,7 @@ func NewScaleSet(cfg ScaleSetConfig) (*ScaleSet, error) {
 	if cfg.RunnerGroup == "" {
 		cfg.RunnerGroup = scaleset.DefaultRunnerGroup
 	}
-	s := &ScaleSet{Driver: d, name: cfg.Name, group: cfg.RunnerGroup, started: map[int64]time.Time{}, conflictWait: cmp.Or(cfg.ConflictWait, sessionConflictWait)}
+	s := &ScaleSet{Forge: d, name: cfg.Name, group: cfg.RunnerGroup, started: map[int64]time.Time{}, conflictWait: cmp.Or(cfg.ConflictWait, sessionConflictWait)}
 	s.owner, _ = os.Hostname()
 	if s.owner == "" {
 		s.owner = "runfleet"
@@ -128,7 +128,7 @@ func NewScaleSet(cfg ScaleSetConfig) (*ScaleSet, error) {
 
 // Stats counts the REST calls and the Actions service's together.
 func (s *ScaleSet) Stats() forge.Stats {
-	st := s.Driver.Stats()
+	st := s.Forge.Stats()
 	st.Calls += s.service.Load()
 	return st
 }
@@ -493,5 +493,5 @@ func (h debugHandler) WithGroup(name string) slog.Handler {
 	return debugHandler{h.Handler.WithGroup(name)}
 }
 
-// JobLimit is GitHub's default timeout-minutes, as for Driver.
+// JobLimit is GitHub's default timeout-minutes, as for Forge.
 func (*ScaleSet) JobLimit() time.Duration { return 6 * time.Hour }

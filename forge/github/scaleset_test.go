@@ -392,7 +392,7 @@ func scaleSetFleet(t *testing.T, s *ghsim.Server) *daemon.Fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := daemon.New(cfg, quiet())
+	f, err := daemon.New(t.Context(), cfg, quiet())
 	if err != nil {
 		t.Fatal(err)
 	}

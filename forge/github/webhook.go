@@ -12,7 +12,7 @@ import (
 // ParseWebhook requires a delivery's X-Hub-Signature-256, checks it with
 // go-github's ValidatePayload, and reads its workflow_job event; other
 // events give no job.
-func (d *Driver) ParseWebhook(r *http.Request, secret []byte) (forge.Delivery, error) {
+func (d *Forge) ParseWebhook(r *http.Request, secret []byte) (forge.Delivery, error) {
 	// ValidatePayload takes the legacy SHA-1 X-Hub-Signature when the
 	// SHA-256 one is absent; SHA-1 is not accepted here.
 	if r.Header.Get(gh.SHA256SignatureHeader) == "" {

@@ -14,7 +14,7 @@ import (
 
 // Agent makes gitlab-runner the agent of a pool: "gitlab-runner" in PATH
 // unless the pool names another.
-func (d *Driver) Agent(cfg agent.Config) (agent.Agent, error) {
+func (d *Forge) Agent(cfg agent.Config) (agent.Agent, error) {
 	path, err := agent.Locate(cfg, cmp.Or(cfg.Path, "gitlab-runner"))
 	if err != nil {
 		return nil, err
@@ -34,7 +34,7 @@ func (d *Driver) Agent(cfg agent.Config) (agent.Agent, error) {
 // runs as gitlab-runner's user, so it could still read that file or the
 // process: the file's hooks (tokenGuard) hold the job's first command
 // until the token is dead, which the pool sees to the moment the runner
-// takes its job (Driver.Cordon resets it).
+// takes its job (Forge.Cordon resets it).
 type Agent struct {
 	Path string
 	// InContainer is set when the agent runs in a machine's image, whose

@@ -40,7 +40,7 @@ type Scope struct {
 	Ref string
 }
 
-// Config configures a Driver.
+// Config configures a Forge.
 type Config struct {
 	URL string
 	// RunnerURL is GitLab's address as the runners see it; URL when
@@ -78,8 +78,8 @@ type Config struct {
 	Logger   *slog.Logger
 }
 
-// Driver talks to one GitLab instance in one scope.
-type Driver struct {
+// Forge talks to one GitLab instance in one scope.
+type Forge struct {
 	cfg   Config
 	api   *gl.Client
 	log   *slog.Logger
@@ -98,10 +98,10 @@ type Driver struct {
 
 // Stats reports the calls sent. GitLab's RateLimit headers are read by
 // the client, which waits out a 429 itself.
-func (d *Driver) Stats() forge.Stats { return forge.Stats{Calls: d.calls.Load(), RateRemaining: -1} }
+func (d *Forge) Stats() forge.Stats { return forge.Stats{Calls: d.calls.Load(), RateRemaining: -1} }
 
 // New returns a driver. It makes no call.
-func New(cfg Config) (*Driver, error) {
+func New(cfg Config) (*Forge, error) {
 	if cfg.AccessLevel == "" {
 		cfg.AccessLevel = AccessRefProtected
 	}
@@ -121,7 +121,7 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.RunnerURL == "" {
 		cfg.RunnerURL = cfg.URL
 	}
-	d := &Driver{cfg: cfg, log: cfg.Logger, retried: map[int64]bool{}, timedOut: map[int64]int64{}}
+	d := &Forge{cfg: cfg, log: cfg.Logger, retried: map[int64]bool{}, timedOut: map[int64]int64{}}
 	hc := &http.Client{}
 	if cfg.HTTPClient != nil {
 		c := *cfg.HTTPClient
@@ -155,7 +155,7 @@ func New(cfg Config) (*Driver, error) {
 // call runs one API call with the call timeout. The timeout is on the
 // context too: the client's retry waits are not bound by the HTTP
 // client's own timeout.
-func (d *Driver) call(ctx context.Context, what string, f func(opt gl.RequestOptionFunc) (*gl.Response, error)) error {
+func (d *Forge) call(ctx context.Context, what string, f func(opt gl.RequestOptionFunc) (*gl.Response, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.CallTimeout)
 	defer cancel()
 	if _, err := f(gl.WithContext(ctx)); err != nil {
@@ -194,7 +194,7 @@ type scopeError struct {
 func (e scopeError) Error() string   { return e.msg }
 func (e scopeError) Unwrap() []error { return []error{forge.ErrRejected, e.err} }
 
-func (d *Driver) where() string {
+func (d *Forge) where() string {
 	if d.cfg.Scope.Kind == "instance" {
 		return "instance"
 	}
@@ -224,7 +224,7 @@ func definitive(err error) bool {
 
 // scopeID resolves the project or group to its numeric id, once:
 // POST /user/runners takes ids only.
-func (d *Driver) resolve(ctx context.Context) (int64, error) {
+func (d *Forge) resolve(ctx context.Context) (int64, error) {
 	d.mu.Lock()
 	id := d.scopeID
 	d.mu.Unlock()
@@ -270,7 +270,7 @@ const (
 
 // Register creates a runner of the scope's type with the pool's labels as
 // its tags, locked to the scope, its description the runner's name.
-func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
+func (d *Forge) Register(ctx context.Context, req forge.RunnerRequest) (forge.Credential, error) {
 	id, err := d.resolve(ctx)
 	if err != nil {
 		return forge.Credential{}, err
@@ -322,7 +322,7 @@ func (d *Driver) Register(ctx context.Context, req forge.RunnerRequest) (forge.C
 }
 
 // forget drops a removed runner from the kept listing.
-func (d *Driver) forget(id int64) { d.kept.Forget(id) }
+func (d *Forge) forget(id int64) { d.kept.Forget(id) }
 
 // retryUnsent retries a request GitLab did not take: rate limited (429,
 // which GitLab answers before doing anything), or refused before it was
@@ -344,7 +344,7 @@ var _ retryablehttp.CheckRetry = retryUnsent
 // instance, where no one call lists the running jobs, runners are idle or
 // offline as far as the listing tells, and RemoveRunner still refuses a
 // busy one.
-func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
+func (d *Forge) Runners(ctx context.Context) ([]forge.Runner, error) {
 	list, ok, stamp := d.kept.Get(d.cfg.CacheTTL)
 	if ok {
 		return list, nil
@@ -362,7 +362,7 @@ func (d *Driver) Runners(ctx context.Context) ([]forge.Runner, error) {
 }
 
 // listRunners reads the runners from GitLab.
-func (d *Driver) listRunners(ctx context.Context) ([]forge.Runner, error) {
+func (d *Forge) listRunners(ctx context.Context) ([]forge.Runner, error) {
 	id, err := d.resolve(ctx)
 	if err != nil {
 		return nil, err
@@ -427,7 +427,7 @@ func (d *Driver) listRunners(ctx context.Context) ([]forge.Runner, error) {
 // pool's max.
 const maxJobPages = 5
 
-func (d *Driver) projectJobs(ctx context.Context, id int64, states ...gl.BuildStateValue) ([]*gl.Job, error) {
+func (d *Forge) projectJobs(ctx context.Context, id int64, states ...gl.BuildStateValue) ([]*gl.Job, error) {
 	var out []*gl.Job
 	for page := int64(1); page > 0 && page <= maxJobPages; {
 		var next int64
@@ -457,7 +457,7 @@ func (d *Driver) projectJobs(ctx context.Context, id int64, states ...gl.BuildSt
 // the job's own token. The new token is thrown away. The pause comes
 // second, so that a runner listed paused had its token reset (a pass
 // that finds it paused cordons it no more), and shows in GitLab.
-func (d *Driver) Cordon(ctx context.Context, id int64) error {
+func (d *Forge) Cordon(ctx context.Context, id int64) error {
 	err := d.call(ctx, "reset runner token "+strconv.FormatInt(id, 10), func(o gl.RequestOptionFunc) (*gl.Response, error) {
 		_, resp, err := d.api.Runners.ResetRunnerAuthenticationToken(id, o)
 		return resp, err
@@ -470,7 +470,7 @@ func (d *Driver) Cordon(ctx context.Context, id int64) error {
 
 // gone is err, as forge.ErrNotFound (the runner forgotten) when GitLab
 // answered 404.
-func (d *Driver) gone(id int64, err error) error {
+func (d *Forge) gone(id int64, err error) error {
 	if status(err) != http.StatusNotFound {
 		return err
 	}
@@ -479,7 +479,7 @@ func (d *Driver) gone(id int64, err error) error {
 }
 
 // pause pauses a runner, marking it so in the kept listing.
-func (d *Driver) pause(ctx context.Context, id int64) error {
+func (d *Forge) pause(ctx context.Context, id int64) error {
 	err := d.call(ctx, "pause runner "+strconv.FormatInt(id, 10), func(o gl.RequestOptionFunc) (*gl.Response, error) {
 		_, resp, err := d.api.Runners.UpdateRunnerDetails(id, &gl.UpdateRunnerDetailsOptions{Paused: gl.Ptr(true)}, o)
 		return resp, err
@@ -499,7 +499,7 @@ func (d *Driver) pause(ctx context.Context, id int64) error {
 // RemoveRunner pauses the runner, so that it takes no job, waits for a
 // request already under way, and deletes it unless it runs a job: GitLab
 // would delete a busy runner, and its job would be lost.
-func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
+func (d *Forge) RemoveRunner(ctx context.Context, id int64) error {
 	what := "remove runner " + strconv.FormatInt(id, 10)
 	if err := d.pause(ctx, id); err != nil {
 		return err
@@ -544,7 +544,7 @@ func (d *Driver) RemoveRunner(ctx context.Context, id int64) error {
 
 // Jobs lists a project's jobs in a status: pending for queued, running
 // for in progress. A group or the instance has no such listing.
-func (d *Driver) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, error) {
+func (d *Forge) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, error) {
 	if d.cfg.Scope.Kind != "project" {
 		return nil, fmt.Errorf("gitlab lists jobs per project, not per %s: %w", d.cfg.Scope.Kind, errors.ErrUnsupported)
 	}
@@ -586,7 +586,7 @@ func (d *Driver) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, err
 const NoTags = "(no tags; run_untagged is off)"
 
 // labels are a job's tags as demand matches them.
-func (d *Driver) labels(tags []string) []string {
+func (d *Forge) labels(tags []string) []string {
 	if len(tags) == 0 && !d.cfg.RunUntagged {
 		return []string{NoTags}
 	}
@@ -637,8 +637,8 @@ func jobStatus(st, failure string) (forge.JobStatus, string) {
 }
 
 // Refresh drops the kept listing of runners (forge.Refresher).
-func (d *Driver) Refresh() { d.kept.Drop() }
+func (d *Forge) Refresh() { d.kept.Drop() }
 
 // JobLimit is a project's job timeout when it sets none: 60 minutes
 // (docs.gitlab.com, "CI/CD pipelines settings", job timeout).
-func (*Driver) JobLimit() time.Duration { return time.Hour }
+func (*Forge) JobLimit() time.Duration { return time.Hour }

@@ -26,7 +26,7 @@ import (
 
 const token = "unit-test-gitlab-token-must-not-leak"
 
-func newDriver(t *testing.T, opt glsim.Options, cfg gitlab.Config) (*gitlab.Driver, *glsim.Server) {
+func newDriver(t *testing.T, opt glsim.Options, cfg gitlab.Config) (*gitlab.Forge, *glsim.Server) {
 	t.Helper()
 	opt.Token = token
 	opt.Projects = append(opt.Projects, "acme/models")
@@ -524,7 +524,7 @@ func TestRerunJobAfterTimeout(t *testing.T) {
 	// hookFor waits for the hook that reports a job in a status; GitLab
 	// sends hooks asynchronously, so an older job's hook (the original's
 	// "queued") may come after a newer one and is skipped by its ID.
-	hookFor := func(drv *gitlab.Driver, want forge.JobStatus, skip ...int64) forge.Job {
+	hookFor := func(drv *gitlab.Forge, want forge.JobStatus, skip ...int64) forge.Job {
 		t.Helper()
 		for {
 			select {
@@ -774,7 +774,7 @@ func TestLeastScopes(t *testing.T) {
 	least := []string{"create_runner", "manage_runner", "read_api"}
 	// steps runs a pool's calls in their order, and returns each one's
 	// error by name.
-	steps := func(d *gitlab.Driver, sim *glsim.Server) (errs map[string]error) {
+	steps := func(d *gitlab.Forge, sim *glsim.Server) (errs map[string]error) {
 		ctx := context.Background()
 		errs = map[string]error{}
 		if _, err := sim.CreatePipeline("acme/models", glsim.JobSpec{Name: "train", Tags: []string{"gpu"}, Script: "true"}); err != nil {

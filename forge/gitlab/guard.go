@@ -49,7 +49,7 @@ func runnerConfig(name, url, token, executor string) ([]byte, error) {
 // directory holds ConfigFile) and asks it to verify the token in that
 // file, until GitLab refuses it ("is not valid", network/gitlab.go
 // VerifyRunner: a 403) or guardWait passes. The token's reset
-// (Driver.Cordon) is what lets the job on, so nothing the job runs can
+// (Forge.Cordon) is what lets the job on, so nothing the job runs can
 // find a live token, in the file, in gitlab-runner's memory or anywhere.
 // http_proxy is dropped for the check: where GitLab's URL is plain HTTP a
 // proxy chosen by the job's variables would read the token.

@@ -41,7 +41,7 @@ type protectedRefs struct {
 // (the docs' "protected branches and merge request pipelines"). When the
 // branches cannot be read, the job is taken as demand: a runner that does
 // not get it goes at its idle timeout.
-func (d *Driver) mayTake(ctx context.Context, project int64, ref string, tag bool) bool {
+func (d *Forge) mayTake(ctx context.Context, project int64, ref string, tag bool) bool {
 	if d.cfg.AccessLevel != AccessRefProtected {
 		return true
 	}
@@ -63,7 +63,7 @@ func (d *Driver) mayTake(ctx context.Context, project int64, ref string, tag boo
 
 // protectedBranches reads a project's protected branches, as patterns:
 // GitLab's wildcard * matches any characters, slashes included.
-func (d *Driver) protectedBranches(ctx context.Context, project int64) ([]*regexp.Regexp, error) {
+func (d *Forge) protectedBranches(ctx context.Context, project int64) ([]*regexp.Regexp, error) {
 	d.prot.mu.Lock()
 	defer d.prot.mu.Unlock()
 	if !d.prot.read.IsZero() && time.Since(d.prot.read) < protectedTTL {

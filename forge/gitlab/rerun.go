@@ -19,12 +19,12 @@ import (
 // pending job, which a fresh runner takes. A job the runner's agent
 // failed as it was stopped (runner_system_failure) is retried as it is; a
 // job that failed of itself (its script) is not.
-func (d *Driver) Lost(ctx context.Context, r forge.Runner) {
+func (d *Forge) Lost(ctx context.Context, r forge.Runner) {
 	if r.ID == 0 {
 		d.log.Warn("gitlab: a runner lost before its registration was seen; its job, if any, is not re-run", "runner", r.Name)
 		return
 	}
-	d.losing.Go(r, func() {
+	d.losing.Go(ctx, r, func(ctx context.Context) {
 		if err := d.rerunLost(ctx, r); err != nil && ctx.Err() == nil {
 			d.log.Error("gitlab: could not re-run the job of a lost runner", "runner", r.Name, "id", r.ID, "err", err)
 		}
@@ -39,7 +39,7 @@ var lostFailures = []string{"runner_system_failure", "stuck_or_timeout_failure",
 // ended to be that runner's lost job.
 const lostWindow = 10 * time.Minute
 
-func (d *Driver) rerunLost(ctx context.Context, r forge.Runner) error {
+func (d *Forge) rerunLost(ctx context.Context, r forge.Runner) error {
 	var jobs []*gl.Job
 	err := d.call(ctx, fmt.Sprintf("jobs of lost runner %d", r.ID), func(o gl.RequestOptionFunc) (*gl.Response, error) {
 		var resp *gl.Response
@@ -72,7 +72,7 @@ func (d *Driver) rerunLost(ctx context.Context, r forge.Runner) error {
 }
 
 // retry cancels a job still running and retries it.
-func (d *Driver) retry(ctx context.Context, r forge.Runner, j *gl.Job) error {
+func (d *Forge) retry(ctx context.Context, r forge.Runner, j *gl.Job) error {
 	pid := j.Project.ID
 	if j.Status == "running" {
 		err := d.call(ctx, fmt.Sprintf("cancel job %d", j.ID), func(o gl.RequestOptionFunc) (*gl.Response, error) {
@@ -103,7 +103,7 @@ const maxTimedOut = 1000
 
 // noteTimedOut keeps the project of a job a hook reported timed out: a
 // group's or the instance's driver needs it to retry the job.
-func (d *Driver) noteTimedOut(job, project int64) {
+func (d *Forge) noteTimedOut(job, project int64) {
 	if project == 0 {
 		return
 	}
@@ -119,7 +119,7 @@ func (d *Driver) noteTimedOut(job, project int64) {
 // GitLab makes a new pending job of it, whose Job Hook's retries_count
 // (its Attempt, less one) bounds rerun_on_timeout. The retry is not sent
 // twice: a 5xx may follow a retry that was made.
-func (d *Driver) RerunJob(ctx context.Context, j forge.Job) error {
+func (d *Forge) RerunJob(ctx context.Context, j forge.Job) error {
 	d.mu.Lock()
 	pid, ok := d.timedOut[j.ID]
 	delete(d.timedOut, j.ID)
@@ -149,3 +149,6 @@ func (d *Driver) RerunJob(ctx context.Context, j forge.Job) error {
 	d.log.Info("gitlab: job retried", "job", j.ID, "retry", n.ID, "attempt", j.Attempt+1)
 	return nil
 }
+
+// Drain waits for the re-runs under way (forge.Drainer).
+func (d *Forge) Drain(ctx context.Context) { d.losing.Wait(ctx) }

@@ -22,7 +22,7 @@ const hookLabelTimeout = 5 * time.Second
 // constant time) and reads a Job Hook. A Job Hook carries no tags of the
 // job, so a queued job's are read from the jobs API; if that fails the
 // job is reported without them, and the next poll brings them.
-func (d *Driver) ParseWebhook(r *http.Request, secret []byte) (forge.Delivery, error) {
+func (d *Forge) ParseWebhook(r *http.Request, secret []byte) (forge.Delivery, error) {
 	tok := gl.HookEventToken(r)
 	if tok == "" {
 		return forge.Delivery{}, fmt.Errorf("%w: no X-Gitlab-Token header", forge.ErrBadSignature)
@@ -71,7 +71,7 @@ func (d *Driver) ParseWebhook(r *http.Request, secret []byte) (forge.Delivery, e
 }
 
 // tags reads a job's tag list; nil when it cannot be read.
-func (d *Driver) tags(ctx context.Context, project, id int64) []string {
+func (d *Forge) tags(ctx context.Context, project, id int64) []string {
 	ctx, cancel := context.WithTimeout(ctx, hookLabelTimeout)
 	defer cancel()
 	var tags []string

@@ -70,7 +70,7 @@ under it.`,
 			if manager != "" {
 				cfg.ID = manager
 			}
-			fleet, err := daemon.Inspect(cfg, slog.New(slog.DiscardHandler))
+			fleet, err := daemon.Inspect(cmd.Context(), cfg, slog.New(slog.DiscardHandler))
 			if err != nil {
 				return &ExitError{ExitUsage, err}
 			}

@@ -62,7 +62,7 @@ and the processes' records.`,
 					smi = cfg.GPU.NvidiaSMI
 				}
 				shareVM = cfg.GPU.AllowHostVGPU
-				fleet, err := daemon.Inspect(cfg, slog.New(slog.DiscardHandler))
+				fleet, err := daemon.Inspect(ctx, cfg, slog.New(slog.DiscardHandler))
 				if err != nil {
 					return &ExitError{ExitUsage, err}
 				}

@@ -116,7 +116,7 @@ func TestStatusPageByDefault(t *testing.T) {
 	if cfg.StatusListen != config.DefaultStatusListen || cfg.StatusListenGiven {
 		t.Fatalf("status_listen %q (given %v), want the default", cfg.StatusListen, cfg.StatusListenGiven)
 	}
-	fleet, err := daemon.Inspect(cfg, slog.New(slog.DiscardHandler))
+	fleet, err := daemon.Inspect(t.Context(), cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

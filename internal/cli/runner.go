@@ -203,7 +203,7 @@ func runRunner(ctx context.Context, s runnerSettings, getenv func(string) (strin
 	// The token, the repository and the cloud are checked first, by a
 	// fleet that is only read: before an agent is looked for or fetched,
 	// and before anything is written.
-	probe, err := daemon.Inspect(cfg, log)
+	probe, err := daemon.Inspect(ctx, cfg, log)
 	if err != nil {
 		return usage(err)
 	}
@@ -219,7 +219,7 @@ func runRunner(ctx context.Context, s runnerSettings, getenv func(string) (strin
 	if err := fetchAgent(ctx, &cfg.Pools[0], s, log); err != nil {
 		return err
 	}
-	fleet, err := daemon.New(cfg, log)
+	fleet, err := daemon.New(ctx, cfg, log)
 	if err != nil {
 		return usage(err)
 	}

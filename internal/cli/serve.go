@@ -70,7 +70,7 @@ and exits 0.`,
 				return &ExitError{ExitUsage, err}
 			}
 			log := slog.Default()
-			fleet, err := daemon.New(cfg, log)
+			fleet, err := daemon.New(ctx, cfg, log)
 			if err != nil {
 				return &ExitError{ExitUsage, err}
 			}
@@ -85,7 +85,7 @@ and exits 0.`,
 					case <-ctx.Done():
 						return
 					case <-hup:
-						reload(fleet, path, log)
+						reload(ctx, fleet, path, log)
 					}
 				}
 			}()
@@ -202,14 +202,14 @@ func startServers(fleet *daemon.Fleet, log *slog.Logger) ([]*http.Server, error)
 
 // reload re-reads the config on SIGHUP. A config that does not load, or
 // that changes what needs a restart, is refused and the running one stays.
-func reload(fleet *daemon.Fleet, path string, log *slog.Logger) {
+func reload(ctx context.Context, fleet *daemon.Fleet, path string, log *slog.Logger) {
 	cfg, err := config.Load(path)
 	if err != nil {
 		log.Error("reload refused: the config does not load; keeping the running one", "err", err)
 		return
 	}
 	cfg.Listen, cfg.StatusListen = fleet.Config.Listen, fleet.Config.StatusListen
-	if err := fleet.Reload(cfg); err != nil {
+	if err := fleet.Reload(ctx, cfg); err != nil {
 		log.Error("reload", "err", err)
 		return
 	}

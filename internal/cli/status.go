@@ -80,7 +80,7 @@ is running, and changes nothing.`,
 			if err != nil {
 				return err
 			}
-			fleet, err := daemon.Inspect(cfg, slog.New(slog.DiscardHandler))
+			fleet, err := daemon.Inspect(cmd.Context(), cfg, slog.New(slog.DiscardHandler))
 			if err != nil {
 				return &ExitError{ExitUsage, err}
 			}

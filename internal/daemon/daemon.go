@@ -70,6 +70,9 @@ type Fleet struct {
 	// plans are the pools' placements, by pool name (guarded by mu).
 	plans   map[string]placement.Plan
 	closers []io.Closer
+	// bg is the fleet's own background work (a timed-out job's re-run),
+	// waited for at drain with the connections'.
+	bg      forge.Following
 	history jobHistory
 	// readOnly: the fleet is only read (Inspect).
 	readOnly bool
@@ -81,23 +84,23 @@ type Fleet struct {
 // New builds the fleet for a validated config. It makes no network call;
 // it fails only on what is wrong locally (an agent binary that is missing,
 // a directory that cannot be made, GPUs the host lacks), which is a
-// configuration error.
-func New(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
-	return build(cfg, log, false)
+// configuration error. ctx bounds the opening of the connections.
+func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Fleet, error) {
+	return build(ctx, cfg, log, false)
 }
 
 // Inspect builds the fleet of a config to be read, not run (status, gc):
 // it writes nothing on disk and needs no agent on this host, since none
 // starts. It makes no network call.
-func Inspect(cfg *config.Config, log *slog.Logger) (*Fleet, error) {
-	return build(cfg, log, true)
+func Inspect(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Fleet, error) {
+	return build(ctx, cfg, log, true)
 }
 
-func build(cfg *config.Config, log *slog.Logger, readOnly bool) (*Fleet, error) {
+func build(ctx context.Context, cfg *config.Config, log *slog.Logger, readOnly bool) (*Fleet, error) {
 	f := &Fleet{Config: cfg, Forges: map[string]forge.Forge{}, Providers: map[string]provider.Provider{}, log: log, runs: map[string]*poolRun{}, readOnly: readOnly, plans: map[string]placement.Plan{}}
 	f.Host = &placement.Host{NvidiaSMI: cfg.GPU.NvidiaSMI, ShareVMGPUs: cfg.GPU.AllowHostVGPU, Log: log}
 	f.Metrics = metrics.New(f)
-	conns, err := openForges(cfg, log)
+	conns, err := openForges(ctx, cfg, log)
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +112,7 @@ func build(cfg *config.Config, log *slog.Logger, readOnly bool) (*Fleet, error) 
 	f.Demand = demand.New(nil, f.jobChanged)
 	var errs []error
 	for i := range cfg.Pools {
-		p, err := f.buildPool(&cfg.Pools[i])
+		p, err := f.buildPool(ctx, &cfg.Pools[i])
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pools[%d]: %w", i, err))
 			continue
@@ -128,7 +131,7 @@ func build(cfg *config.Config, log *slog.Logger, readOnly bool) (*Fleet, error) 
 }
 
 // openForges opens a connection to each forge, through its type's driver.
-func openForges(cfg *config.Config, log *slog.Logger) (map[string]forge.Forge, error) {
+func openForges(ctx context.Context, cfg *config.Config, log *slog.Logger) (map[string]forge.Forge, error) {
 	conns := map[string]forge.Forge{}
 	var errs []error
 	for i, fc := range cfg.Forges {
@@ -138,7 +141,7 @@ func openForges(cfg *config.Config, log *slog.Logger) (map[string]forge.Forge, e
 			errs = append(errs, fmt.Errorf("%s.type: %q is not in this build (known: %s)", field, fc.Type, strings.Join(forge.Types(), ", ")))
 			continue
 		}
-		conn, err := d.Open(fc.Driver(), forge.Env{Version: Version, Manager: cfg.ID, Logger: log.With("forge", fc.Name), Budget: fc.Budget()})
+		conn, err := d.Open(ctx, fc.Driver(), forge.Env{Version: Version, Manager: cfg.ID, Logger: log.With("forge", fc.Name), Budget: fc.Budget()})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", field, err))
 			continue
@@ -155,7 +158,7 @@ func openForges(cfg *config.Config, log *slog.Logger) (map[string]forge.Forge, e
 }
 
 // buildPool makes one pool's provider, placement, agent and reconciler.
-func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
+func (f *Fleet) buildPool(ctx context.Context, pc *config.Pool) (*pool.Pool, error) {
 	d, ok := provider.Lookup(pc.Provider)
 	if !ok {
 		return nil, fmt.Errorf("provider: %q is not in this build (known: %s)", pc.Provider, strings.Join(provider.Names(), ", "))
@@ -165,7 +168,7 @@ func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 	if l, ok := f.conns[pc.Forge].(forge.JobLimiter); ok && pconf.JobTimeout == 0 {
 		pconf.JobTimeout = l.JobLimit()
 	}
-	prov, err := d.Open(pconf)
+	prov, err := d.Open(ctx, pconf)
 	if err != nil {
 		return nil, err
 	}
@@ -194,7 +197,7 @@ func (f *Fleet) buildPool(pc *config.Pool) (*pool.Pool, error) {
 		pcfg.Demand = d.Unserved
 	}
 	if pc.Dynamic != nil {
-		if err := f.shapePool(*pc, &pcfg, prov); err != nil {
+		if err := f.shapePool(ctx, *pc, &pcfg, prov); err != nil {
 			return nil, err
 		}
 	}
@@ -278,7 +281,22 @@ func (f *Fleet) Close() {
 	}
 }
 
-// Drain drains every pool at once, for up to timeout.
+// drainConns waits for the work the forge connections (forge.Drainer)
+// and the fleet do in the background, until ctx ends: then it is
+// cancelled.
+func (f *Fleet) drainConns(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, c := range f.conns {
+		if d, ok := c.(forge.Drainer); ok {
+			wg.Go(func() { d.Drain(ctx) })
+		}
+	}
+	wg.Go(func() { f.bg.Wait(ctx) })
+	wg.Wait()
+}
+
+// Drain drains every pool at once, for up to timeout, then waits for the
+// forges' background work (a lost job's re-run) within the same time.
 func (f *Fleet) Drain(ctx context.Context, timeout time.Duration) []pool.Runner {
 	f.log.Info("draining: removing idle runners, waiting for busy ones", "timeout", timeout)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -297,6 +315,7 @@ func (f *Fleet) Drain(ctx context.Context, timeout time.Duration) []pool.Runner 
 		})
 	}
 	wg.Wait()
+	f.drainConns(ctx)
 	if len(left) > 0 {
 		names := make([]string, len(left))
 		for i, r := range left {

@@ -88,7 +88,7 @@ func TestGPUPoolsFitTheHost(t *testing.T) {
 			cfg, err := gpuConfig(t, tt.smi, tt.pool)
 			var f *Fleet
 			if err == nil {
-				f, err = New(cfg, log)
+				f, err = New(t.Context(), cfg, log)
 			}
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
@@ -136,7 +136,7 @@ pools:
 		return cfg
 	}
 	cfg := parse("5m")
-	f, err := New(cfg, slog.New(slog.DiscardHandler))
+	f, err := New(t.Context(), cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ pools:
 		t.Errorf("the parsed config was written to: size %d", cfg.Pools[0].Size)
 	}
 	for _, idle := range []string{"5m", "7m"} {
-		if err := f.Reload(parse(idle)); err != nil {
+		if err := f.Reload(t.Context(), parse(idle)); err != nil {
 			t.Fatal(err)
 		}
 		if plan, _ := f.Plan("gpu"); plan.Size != 4 || plan.Max != 4 || plan.Runners.PerRunner != 1 {
@@ -172,7 +172,7 @@ pools:
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := New(cfg, slog.New(slog.DiscardHandler))
+	f, err := New(t.Context(), cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +211,7 @@ pools:
 		if err != nil {
 			t.Fatal(err)
 		}
-		f, err := New(cfg, log)
+		f, err := New(t.Context(), cfg, log)
 		if err != nil {
 			t.Fatal(err)
 		}

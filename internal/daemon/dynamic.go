@@ -34,10 +34,10 @@ func meetsDynamic(meets func(have, want []string) bool) func(have, want []string
 // labels could take. It fails when the provider cannot give a machine
 // what the pool lets jobs ask for (placement.For has checked that it
 // honours each key).
-func (f *Fleet) shapePool(pc config.Pool, pcfg *pool.Config, prov provider.Provider) error {
+func (f *Fleet) shapePool(ctx context.Context, pc config.Pool, pcfg *pool.Config, prov provider.Provider) error {
 	lim := pc.Dynamic
 	if c, ok := prov.(provider.ShapeChecker); ok {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
 		err := c.CheckShapes(ctx, *lim)
 		cancel()
 		if err != nil {

@@ -20,7 +20,7 @@ import (
 // finish their jobs). Changes that need a restart (forges, a pool's
 // provider, agent, container or GPU settings, the manager id, the state
 // directory) are refused as a whole: the running config stays.
-func (f *Fleet) Reload(cfg *config.Config) error {
+func (f *Fleet) Reload(ctx context.Context, cfg *config.Config) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	old := f.Config
@@ -65,7 +65,7 @@ func (f *Fleet) Reload(cfg *config.Config) error {
 			next = append(next, p)
 			continue
 		}
-		p, err := f.buildPool(pc)
+		p, err := f.buildPool(ctx, pc)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pools[%d]: %w", i, err))
 			continue

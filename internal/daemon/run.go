@@ -126,6 +126,10 @@ func (f *Fleet) standDown(wg *sync.WaitGroup) {
 	}()
 	select {
 	case <-done:
+		// Another manager acts now: a re-run under way is its to make.
+		stopped, cancel := context.WithCancel(context.Background())
+		cancel()
+		f.drainConns(stopped)
 		f.Close()
 	case <-time.After(standDownWait):
 		f.log.Warn("stood down with passes still ending")
@@ -432,13 +436,14 @@ func (f *Fleet) rerunTimedOut(e demand.Event) {
 		log.Warn("job hit its time limit again; rerun_on_timeout's re-runs are used up", "rerun_on_timeout", most)
 		return
 	}
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	f.bg.Start(context.Background(), fmt.Sprintf("rerun %s %d", j.Forge, j.ID), func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
 		if err := r.RerunJob(ctx, forge.Job{ID: j.ID, RunID: j.RunID, Name: j.Name, Attempt: j.Attempt}); err != nil {
 			log.Error("could not re-run a job that hit its time limit", "err", err)
 			return
 		}
 		log.Info("job hit its time limit; re-run", "rerun", j.Attempt, "of", most)
-	}()
+	})
+
 }

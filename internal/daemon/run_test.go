@@ -46,7 +46,7 @@ pools:
 // and the manager still stops.
 func TestRunServeAndReloadConcurrently(t *testing.T) {
 	dir := t.TempDir()
-	f, err := New(runConfig(t, dir, 1), slog.New(slog.DiscardHandler))
+	f, err := New(t.Context(), runConfig(t, dir, 1), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestRunServeAndReloadConcurrently(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for i := range 10 {
-			if err := f.Reload(runConfig(t, dir, i%3)); err != nil {
+			if err := f.Reload(t.Context(), runConfig(t, dir, i%3)); err != nil {
 				t.Errorf("reload %d: %v", i, err)
 			}
 		}
@@ -93,7 +93,7 @@ func TestRunServeAndReloadConcurrently(t *testing.T) {
 	// A reload that changes the forge is refused whole.
 	bad := runConfig(t, dir, 2)
 	bad.Forges[0].PollInterval.Duration = 7 * time.Second
-	if err := f.Reload(bad); err == nil || !strings.Contains(err.Error(), "forges") {
+	if err := f.Reload(t.Context(), bad); err == nil || !strings.Contains(err.Error(), "forges") {
 		t.Errorf("forge change: %v", err)
 	}
 	w := httptest.NewRecorder()
@@ -134,7 +134,7 @@ pools:
 		t.Fatal(err)
 	}
 	var buf syncBuffer
-	f, err := New(cfg, slog.New(slog.NewTextHandler(&buf, nil)))
+	f, err := New(t.Context(), cfg, slog.New(slog.NewTextHandler(&buf, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

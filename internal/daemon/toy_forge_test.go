@@ -45,7 +45,7 @@ var (
 	toyForges = map[string]*toyForge{} // by queue, for the test to drive
 )
 
-func (d toyForgeDriver) Open(c forge.Config, _ forge.Env) (forge.Forge, error) {
+func (d toyForgeDriver) Open(_ context.Context, c forge.Config, _ forge.Env) (forge.Forge, error) {
 	s, err := d.decode(c)
 	if err != nil {
 		return nil, err

@@ -40,7 +40,7 @@ func (d toyProviderDriver) Check(c provider.PoolConfig) error {
 
 var toyProviders sync.Map // pool name -> *toyProvider, for the test to drive
 
-func (d toyProviderDriver) Open(c provider.PoolConfig) (provider.Provider, error) {
+func (d toyProviderDriver) Open(_ context.Context, c provider.PoolConfig) (provider.Provider, error) {
 	s, err := d.decode(c)
 	if err != nil {
 		return nil, err

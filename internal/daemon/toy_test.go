@@ -46,7 +46,7 @@ func TestToyDrivers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fleet, err := daemon.New(cfg, slog.New(slog.DiscardHandler))
+	fleet, err := daemon.New(t.Context(), cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,14 +154,14 @@ func TestHandoffNeedsTheWebhookListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := daemon.New(cfg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "pools[0]: its instances claim their assignment from this manager (handoff_url), which serves them on its webhook listener: listen is not set") {
+	if _, err := daemon.New(t.Context(), cfg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "pools[0]: its instances claim their assignment from this manager (handoff_url), which serves them on its webhook listener: listen is not set") {
 		t.Fatalf("no listen: %v", err)
 	}
 	cfg, err = config.Parse([]byte("listen: 127.0.0.1:0\n" + doc))
 	if err != nil {
 		t.Fatal(err)
 	}
-	fleet, err := daemon.New(cfg, slog.New(slog.DiscardHandler))
+	fleet, err := daemon.New(t.Context(), cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,7 @@ func open(t *testing.T, c provider.PoolConfig) *aws.Provider {
 	if !ok {
 		t.Fatal("aws is not registered")
 	}
-	p, err := d.Open(c)
+	p, err := d.Open(t.Context(), c)
 	if err != nil {
 		t.Fatal(err)
 	}

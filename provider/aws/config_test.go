@@ -137,7 +137,7 @@ func TestInstanceIdleOutlastsThePools(t *testing.T) {
 		{"region: us-east-1\nimage: ami-0123456789abcdef0\ninstance_types: [t3.medium]\nidle_timeout: 30m\n", 3 * time.Second, 30 * time.Minute},
 		{"region: us-east-1\nimage: ami-0123456789abcdef0\ninstance_types: [t3.medium]\n", 0, DefaultIdleTimeout},
 	} {
-		pr, err := driver{}.Open(provider.PoolConfig{Manager: "m", Pool: "p", IdleTimeout: c.pool, Section: section(t, c.section)})
+		pr, err := driver{}.Open(t.Context(), provider.PoolConfig{Manager: "m", Pool: "p", IdleTimeout: c.pool, Section: section(t, c.section)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -38,13 +38,13 @@ func (driver) Check(c provider.PoolConfig) error {
 // Open loads the SDK's configuration (the standard credential chain,
 // resolved at the first call: Open calls nothing) and makes the pool's
 // provider.
-func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
+func (driver) Open(ctx context.Context, c provider.PoolConfig) (provider.Provider, error) {
 	s, err := DecodeSection(c.Section)
 	if err != nil {
 		return nil, err
 	}
 	calls := new(atomic.Int64)
-	cfg, limits, err := load(context.Background(), s, nil)
+	cfg, limits, err := load(ctx, s, nil)
 	if err != nil {
 		return nil, err
 	}

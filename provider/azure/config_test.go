@@ -99,7 +99,7 @@ func TestDriverWithServicePrincipal(t *testing.T) {
 	}
 	d, _ := provider.Lookup("azure")
 	raw := mustJSON(t, "endpoint: "+sim.URL+"\nresource_group: "+armsim.Group+"\nimage: "+image+"\n"+subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n")
-	p, err := d.Open(provider.PoolConfig{Manager: "m1", Pool: "gpu", Section: raw, MaxLifetime: time.Hour})
+	p, err := d.Open(t.Context(), provider.PoolConfig{Manager: "m1", Pool: "gpu", Section: raw, MaxLifetime: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestDriverWithServicePrincipal(t *testing.T) {
 	t.Logf("one VM made and deleted: %d calls (%v)", p.(provider.CallCounter).Calls(), calls)
 
 	t.Setenv(ClientSecretEnv, "wrong-secret-value")
-	q, err := d.Open(provider.PoolConfig{Manager: "m1", Pool: "gpu", Section: raw, MaxLifetime: time.Hour})
+	q, err := d.Open(t.Context(), provider.PoolConfig{Manager: "m1", Pool: "gpu", Section: raw, MaxLifetime: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestDriverWithServicePrincipal(t *testing.T) {
 	}
 	t.Setenv(ClientSecretEnv, "x")
 	t.Setenv(TenantIDEnv, "")
-	if _, err := d.Open(provider.PoolConfig{Manager: "m1", Pool: "gpu", Section: raw}); err == nil || !strings.Contains(err.Error(), TenantIDEnv) {
+	if _, err := d.Open(t.Context(), provider.PoolConfig{Manager: "m1", Pool: "gpu", Section: raw}); err == nil || !strings.Contains(err.Error(), TenantIDEnv) {
 		t.Errorf("no tenant: %v", err)
 	}
 }
@@ -207,7 +207,7 @@ func TestComputeThrottleWaits(t *testing.T) {
 	raw := mustJSON(t, "endpoint: "+sim.URL+"\nresource_group: "+armsim.Group+"\nimage: "+image+"\n"+subnets("eastus")+"vm_sizes: [Standard_D2s_v5]\n")
 	var pools []*Provider
 	for _, name := range []string{"gpu", "cpu"} {
-		p, err := d.Open(provider.PoolConfig{Manager: "m1", Pool: name, Section: raw, MaxLifetime: time.Hour})
+		p, err := d.Open(t.Context(), provider.PoolConfig{Manager: "m1", Pool: name, Section: raw, MaxLifetime: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}

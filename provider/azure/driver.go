@@ -60,7 +60,7 @@ func (driver) Check(c provider.PoolConfig) error {
 
 // Open finds the credentials and the subscription (no call: a token is
 // asked for at the first request) and makes the pool's provider.
-func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
+func (driver) Open(ctx context.Context, c provider.PoolConfig) (provider.Provider, error) {
 	s, err := DecodeSection(c.Section)
 	if err != nil {
 		return nil, err

@@ -592,7 +592,7 @@ func TestPoolsPruneOnlyTheirOwnFiles(t *testing.T) {
 	manager := fmt.Sprintf("t%d", time.Now().UnixNano())
 	open := func(pool string) *Provider {
 		section, _ := json.Marshal(map[string]any{"image": img})
-		pr, err := driver{}.Open(provider.PoolConfig{Manager: manager, Pool: pool, StateDir: state, Section: section})
+		pr, err := driver{}.Open(t.Context(), provider.PoolConfig{Manager: manager, Pool: pool, StateDir: state, Section: section})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -29,7 +29,7 @@ func (driver) Check(c provider.PoolConfig) error {
 // Open connects to the engine named by DOCKER_HOST, one connection per
 // pool, and chooses the pool's image by the host's CUDA version when the
 // section asks for that.
-func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
+func (driver) Open(ctx context.Context, c provider.PoolConfig) (provider.Provider, error) {
 	s, err := DecodeSection(c.Section, c.GPUsPerRunner)
 	if err != nil {
 		return nil, err

@@ -57,13 +57,15 @@ func (driver) Check(c provider.PoolConfig) error {
 
 // Open finds the credentials and the project (no call: a token is asked
 // for at the first request) and makes the pool's provider.
-func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
+func (driver) Open(ctx context.Context, c provider.PoolConfig) (provider.Provider, error) {
 	s, err := DecodeSection(c.Section)
 	if err != nil {
 		return nil, err
 	}
 	calls := new(atomic.Int64)
-	api, project, err := Client(context.Background(), s, calls, nil)
+	// The clients may keep the context for their credentials' refreshes:
+	// it outlives the opening.
+	api, project, err := Client(context.WithoutCancel(ctx), s, calls, nil)
 	if err != nil {
 		return nil, err
 	}

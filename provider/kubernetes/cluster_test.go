@@ -488,7 +488,7 @@ func TestDriverOpensWithKubeconfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	raw := fmt.Appendf(nil, `{"kubeconfig": %q, "namespace": %q, "image": "x"}`, kube.Kubeconfig, ns)
-	prov, err := driver{}.Open(provider.PoolConfig{Manager: "m1", Pool: "cpu", Section: raw})
+	prov, err := driver{}.Open(t.Context(), provider.PoolConfig{Manager: "m1", Pool: "cpu", Section: raw})
 	if err != nil {
 		t.Fatal(err)
 	}

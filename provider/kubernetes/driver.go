@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,7 +34,7 @@ func (driver) Check(c provider.PoolConfig) error {
 
 // Open connects to the cluster (no call is made until the informer
 // starts) and starts watching the pool's pods.
-func (driver) Open(c provider.PoolConfig) (provider.Provider, error) {
+func (driver) Open(ctx context.Context, c provider.PoolConfig) (provider.Provider, error) {
 	s, err := DecodeSection(c.Section, c.GPUsPerRunner)
 	if err != nil {
 		return nil, err

@@ -35,7 +35,7 @@ func (driver) Check(c provider.PoolConfig) error {
 	return nil
 }
 
-func (d driver) Open(c provider.PoolConfig) (provider.Provider, error) {
+func (d driver) Open(ctx context.Context, c provider.PoolConfig) (provider.Provider, error) {
 	if err := d.Check(c); err != nil {
 		return nil, err
 	}

@@ -59,7 +59,7 @@ func TestDriver(t *testing.T) {
 	}
 	dir := t.TempDir()
 	c := provider.PoolConfig{Manager: "m", Pool: "p", StateDir: filepath.Join(dir, "state"), Workdir: filepath.Join(dir, "work")}
-	prov, err := d.Open(c)
+	prov, err := d.Open(t.Context(), c)
 	if err != nil {
 		t.Fatal(err)
 	}

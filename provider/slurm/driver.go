@@ -1,6 +1,7 @@
 package slurm
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -23,7 +24,7 @@ func (driver) Check(c provider.PoolConfig) error {
 	return config.Within("slurm", err)
 }
 
-func (d driver) Open(c provider.PoolConfig) (provider.Provider, error) {
+func (d driver) Open(ctx context.Context, c provider.PoolConfig) (provider.Provider, error) {
 	s, err := DecodeSection(c.Section, c.GPUsPerRunner)
 	if err != nil {
 		return nil, config.Within("slurm", err)

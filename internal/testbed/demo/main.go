@@ -147,7 +147,7 @@ pools:
 		return err
 	}
 	defer logf.Close()
-	fleet, err := daemon.New(cfg, slog.New(slog.NewTextHandler(logf, nil)))
+	fleet, err := daemon.New(ctx, cfg, slog.New(slog.NewTextHandler(logf, nil)))
 	if err != nil {
 		return err
 	}

@@ -402,7 +402,7 @@ func (f *Fleet) Start() {
 
 // Driver is the Gitea driver on the fleet's repository, acting as the
 // test itself: to plant registrations and to ask for removals.
-func (f *Fleet) Driver() *giteadrv.Driver {
+func (f *Fleet) Driver() *giteadrv.Forge {
 	return giteadrv.New(giteadrv.Config{URL: Gitea.URL, Token: Gitea.Token,
 		Scope: giteadrv.Scope{Kind: "repo", Owner: Gitea.User, Repo: f.Repo}})
 }
