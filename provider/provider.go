@@ -9,6 +9,7 @@ package provider
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -284,8 +285,12 @@ type CallCounter interface {
 // ErrRejected is wrapped by a Create error that no retry can fix: the
 // backend refused the machine as asked (an image that does not exist, no
 // permission, a malformed request). The pool stops starting runners and
-// shows the reason until its config changes, instead of retrying.
+// shows the reason until its config changes, instead of retrying; for a
+// machine of a dynamic pool's job shape, that shape waits alone.
 var ErrRejected = errors.New("the provider refused the request")
+
+// Rejected marks err as one no retry can fix (ErrRejected).
+func Rejected(err error) error { return fmt.Errorf("%w: %w", ErrRejected, err) }
 
 // ErrNoOutput is returned by Output when a machine's output is not kept
 // (or not yet written).

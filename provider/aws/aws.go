@@ -157,11 +157,11 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	h := p.handoff()
 	ud, err := userData(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
 	if err != nil {
-		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
+		return provider.Instance{}, provider.Rejected(err)
 	}
 	if h != nil {
 		if err := p.checkAssignment(spec); err != nil {
-			return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
+			return provider.Instance{}, provider.Rejected(err)
 		}
 		return p.batch.Do(ctx, spec)
 	}
@@ -172,7 +172,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 			// The subnet's zone comes with the instance's listing.
 			vm.Placed(spec, s.Image, typ, "", spot)
 			if ud, err = userData(s, nil, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime); err != nil {
-				return fmt.Errorf("%w: %w", provider.ErrRejected, err)
+				return provider.Rejected(err)
 			}
 		}
 		made, err = p.run(ctx, spec, ud, typ, subnet, spot)

@@ -32,7 +32,7 @@ func (p *Provider) launchBatch(batch []*vm.Request, spot, fallback bool) {
 	ctx := context.Background()
 	ud, err := userData(p.opt.Section, p.handoff(), batch[0].Spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
 	if err != nil {
-		vm.Fail(batch, fmt.Errorf("%w: %w", provider.ErrRejected, err))
+		vm.Fail(batch, provider.Rejected(err))
 		return
 	}
 	vm.TryBatch(p.placement(spot, fallback, "run instances"), batch, func(rest []*vm.Request, spot bool, typ, subnet string) ([]*vm.Request, error) {

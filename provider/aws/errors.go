@@ -2,11 +2,8 @@ package aws
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/aws/smithy-go"
-
-	"github.com/runfleet/runfleet/provider"
 )
 
 // What an EC2 error code means for a runner's start. The codes are those
@@ -80,6 +77,3 @@ func code(err error) string {
 	}
 	return ""
 }
-
-// rejected marks an error that no retry can fix.
-func rejected(err error) error { return fmt.Errorf("%w: %w", provider.ErrRejected, err) }

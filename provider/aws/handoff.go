@@ -141,7 +141,7 @@ func (p *Provider) abandon(ctx context.Context, id string, err error) error {
 	case k == errFatal, c == "AccessDeniedException", c == "ValidationException", c == "UnrecognizedClientException":
 		// The manager may not tag instances or store parameters, or
 		// they are refused: no retry fixes that.
-		return rejected(err)
+		return provider.Rejected(err)
 	}
 	return err
 }

@@ -286,7 +286,7 @@ func (p *Provider) create(ctx context.Context, spec provider.Spec, script []byte
 		if derr := p.deleteVM(ctx, group, name, spec.Name); derr != nil {
 			err = fmt.Errorf("%w; and deleting VM %s failed: %w", err, name, derr)
 		}
-		return provider.Instance{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
+		return provider.Instance{}, provider.Rejected(err)
 	}
 	if err := p.made(ctx, group, name); err != nil {
 		p.desk.Drop(strings.ToLower(id))

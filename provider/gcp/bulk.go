@@ -60,7 +60,7 @@ func (p *Provider) launchBatch(batch []*vm.Request, spot, fallback bool) {
 	defer cancel()
 	script, err := startupScript(p.opt.Section, p.desk.Handoff(SourceIdentity, HandoffWait), batch[0].Spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
 	if err != nil {
-		vm.Fail(batch, fmt.Errorf("%w: %w", provider.ErrRejected, err))
+		vm.Fail(batch, provider.Rejected(err))
 		return
 	}
 	vm.TryBatch(p.placement(spot, fallback, "bulk insert"), batch, func(rest []*vm.Request, spot bool, typ, zone string) ([]*vm.Request, error) {

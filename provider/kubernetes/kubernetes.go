@@ -328,7 +328,7 @@ func (p *Provider) refusal(err error) error {
 	default:
 		return err
 	}
-	return fmt.Errorf("%w: %w", provider.ErrRejected, err)
+	return provider.Rejected(err)
 }
 
 // holdsPods says whether the pool has a pod that is not over.

@@ -70,7 +70,7 @@ func (p *Provider) timesFor(ctx context.Context, req dynamic.Request) (times, er
 	idle := cmp.Or(p.opt.IdleTimeout, 10*time.Minute)
 	t, err := fit(sec, idle, cmp.Or(req.Time, p.opt.JobTimeout), b)
 	if err != nil {
-		return times{}, fmt.Errorf("%w: %w", provider.ErrRejected, err)
+		return times{}, provider.Rejected(err)
 	}
 	return t, nil
 }

@@ -129,13 +129,13 @@ func (pl Placement) market(spot bool) string {
 func TryBoot[B any](pl Placement, spec provider.Spec, image string, boot func() (B, error), try func(spot bool, typ, place string, boot B) error) error {
 	b, err := boot()
 	if err != nil {
-		return fmt.Errorf("%w: %w", provider.ErrRejected, err)
+		return provider.Rejected(err)
 	}
 	return pl.Try(spec.Name, func(spot bool, typ, place string) error {
 		if spec.Record != nil {
 			Placed(spec, image, typ, place, spot)
 			if b, err = boot(); err != nil {
-				return fmt.Errorf("%w: %w", provider.ErrRejected, err)
+				return provider.Rejected(err)
 			}
 		}
 		return try(spot, typ, place, b)
