@@ -58,7 +58,10 @@ func (p *Pool) pass(ctx context.Context, snap snapshot) {
 		if s.unregistered && (s.inst == nil || s.inst.State == provider.StateExited) {
 			delete(p.unregistered, s.name) // its end is told once
 		}
-		shape := p.shapeOf(s.name, s)
+		shape := "" // a dynamic pool's runner's: its failures back off its shape alone
+		if p.cfg.Shapes != nil {
+			shape = p.shapeOf(s.name, s)
+		}
 		switch {
 		case s.verdict.state == StateBusy, s.phase == agent.PhaseBusy, s.phase == agent.PhaseDone:
 			p.served = true
