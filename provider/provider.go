@@ -203,10 +203,10 @@ type Traits struct {
 	// provider reports it through Preempter.
 	Preemptible bool
 	// SchedulesGPUs is set when the backend gives each machine GPUs of
-	// its own nodes (Slurm's gres), as many as the pool's
-	// gpus_per_runner (PoolConfig.GPUsPerRunner), and the provider
-	// reports the ones a machine got in Instance.GPUs. This host's GPUs
-	// play no part.
+	// its own nodes (Slurm's gres, a pod's nvidia.com/gpu), as many as
+	// the pool's gpus_per_runner (PoolConfig.GPUsPerRunner), and the
+	// provider reports the ones a machine got in Instance.GPUs where its
+	// backend says (Slurm). This host's GPUs play no part.
 	SchedulesGPUs bool
 	// BootGrace is added to the pool's bootstrap_timeout for a machine
 	// that waits for its cloud before its agent starts (an Azure VM for

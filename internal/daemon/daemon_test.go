@@ -17,6 +17,7 @@ import (
 	_ "github.com/runfleet/runfleet/forge/github"
 	_ "github.com/runfleet/runfleet/forge/gitlab"
 	_ "github.com/runfleet/runfleet/provider/docker"
+	_ "github.com/runfleet/runfleet/provider/kubernetes"
 	_ "github.com/runfleet/runfleet/provider/process"
 	_ "github.com/runfleet/runfleet/provider/slurm"
 )
@@ -151,6 +152,28 @@ pools:
 		if plan, _ := f.Plan("gpu"); plan.Size != 4 || plan.Max != 4 || plan.Runners.PerRunner != 1 {
 			t.Errorf("after a reload: size %d max %d, %d GPUs a runner; want 4 4 1", plan.Size, plan.Max, plan.Runners.PerRunner)
 		}
+	}
+}
+
+// A Kubernetes pool's runners get GPUs of the cluster's nodes (each pod
+// asks for gpus_per_runner of gpu_resource), never this host's, which
+// are not read: the pool starts as docs/providers/kubernetes.md shows it.
+func TestKubernetesGPUPoolStarts(t *testing.T) {
+	const kubeconfig = `{apiVersion: v1, kind: Config, current-context: c, clusters: [{name: k, cluster: {server: "https://127.0.0.1:1"}}], contexts: [{name: c, context: {cluster: k, user: u}}], users: [{name: u, user: {token: t}}]}`
+	cfg, err := gpuConfig(t, "/nonexistent/nvidia-smi", "    size: 2\n    max: 4\n    gpus_per_runner: 1\n    kubernetes: {image: r:1, kubeconfig_data: '"+kubeconfig+"'}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := New(t.Context(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if plan, _ := f.Plan("gpu"); plan.Size != 2 || plan.Max != 4 || plan.Runners.GPUs != nil {
+		t.Errorf("plan %+v: want size 2, max 4, none of this host's GPUs", plan)
+	}
+	if inv, _ := f.Host.Read(); inv != nil {
+		t.Error("the host's GPUs were read for a Kubernetes pool")
 	}
 }
 

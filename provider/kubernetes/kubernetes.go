@@ -204,8 +204,12 @@ func (p *Provider) sweepOrphans() {
 	}
 }
 
-// Traits: pods come with their image and may be evicted or preempted.
-func (p *Provider) Traits() provider.Traits { return provider.Traits{Preemptible: true} }
+// Traits: pods come with their image and may be evicted or preempted,
+// and get GPUs of their nodes (gpu_resource, gpus_per_runner of them),
+// never this host's.
+func (p *Provider) Traits() provider.Traits {
+	return provider.Traits{Preemptible: true, SchedulesGPUs: true}
+}
 
 // Calls is the number of requests sent to the apiserver, when Options
 // counted them.
