@@ -295,9 +295,6 @@ func (p Pool) validate(ps *problems, field string) {
 		if p.Max < 1 {
 			ps.add(field+".max", "a pool whose jobs choose their machine needs max: how many runners its jobs may have at once")
 		}
-		if (len(d.GPUs) > 0 || len(d.GPU) > 0) && p.GPUsPerRunner == 0 {
-			ps.add(field+".dynamic.gpus", "needs gpus_per_runner: the GPUs of a job that asks for none")
-		}
 	}
 	if p.Workdir != "" && !filepath.IsAbs(p.Workdir) {
 		ps.add(field+".workdir", "%q must be an absolute path", p.Workdir)

@@ -55,6 +55,11 @@ func For(h *Host, w Want, prov provider.Provider) (Plan, error) {
 	if w.Dynamic == nil {
 		return p, nil
 	}
+	if asksGPUs := len(w.Dynamic.GPUs) > 0 || len(w.Dynamic.GPU) > 0; asksGPUs && w.GPUsPerRunner == 0 && (t.HostGPUs || t.SchedulesGPUs) {
+		// A cloud's machine type has its GPUs; here a runner gets a
+		// number of them.
+		return Plan{}, fmt.Errorf("dynamic.gpus: needs gpus_per_runner: the GPUs of a job that asks for none")
+	}
 	honours := []string{}
 	if s, ok := prov.(provider.Shaper); ok {
 		honours = s.Honours()

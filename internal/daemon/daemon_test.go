@@ -77,7 +77,7 @@ func TestGPUPoolsFitTheHost(t *testing.T) {
 		{name: "no GPU", smi: fakeSMI(t, "nogpu-v12.xml"), pool: "    gpus_per_runner: all\n    agent: {path: /bin/true}\n", err: "gpus_per_runner: all, and this host has no GPU (nvidia-smi reports no GPU attached)"},
 		{name: "dynamic on docker", smi: h100, pool: "    size: 0\n    max: 4\n    gpus_per_runner: 1\n    dynamic: {gpus: [1, 2], gpu: [h100], cpu: 8, mem: 64g, image: {cu12: 'r:cu12'}}\n    docker: {image: r:1}\n", size: 0, max: 4},
 		{name: "dynamic process without limits", smi: h100, pool: "    gpus_per_runner: 1\n    max: 2\n    dynamic: {gpus: [1, 2], mem: 8g}\n    agent: {path: /bin/true}\n", err: "pools[0]: dynamic.mem: provider process cannot give a runner what a job asks for in mem= (it can: gpus, gpu)"},
-		{name: "dynamic gpus without host GPUs", smi: h100, pool: "    size: 1\n    dynamic: {gpus: [1]}\n    agent: {path: /bin/true}\n", err: "pools[0].dynamic.gpus: needs gpus_per_runner"},
+		{name: "dynamic gpus without host GPUs", smi: h100, pool: "    size: 1\n    dynamic: {gpus: [1]}\n    agent: {path: /bin/true}\n", err: "pools[0]: dynamic.gpus: needs gpus_per_runner"},
 		// A cluster's GPUs: no idle runner holds one unless asked.
 		{name: "slurm GPU pool", smi: h100, pool: "    gpus_per_runner: 1\n    max: 4\n    workdir: /tmp\n    agent: {path: /bin/true}\n    slurm: {memory: 1G}\n", size: 0, max: 4},
 		{name: "slurm GPU pool without max", smi: h100, pool: "    gpus_per_runner: 1\n    workdir: /tmp\n    slurm: {memory: 1G}\n", err: "pools[0]: max: not given, and provider slurm gives runners GPUs of its own nodes"},

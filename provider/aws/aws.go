@@ -53,6 +53,7 @@ type API interface {
 	DescribeSpotInstanceRequests(context.Context, *ec2.DescribeSpotInstanceRequestsInput, ...func(*ec2.Options)) (*ec2.DescribeSpotInstanceRequestsOutput, error)
 	DescribeVolumes(context.Context, *ec2.DescribeVolumesInput, ...func(*ec2.Options)) (*ec2.DescribeVolumesOutput, error)
 	DeleteVolume(context.Context, *ec2.DeleteVolumeInput, ...func(*ec2.Options)) (*ec2.DeleteVolumeOutput, error)
+	DescribeInstanceTypes(context.Context, *ec2.DescribeInstanceTypesInput, ...func(*ec2.Options)) (*ec2.DescribeInstanceTypesOutput, error)
 }
 
 // Options configure a Provider.
@@ -92,8 +93,9 @@ type Provider struct {
 	mu    sync.Mutex
 	names map[string]string // by id: the runner of a batch's instance, until its tag is described
 
-	batch vm.Batcher
-	desk  *vm.Desk // assignments waiting for their instances; nil without handoff_url
+	batch     vm.Batcher
+	desk      *vm.Desk  // assignments waiting for their instances; nil without handoff_url
+	catalogue catalogue // what the pool's instance types have, for jobs that choose their size
 }
 
 // seenInstance is an instance, and whether it is spot.
@@ -117,7 +119,7 @@ func New(o Options) *Provider {
 			return verifyIdentity(o.IdentityKeys, o.Region, token)
 		}}
 	}
-	p.batch = vm.Batcher{Max: MaxBatch, Launch: p.launchBatch, Market: p.marketOf}
+	p.batch = vm.Batcher{Max: MaxBatch, Launch: p.launchBatch, Market: p.marketOf, Size: sizeKey}
 	p.watch = vm.Poller{Interval: o.Section.PollInterval.Duration, What: "describing instances", Logger: o.Logger, Poll: p.poll}
 	return p
 }
@@ -135,8 +137,11 @@ func (p *Provider) Traits() provider.Traits {
 	return provider.Traits{KeepsBootData: true, Preemptible: p.opt.Section.Spot}
 }
 
-// Honours says what a job of a dynamic pool may ask: spot=, in a Spot pool.
-func (p *Provider) Honours() []string { return vm.Honours(p.opt.Section.Spot) }
+// Honours says what a job of a dynamic pool may ask: spot=, in a Spot
+// pool; cpu=, mem=, gpus= and gpu= where it lists its instance types.
+func (p *Provider) Honours() []string {
+	return vm.Honours(p.opt.Section.Spot, len(p.opt.Section.InstanceTypes) > 0)
+}
 
 func (p *Provider) Calls() int64 { return p.opt.Calls.Load() }
 
@@ -165,9 +170,13 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		}
 		return p.batch.Do(ctx, spec)
 	}
+	choices, err := p.typesFor(ctx, spec.Request)
+	if err != nil {
+		return provider.Instance{}, err
+	}
 	var made provider.Instance
 	spot, fallback := p.marketOf(spec)
-	err = p.placement(spot, fallback, "run instance").Try(spec.Name, func(spot bool, typ, subnet string) (err error) {
+	err = p.placement(spot, fallback, choices, "run instance").Try(spec.Name, func(spot bool, typ, subnet string) (err error) {
 		if spec.Record != nil {
 			// The subnet's zone comes with the instance's listing.
 			vm.Placed(spec, s.Image, typ, "", spot)
@@ -187,12 +196,13 @@ func (p *Provider) marketOf(spec provider.Spec) (spot, fallback bool) {
 	return vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)
 }
 
-// placement is where a runner's instance is tried, in order: each
-// instance type and subnet, or the launch template's and the default.
-func (p *Provider) placement(spot, fallback bool, what string) vm.Placement {
+// placement is where a runner's instance is tried, in order: each of the
+// instance types (the pool's, or those that fit its job, typesFor) and
+// subnets, or the launch template's and the default.
+func (p *Provider) placement(spot, fallback bool, types []string, what string) vm.Placement {
 	s := p.opt.Section
 	return vm.Placement{
-		Spot: spot, Fallback: fallback, Types: orEmpty(s.InstanceTypes), Places: orEmpty(s.Subnets),
+		Spot: spot, Fallback: fallback, Types: orEmpty(types), Places: orEmpty(s.Subnets),
 		AnyType: "the template's type", AnyPlace: "the default subnet",
 		What: what, Standard: "on-demand", Limit: "EC2's request rate", Judge: judge, Logger: p.opt.Logger,
 	}

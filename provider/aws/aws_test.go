@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/runfleet/runfleet/dynamic"
 	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/aws"
@@ -379,4 +381,79 @@ func TestDeleteOfAnEndingInstanceCallsNothing(t *testing.T) {
 	if list, _ := p.List(ctx, "m1"); len(list) != 0 {
 		t.Errorf("listed after Delete: %+v", list)
 	}
+}
+
+// A dynamic pool's job that asks for GPUs, CPUs or memory gets the
+// smallest of the pool's instance types that has them, from what EC2
+// says of each (DescribeInstanceTypes, read once); with no capacity there,
+// the next that fits; one asking for nothing the pool's first type; one
+// that no type fits is refused, naming what each has.
+func TestJobsChooseTheirInstanceType(t *testing.T) {
+	p, sim := newProvider(t, "instance_types: [g5.12xlarge, g4dn.xlarge, m5.large]\n")
+	for _, c := range []struct {
+		name string
+		req  dynamic.Request
+		want string
+	}{
+		{"gpu-1", dynamic.Request{GPUs: 1}, "g4dn.xlarge"},
+		{"gpu-2", dynamic.Request{GPUs: 4}, "g5.12xlarge"},
+		{"gpu-3", dynamic.Request{}, "g5.12xlarge"},
+		{"gpu-4", dynamic.Request{CPUs: 2, Memory: 4 << 30}, "m5.large"},
+		{"gpu-5", dynamic.Request{GPU: "a10g"}, "g5.12xlarge"},
+	} {
+		s := spec(c.name)
+		s.Request = c.req
+		inst, err := p.Create(context.Background(), s)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := typeOf(sim, inst.ID); got != c.want {
+			t.Errorf("%s asking %+v got %s, want %s", c.name, c.req, got, c.want)
+		}
+	}
+	sim.NoCapacity("on-demand", "g4dn.xlarge", "")
+	s := spec("gpu-6")
+	s.Request = dynamic.Request{GPUs: 1}
+	inst, err := p.Create(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := typeOf(sim, inst.ID); got != "g5.12xlarge" {
+		t.Errorf("with no g4dn.xlarge capacity, a 1-GPU job got %s, want g5.12xlarge", got)
+	}
+	s = spec("gpu-7")
+	s.Request = dynamic.Request{GPUs: 8}
+	if _, err := p.Create(context.Background(), s); !errors.Is(err, provider.ErrRejected) || !strings.Contains(err.Error(), "no instance type of the pool has 8 GPU: it has g5.12xlarge (48 CPUs, 192g, 4 a10g)") {
+		t.Errorf("8 GPUs: %v", err)
+	}
+	if n := sim.Calls()["DescribeInstanceTypes"]; n != 1 {
+		t.Errorf("%d DescribeInstanceTypes calls, want 1", n)
+	}
+	if err := p.CheckShapes(context.Background(), mustLimits(t, `{"gpus":[1,4,8]}`)); err == nil || !strings.Contains(err.Error(), "a job may ask gpus=8") {
+		t.Errorf("CheckShapes of gpus up to 8: %v", err)
+	}
+	if err := p.CheckShapes(context.Background(), mustLimits(t, `{"gpus":[1,4],"gpu":["t4","a10g"]}`)); err != nil {
+		t.Errorf("CheckShapes of what the types have: %v", err)
+	}
+	if !slices.Contains(p.Honours(), "gpus") || !slices.Contains(p.Honours(), "mem") {
+		t.Errorf("Honours %v", p.Honours())
+	}
+}
+
+func typeOf(sim *ec2sim.Server, id string) string {
+	for _, in := range sim.Instances() {
+		if in.ID == id {
+			return in.Type
+		}
+	}
+	return ""
+}
+
+func mustLimits(t *testing.T, raw string) dynamic.Limits {
+	t.Helper()
+	l, err := dynamic.Decode([]byte(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }

@@ -35,7 +35,13 @@ func (p *Provider) launchBatch(batch []*vm.Request, spot, fallback bool) {
 		vm.Fail(batch, provider.Rejected(err))
 		return
 	}
-	vm.TryBatch(p.placement(spot, fallback, "run instances"), batch, func(rest []*vm.Request, spot bool, typ, subnet string) ([]*vm.Request, error) {
+	// A batch's runners ask for one size (vm.Batcher.Size).
+	choices, err := p.typesFor(ctx, batch[0].Spec.Request)
+	if err != nil {
+		vm.Fail(batch, err)
+		return
+	}
+	vm.TryBatch(p.placement(spot, fallback, choices, "run instances"), batch, func(rest []*vm.Request, spot bool, typ, subnet string) ([]*vm.Request, error) {
 		return p.runBatch(ctx, rest, ud, typ, subnet, spot)
 	})
 }

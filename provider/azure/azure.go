@@ -166,7 +166,7 @@ func (p *Provider) Traits() provider.Traits {
 const EventsGrace = 2 * time.Minute
 
 // Honours says what a job of a dynamic pool may ask: spot=, in a Spot pool.
-func (p *Provider) Honours() []string { return vm.Honours(p.opt.Section.Spot) }
+func (p *Provider) Honours() []string { return vm.Honours(p.opt.Section.Spot, false) }
 
 func (p *Provider) Calls() int64 { return p.opt.Calls.Load() }
 

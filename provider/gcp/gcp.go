@@ -146,7 +146,7 @@ func (p *Provider) Traits() provider.Traits {
 }
 
 // Honours says what a job of a dynamic pool may ask: spot=, in a Spot pool.
-func (p *Provider) Honours() []string { return vm.Honours(p.opt.Section.Spot) }
+func (p *Provider) Honours() []string { return vm.Honours(p.opt.Section.Spot, false) }
 
 func (p *Provider) Calls() int64 { return p.opt.Calls.Load() }
 

@@ -25,8 +25,12 @@ type Batcher struct {
 	// Market is a runner's market: Spot or not, and whether a Spot
 	// runner may fall back to a standard machine.
 	Market func(provider.Spec) (spot, fallback bool)
-	// Launch starts a batch's machines, all of one market, and answers
-	// each request (Request.Done) once.
+	// Size, where set, is what a runner's machine must have (a dynamic
+	// pool's job's CPUs, memory and GPUs): runners of one market and
+	// size launch together.
+	Size func(provider.Spec) string
+	// Launch starts a batch's machines, all of one market and size, and
+	// answers each request (Request.Done) once.
 	Launch func(batch []*Request, spot, fallback bool)
 
 	mu      sync.Mutex
@@ -78,22 +82,29 @@ func (b *Batcher) launchWaiting() {
 			return
 		}
 		b.mu.Unlock()
-		groups := map[[2]bool][]*Request{}
-		var order [][2]bool
+		type key struct {
+			spot, fallback bool
+			size           string
+		}
+		groups := map[key][]*Request{}
+		var order []key
 		for _, r := range batch {
 			if err := r.ctx.Err(); err != nil {
 				r.Done(provider.Instance{}, err)
 				continue
 			}
-			spot, fallback := b.Market(r.Spec)
-			k := [2]bool{spot, fallback}
+			var k key
+			k.spot, k.fallback = b.Market(r.Spec)
+			if b.Size != nil {
+				k.size = b.Size(r.Spec)
+			}
 			if groups[k] == nil {
 				order = append(order, k)
 			}
 			groups[k] = append(groups[k], r)
 		}
 		for _, k := range order {
-			b.Launch(groups[k], k[0], k[1])
+			b.Launch(groups[k], k.spot, k.fallback)
 		}
 	}
 }

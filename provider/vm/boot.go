@@ -140,16 +140,6 @@ func Market(poolSpot, poolFallback bool, req *bool) (spot, fallback bool) {
 	return true, poolFallback
 }
 
-// Honours is what a job of a dynamic pool may ask a cloud instance to
-// be: spot=true or spot=false, where the pool is a Spot pool (whose
-// machines the pool watches for notices).
-func Honours(poolSpot bool) []string {
-	if poolSpot {
-		return []string{"spot"}
-	}
-	return nil
-}
-
 // Script is the shell script an instance runs at its first boot
 // (cloud-init runs user data that starts with #!; GCE its startup-script
 // metadata): it writes the runner's plan, runs the pool's startup script,

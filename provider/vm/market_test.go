@@ -1,6 +1,9 @@
 package vm
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 func TestMarket(t *testing.T) {
 	no, yes := false, true
@@ -19,7 +22,7 @@ func TestMarket(t *testing.T) {
 			t.Errorf("Market(%v, %v, %v) = %v, %v; want %v, %v", c.poolSpot, c.poolFallback, c.req, spot, fallback, c.spot, c.fallback)
 		}
 	}
-	if len(Honours(false)) != 0 || Honours(true)[0] != "spot" {
+	if len(Honours(false, false)) != 0 || !slices.Equal(Honours(true, false), []string{"spot"}) || !slices.Equal(Honours(false, true), []string{"cpu", "mem", "gpus", "gpu"}) {
 		t.Error("Honours")
 	}
 }

@@ -62,6 +62,37 @@ func TestAWSSpotRunsJobs(t *testing.T) {
 	f.StopLeavesNothing()
 }
 
+// A dynamic pool of two instance types, a 1-GPU and a 4-GPU one: in one
+// run, a job asking gpus=1 and one asking gpus=4 each get the instance
+// type that has what it asks (the smallest: EC2's DescribeInstanceTypes
+// says what each has), launched apart since they differ in size, and
+// their records name it.
+func TestAWSJobsChooseTheirInstanceType(t *testing.T) {
+	sim := harness.NeedEC2(t)
+	f := harness.NewFleet(t, "awsdyn", harness.FleetOptions{Size: 0, Max: 2, EC2: sim,
+		AWS:   "      instance_types: [g4dn.12xlarge, g4dn.xlarge]\n      instance_profile: runfleet-runner\n",
+		Forge: "    poll_interval: 2s\n", Extra: "    dynamic:\n      gpus: [1, 4]\n"})
+	f.Start()
+	f.Push("name: ci\non: [push]\njobs:\n" +
+		"  one:\n    runs-on: [awsdyn, gpus=1]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n" +
+		"  four:\n    runs-on: [awsdyn, gpus=4]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n")
+	jobs := f.WaitJobs(2, 5*time.Minute)
+	harness.CheckJobs(t, jobs)
+	recs := f.JobRecords()
+	want := map[string]string{"one": "g4dn.xlarge", "four": "g4dn.12xlarge"}
+	for _, j := range jobs {
+		r, ok := harness.RecordOfRegistration(recs, j.RunnerID)
+		if !ok || r.Machine.InstanceType != want[j.Name] {
+			t.Errorf("job %s ran on %s, a %s; want a %s", j.Name, r.Machine.ID, r.Machine.InstanceType, want[j.Name])
+		}
+		t.Logf("job %s ran on %s, a %s", j.Name, r.Machine.ID, r.Machine.InstanceType)
+	}
+	if n := sim.Calls()["DescribeInstanceTypes"]; n != 1 {
+		t.Errorf("%d DescribeInstanceTypes calls, want 1 (read once)", n)
+	}
+	f.StopLeavesNothing()
+}
+
 // A spot interruption notice mid-job: the instance's agent stops the
 // job (Gitea records it failed), the manager reads the notice from the
 // spot request, reports the job lost, and starts a replacement; the run's

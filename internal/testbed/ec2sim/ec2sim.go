@@ -340,6 +340,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		out, err = s.deleteVolume(form)
 	case "DescribeInstanceAttribute":
 		out, err = s.describeAttribute(form)
+	case "DescribeInstanceTypes":
+		out, err = s.describeInstanceTypes(form)
 	default:
 		err = &apiError{http.StatusBadRequest, "InvalidAction", fmt.Sprintf("The action %s is not valid for this web service.", action)}
 	}
