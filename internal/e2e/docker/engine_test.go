@@ -27,6 +27,9 @@ func TestDockerEngineRestart(t *testing.T) {
 	sim := f.GH
 	f.Start()
 	harness.Eventually(t, time.Minute, "2 idle runners", func() bool { return harness.IdleGitHub(sim) == 2 })
+	// Counted before the jobs: the pool's refill of their two runners
+	// may start at once, before the restart as well as after it.
+	started := f.LogCount(`msg="runner started"`)
 	sim.Queue("acme/engrestart",
 		ghsim.JobSpec{Name: "a", Labels: []string{"self-hosted", "engrestart"}, Script: "sleep 12; echo job a finished"},
 		ghsim.JobSpec{Name: "b", Labels: []string{"self-hosted", "engrestart"}, Script: "sleep 12; echo job b finished"})
@@ -39,13 +42,21 @@ func TestDockerEngineRestart(t *testing.T) {
 		}
 		return n == 2
 	})
-	before := map[string]string{} // runner -> container id
-	for _, c := range f.Containers() {
-		if c.State == "running" {
-			before[c.Labels[docker.LabelRunner]] = c.ID
+	busy := map[string]bool{} // the runners of the two jobs
+	for _, j := range sim.Jobs() {
+		if j.Status == "in_progress" {
+			busy[j.RunnerName] = true
 		}
 	}
-	started := f.LogCount(`msg="runner started"`)
+	before := map[string]string{} // busy runner -> container id
+	for _, c := range f.Containers() {
+		if r := c.Labels[docker.LabelRunner]; c.State == "running" && busy[r] {
+			before[r] = c.ID
+		}
+	}
+	if len(before) != 2 {
+		t.Fatalf("the running jobs' containers: %v (runners %v), want 2", before, busy)
+	}
 	watch := harness.WatchContainers(t, f)
 
 	if err := eng.Restart(3 * time.Second); err != nil {
@@ -67,7 +78,7 @@ func TestDockerEngineRestart(t *testing.T) {
 	// The jobs' containers were adopted, not replaced: the manager started
 	// the two that refill the pool and nothing else.
 	if n := f.LogCount(`msg="runner started"`) - started; n != 2 {
-		t.Errorf("%d runners started after the restart, want 2 (the refill)", n)
+		t.Errorf("%d runners started since the jobs were queued, want 2 (the refill)", n)
 	}
 	for runner := range before {
 		logs, _ := filepath.Glob(filepath.Join(f.State, "logs", runner+"-*.log"))
