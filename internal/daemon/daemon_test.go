@@ -115,6 +115,23 @@ func TestGPUPoolsFitTheHost(t *testing.T) {
 	}
 }
 
+// built makes the fleet of a parsed config, failing the test on an error
+// of either; the fleet is closed after the test.
+func built(t *testing.T) func(*config.Config, error) *Fleet {
+	return func(cfg *config.Config, err error) *Fleet {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := New(t.Context(), cfg, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(f.Close)
+		return f
+	}
+}
+
 // A pool sized by its GPUs keeps that size over a reload that changes
 // something else, and the size is the plan's: the parsed config keeps
 // what the user wrote, so a reload of the same file changes nothing.
@@ -137,11 +154,7 @@ pools:
 		return cfg
 	}
 	cfg := parse("5m")
-	f, err := New(t.Context(), cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f := built(t)(cfg, nil)
 	if cfg.Pools[0].Size != 0 || !cfg.Pools[0].SizeFromGPUs {
 		t.Errorf("the parsed config was written to: size %d", cfg.Pools[0].Size)
 	}
@@ -160,15 +173,7 @@ pools:
 // are not read: the pool starts as docs/providers/kubernetes.md shows it.
 func TestKubernetesGPUPoolStarts(t *testing.T) {
 	const kubeconfig = `{apiVersion: v1, kind: Config, current-context: c, clusters: [{name: k, cluster: {server: "https://127.0.0.1:1"}}], contexts: [{name: c, context: {cluster: k, user: u}}], users: [{name: u, user: {token: t}}]}`
-	cfg, err := gpuConfig(t, "/nonexistent/nvidia-smi", "    size: 2\n    max: 4\n    gpus_per_runner: 1\n    kubernetes: {image: r:1, kubeconfig_data: '"+kubeconfig+"'}\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := New(t.Context(), cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f := built(t)(gpuConfig(t, "/nonexistent/nvidia-smi", "    size: 2\n    max: 4\n    gpus_per_runner: 1\n    kubernetes: {image: r:1, kubeconfig_data: '"+kubeconfig+"'}\n"))
 	if plan, _ := f.Plan("gpu"); plan.Size != 2 || plan.Max != 4 || plan.Runners.GPUs != nil {
 		t.Errorf("plan %+v: want size 2, max 4, none of this host's GPUs", plan)
 	}
@@ -192,14 +197,7 @@ pools:
   - {name: cluster, labels: [gpu], gpus_per_runner: 1, max: 4, workdir: /tmp, agent: {path: /bin/true}, slurm: {memory: 1G}}
   - {name: host, labels: [gpu], gpus_per_runner: 1, agent: {path: /bin/true}}
 `))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := New(t.Context(), cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f := built(t)(cfg, err)
 	for _, tt := range []struct {
 		labels []string
 		pool   string
