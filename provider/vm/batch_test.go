@@ -85,3 +85,63 @@ func TestBatcherGathers(t *testing.T) {
 		t.Errorf("launches %v: %d launched, want 7", launches, n)
 	}
 }
+
+// Runners of one market but of different sizes (a dynamic pool's jobs
+// asking gpus=1 and gpus=4) launch apart, each launch of one size, so
+// that each is asked of the types that fit it; those of one size go
+// together.
+func TestBatcherLaunchesBySize(t *testing.T) {
+	first := make(chan struct{})
+	var mu sync.Mutex
+	sizes := map[string][]int{} // size -> the launches' lengths
+	b := &Batcher{Max: 10,
+		Market: func(provider.Spec) (bool, bool) { return false, false },
+		Size:   func(s provider.Spec) string { return fmt.Sprint(s.Request.GPUs) },
+		Launch: func(batch []*Request, _, _ bool) {
+			if batch[0].Spec.Name == "r0" {
+				<-first
+			}
+			size := fmt.Sprint(batch[0].Spec.Request.GPUs)
+			mu.Lock()
+			sizes[size] = append(sizes[size], len(batch))
+			mu.Unlock()
+			for _, r := range batch {
+				if got := fmt.Sprint(r.Spec.Request.GPUs); got != size {
+					t.Errorf("a launch of size %s holds %s of size %s", size, r.Spec.Name, got)
+				}
+				r.Done(provider.Instance{ID: "i-" + r.Spec.Name}, nil)
+			}
+		},
+	}
+	var wg sync.WaitGroup
+	do := func(name string, gpus int) {
+		wg.Go(func() {
+			spec := provider.Spec{Name: name}
+			spec.Request.GPUs = gpus
+			if _, err := b.Do(context.Background(), spec); err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		})
+	}
+	do("r0", 1)
+	for busy := false; !busy; {
+		b.mu.Lock()
+		busy = b.busy && len(b.waiting) == 0
+		b.mu.Unlock()
+		time.Sleep(time.Millisecond)
+	}
+	for i, gpus := range []int{1, 4, 1, 4, 1} {
+		do(fmt.Sprintf("r%d", i+1), gpus)
+	}
+	for n := 0; n < 5; {
+		b.mu.Lock()
+		n = len(b.waiting)
+		b.mu.Unlock()
+		time.Sleep(time.Millisecond)
+	}
+	close(first)
+	wg.Wait()
+	if fmt.Sprint(sizes["1"]) != "[1 3]" || fmt.Sprint(sizes["4"]) != "[2]" {
+		t.Errorf("launches by size %v, want r0 alone, then the three of 1 GPU together and the two of 4 together", sizes)
+	}
+}
