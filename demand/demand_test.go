@@ -251,3 +251,25 @@ func TestFewerIgnoresOtherFleetsJobs(t *testing.T) {
 		t.Fatal("not held back for a job of this manager's pool")
 	}
 }
+
+// A pool's view answers for that pool, and holds a runner back for a job
+// whose labels are among the runner's with the forge's implicit ones
+// (GitHub's self-hosted), which the runner registers without naming.
+func TestPoolDemand(t *testing.T) {
+	tr := New([]Pool{{Name: "p", Forge: "f", Labels: []string{"self-hosted", "gpu"}, Meets: func(have, want []string) bool { return true }}}, nil)
+	tr.Observe(Job{Forge: "f", ID: 1, Labels: []string{"self-hosted", "gpu"}, Status: Queued})
+	tr.Observe(Job{Forge: "f", ID: 2, Labels: []string{"self-hosted", "gpu", "gpus=2"}, Status: Queued})
+	d := tr.For("p", "f", []string{"self-hosted"}, time.Minute)
+	if n := d.Unserved(nil); n != 2 {
+		t.Errorf("Unserved = %d, want 2", n)
+	}
+	if got := d.Shapes(nil); got[""] != 1 || got["gpus=2"] != 1 {
+		t.Errorf("Shapes = %v", got)
+	}
+	if _, ok := d.HoldBack([]string{"gpu", "gpus=2"}, "gpus=2"); !ok {
+		t.Error("the gpus=2 runner is not held back for the job asking [self-hosted, gpu]")
+	}
+	if _, ok := tr.For("p", "f", nil, time.Minute).HoldBack([]string{"gpu", "gpus=2"}, "gpus=2"); ok {
+		t.Error("held back without the implicit label the job names")
+	}
+}

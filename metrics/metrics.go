@@ -5,6 +5,8 @@
 package metrics
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -162,3 +164,21 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 }
+
+// PoolMetrics are one pool's metrics as its reconciler reports them
+// (pool.Config's OnStarted and OnError).
+type PoolMetrics struct {
+	m    *Metrics
+	pool string
+}
+
+// Pool is a pool's metrics.
+func (m *Metrics) Pool(name string) PoolMetrics { return PoolMetrics{m, name} }
+
+// Started observes how long a runner took to start.
+func (p PoolMetrics) Started(d time.Duration) {
+	p.m.RunnerStart.WithLabelValues(p.pool).Observe(d.Seconds())
+}
+
+// Error counts an operation the provider failed ("create", "delete").
+func (p PoolMetrics) Error(op string) { p.m.ProviderErrors.WithLabelValues(p.pool, op).Inc() }

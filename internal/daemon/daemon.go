@@ -192,17 +192,22 @@ func (f *Fleet) buildPool(ctx context.Context, pc *config.Pool) (*pool.Pool, err
 	pcfg := f.poolConfig(*pc, plan)
 	pcfg.Record, pcfg.History = f.recordTemplate(*pc, plan.Runners.GPUs != nil), &f.history
 	pcfg.TookWindow = time.Minute
-	pcfg.Demand = func(took []int64) int { return f.Demand.Unserved(name, took, pcfg.TookWindow) }
+	var implicit []string
+	if l, ok := conn.(forge.Labeler); ok {
+		implicit = l.ImplicitLabels()
+	}
+	jobs := f.Demand.For(name, pc.Forge, implicit, pcfg.TookWindow)
+	pcfg.Demand = jobs.Unserved
 	if d, ok := conn.(forge.Demander); ok {
 		pcfg.Demand = d.Unserved
 	}
 	if pc.Dynamic != nil {
-		if err := f.shapePool(ctx, *pc, &pcfg, prov); err != nil {
+		if err := f.shapePool(ctx, *pc, &pcfg, prov, jobs); err != nil {
 			return nil, err
 		}
 	}
-	pcfg.OnStarted = func(d time.Duration) { f.Metrics.RunnerStart.WithLabelValues(name).Observe(d.Seconds()) }
-	pcfg.OnError = func(op string) { f.Metrics.ProviderErrors.WithLabelValues(name, op).Inc() }
+	m := f.Metrics.Pool(name)
+	pcfg.OnStarted, pcfg.OnError = m.Started, m.Error
 	pcfg.OnBackoff = func(b pool.Backoff) { f.saveBackoff(name, b) }
 	// A refusal by the forge is not carried over: a new manager tries
 	// again, once.

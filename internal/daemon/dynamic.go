@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/runfleet/runfleet/config"
@@ -34,32 +33,19 @@ func meetsDynamic(meets func(have, want []string) bool) func(have, want []string
 // labels could take. It fails when the provider cannot give a machine
 // what the pool lets jobs ask for (placement.For has checked that it
 // honours each key).
-func (f *Fleet) shapePool(ctx context.Context, pc config.Pool, pcfg *pool.Config, prov provider.Provider) error {
-	lim := pc.Dynamic
+func (f *Fleet) shapePool(ctx context.Context, pc config.Pool, pcfg *pool.Config, prov provider.Provider, d demand.PoolDemand) error {
 	if c, ok := prov.(provider.ShapeChecker); ok {
 		ctx, cancel := context.WithTimeout(ctx, time.Minute)
-		err := c.CheckShapes(ctx, *lim)
+		err := c.CheckShapes(ctx, *pc.Dynamic)
 		cancel()
 		if err != nil {
 			return err
 		}
 	}
-	conn := f.conns[pc.Forge]
-	if _, ok := conn.(forge.Demander); ok {
+	if _, ok := f.conns[pc.Forge].(forge.Demander); ok {
 		return fmt.Errorf("dynamic: a pool whose forge says itself what it needs (a runner scale set) cannot start runners per job")
 	}
-	var implicit []string
-	if l, ok := conn.(forge.Labeler); ok {
-		implicit = l.ImplicitLabels()
-	}
-	name, forgeName := pc.Name, pc.Forge
 	pcfg.Demand = nil
-	pcfg.Shapes = func(took map[string][]int64) map[string]int {
-		return f.Demand.UnservedShapes(name, took, pcfg.TookWindow)
-	}
-	pcfg.Resolve = lim.Resolve
-	pcfg.HoldBack = func(labels []string, shape string) (string, bool) {
-		return f.Demand.Fewer(forgeName, append(slices.Clone(labels), implicit...), shape)
-	}
+	pcfg.Shapes, pcfg.Resolve, pcfg.HoldBack = d.Shapes, pc.Dynamic.Resolve, d.HoldBack
 	return nil
 }
