@@ -275,6 +275,7 @@ var bucketSizes = map[string][2]float64{
 	// (ec2/latest/devguide/ec2-api-throttling.html).
 	"DescribeVolumes":           {100, 20},
 	"DescribeInstanceAttribute": {100, 20},
+	"DescribeInstanceTypes":     {100, 20},
 	"DeleteVolume":              {200, 5},
 }
 
