@@ -63,33 +63,31 @@ func (p *Pool) create(ctx context.Context, name string, units []gpu.Unit, sh sha
 			p.log.Info("create runner abandoned: the pool is stopping", "runner", name, "err", err)
 			return
 		}
-		if err != nil && sh.shape != "" && !errors.Is(err, forge.ErrRejected) {
-			// The shape's machine, not the pool's registration: the
-			// pool's other shapes carry on.
+		if err != nil {
 			p.cfg.Runners.Release(name)
 			p.created--
-			p.shapeFailed(sh.shape, "create runner failed: "+err.Error(), errors.Is(err, provider.ErrRejected), name)
-			p.mu.Unlock()
-			if p.cfg.OnError != nil {
-				p.cfg.OnError("create")
-			}
-		} else if err != nil {
-			p.cfg.Runners.Release(name)
-			p.created--
+			// A job shape's machine, not the pool's registration: that
+			// shape backs off, the pool's others carry on.
+			shaped := sh.shape != "" && !errors.Is(err, forge.ErrRejected)
 			rejected := errors.Is(err, forge.ErrRejected) || errors.Is(err, provider.ErrRejected)
 			var wait time.Duration
-			if rejected {
+			switch {
+			case shaped:
+				p.shapeFailed(sh.shape, "create runner failed: "+err.Error(), rejected, name)
+			case rejected:
 				p.halt(refusedBy(err) + "; fix the config and reload: " + err.Error())
-			} else {
+			default:
 				wait = p.backOff("create runner failed: " + err.Error())
 			}
 			p.mu.Unlock()
 			if p.cfg.OnError != nil {
 				p.cfg.OnError("create")
 			}
-			if rejected {
+			switch {
+			case shaped: // said by shapeFailed
+			case rejected:
 				p.log.Error(refusedBy(err)+"; no runner starts until the config changes", "runner", name, "err", err)
-			} else {
+			default:
 				p.log.Error("create runner failed", "runner", name, "err", err, "retry_in", wait)
 			}
 			p.reportBackoff()

@@ -22,6 +22,9 @@ func (p *Pool) takeGPUs(name string, req dynamic.Request) (units []gpu.Unit, ok 
 // (placement.Runners.Sync): a slot whose machine is gone frees its GPUs
 // unless an operation on it is in flight. Called with p.mu held.
 func (p *Pool) syncGPUs(snap snapshot) {
+	if p.cfg.Runners.GPUs == nil {
+		return // every pass of a pool without this host's GPUs
+	}
 	running := map[string][]string{}
 	for _, s := range snap.slots {
 		if s.inst != nil {

@@ -121,13 +121,13 @@ func collect(ctx context.Context, fleet *daemon.Fleet) []PoolStatus {
 		pc := fleet.Config.Pools[i]
 		plan, _ := fleet.Plan(p.Name())
 		ps := PoolStatus{Name: p.Name(), Size: plan.Size, Max: plan.Max, Runners: []RunnerStatus{}}
-		if b := fleet.SavedBackoff(p.Name()); b.Failures > 0 {
+		b := fleet.SavedBackoff(p.Name())
+		if b.Failures > 0 {
 			ps.Backoff = &b
 		}
 		ps.Refused = refused(ctx, pc, fleet.Forges[p.Name()])
-		shapes := fleet.SavedBackoff(p.Name()).Shapes
-		for _, shape := range slices.Sorted(maps.Keys(shapes)) {
-			ps.Refused = append(ps.Refused, fmt.Sprintf("jobs asking %s get no runner: %s", shape, shapes[shape]))
+		for _, shape := range slices.Sorted(maps.Keys(b.Shapes)) {
+			ps.Refused = append(ps.Refused, fmt.Sprintf("jobs asking %s get no runner: %s", shape, b.Shapes[shape]))
 		}
 		runners, err := p.Observe(ctx)
 		if err != nil {

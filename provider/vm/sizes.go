@@ -55,7 +55,7 @@ func Fit(sizes []Size, r dynamic.Request) ([]string, error) {
 	}
 	var fit []Size
 	for _, s := range sizes {
-		if s.CPUs >= r.CPUs && s.Memory >= r.Memory && s.GPUs >= r.GPUs && (r.GPU == "" || s.GPU == r.GPU) && (r.GPU == "" || s.GPUs > 0) {
+		if s.CPUs >= r.CPUs && s.Memory >= r.Memory && s.GPUs >= r.GPUs && (r.GPU == "" || s.GPU == r.GPU) {
 			fit = append(fit, s)
 		}
 	}
