@@ -10,8 +10,10 @@ import (
 // lost runner's job, which waits for its run to end, at most one per
 // runner at a time (a runner reported lost again while followed is not
 // followed twice). A follow-up outlives the pass that started it, with
-// its context's values but not its end, and is waited for at the
-// connection's Drain (Wait). The zero value is ready to use.
+// its context's values but not its end, and ends at the connection's
+// Drain (Stop), which cancels it and waits for it to return: a re-run
+// that waits on a run is the next manager's to make, which finds the
+// lost runner again. The zero value is ready to use.
 type Following struct {
 	mu      sync.Mutex
 	running map[string]context.CancelFunc
@@ -52,8 +54,28 @@ func (f *Following) Start(ctx context.Context, key string, follow func(context.C
 	})
 }
 
+// Stop cancels the follow-ups under way and waits for them to return, at
+// most until ctx ends.
+func (f *Following) Stop(ctx context.Context) {
+	f.mu.Lock()
+	for _, cancel := range f.running {
+		cancel()
+	}
+	f.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		f.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
 // Wait waits for the follow-ups under way until ctx ends, then cancels
-// those left and waits for them to return.
+// those left and waits for them to return: for work that ends by itself
+// soon (one call).
 func (f *Following) Wait(ctx context.Context) {
 	done := make(chan struct{})
 	go func() {

@@ -46,3 +46,26 @@ func TestFollowingOutlivesItsPassAndIsDrained(t *testing.T) {
 		t.Fatal("Wait returned before the cancelled follow-up did")
 	}
 }
+
+// A connection's Drain stops its follow-ups at once, however long they
+// would wait (a re-run waiting for its run to end), and returns once they
+// did: a drain is not held for its timeout by work the next manager takes
+// up.
+func TestFollowingStopsAtDrain(t *testing.T) {
+	var f Following
+	var returned atomic.Bool
+	f.Go(context.Background(), Runner{ID: 9}, func(ctx context.Context) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Hour): // the run never ends here
+		}
+		returned.Store(true)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	f.Stop(ctx)
+	if !returned.Load() || ctx.Err() != nil {
+		t.Fatalf("Stop returned after %v, the follow-up returned: %v", time.Since(start), returned.Load())
+	}
+}

@@ -193,10 +193,11 @@ type Rerunner interface {
 }
 
 // Drainer is implemented by connections that do work in the background
-// (a lost runner's job re-run once its run ends, Rerunner): Drain waits
-// for it until ctx ends, then cancels what is left and waits for it to
-// return. The manager drains its connections after its pools, within
-// the same drain timeout.
+// (a lost runner's job re-run once its run ends, Rerunner): Drain cancels
+// it and waits for it to return, at most until ctx ends, so that none
+// outlives the manager. The manager drains its connections after its
+// pools; a re-run left undone is the next manager's, which finds the
+// lost runner again.
 type Drainer interface {
 	Drain(ctx context.Context)
 }

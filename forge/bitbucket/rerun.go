@@ -259,6 +259,6 @@ func (d *Forge) stepsOf(ctx context.Context, base, uuid string) ([]step, error) 
 	return listAll[step](ctx, d, "list steps of pipeline "+uuid, base+"/"+url.PathEscape(uuid)+"/steps?pagelen=100")
 }
 
-// Drain waits for the re-runs under way and a scan for steps that failed
-// unrun (forge.Drainer).
-func (d *Forge) Drain(ctx context.Context) { d.losing.Wait(ctx) }
+// Drain ends the re-runs under way and a scan for steps that failed unrun
+// (forge.Drainer).
+func (d *Forge) Drain(ctx context.Context) { d.losing.Stop(ctx) }

@@ -136,5 +136,5 @@ func (d *Forge) rerunOnce(ctx context.Context, c *sdk.Client, owner, repo string
 	return nil
 }
 
-// Drain waits for the re-runs under way (forge.Drainer).
-func (d *Forge) Drain(ctx context.Context) { d.losing.Wait(ctx) }
+// Drain ends the re-runs under way (forge.Drainer).
+func (d *Forge) Drain(ctx context.Context) { d.losing.Stop(ctx) }

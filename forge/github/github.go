@@ -945,5 +945,5 @@ func (d *Forge) Refresh() { d.kept.Drop() }
 // jobs.<job_id>.timeout-minutes).
 func (*Forge) JobLimit() time.Duration { return 6 * time.Hour }
 
-// Drain waits for the re-runs under way (forge.Drainer).
-func (d *Forge) Drain(ctx context.Context) { d.losing.Wait(ctx) }
+// Drain ends the re-runs under way (forge.Drainer).
+func (d *Forge) Drain(ctx context.Context) { d.losing.Stop(ctx) }

@@ -150,5 +150,5 @@ func (d *Forge) RerunJob(ctx context.Context, j forge.Job) error {
 	return nil
 }
 
-// Drain waits for the re-runs under way (forge.Drainer).
-func (d *Forge) Drain(ctx context.Context) { d.losing.Wait(ctx) }
+// Drain ends the re-runs under way (forge.Drainer).
+func (d *Forge) Drain(ctx context.Context) { d.losing.Stop(ctx) }

@@ -286,9 +286,9 @@ func (f *Fleet) Close() {
 	}
 }
 
-// drainConns waits for the work the forge connections (forge.Drainer)
-// and the fleet do in the background, until ctx ends: then it is
-// cancelled.
+// drainConns ends the work the forge connections do in the background
+// (forge.Drainer) and waits for the fleet's own (a timed-out job's
+// re-run, one call), until ctx ends: then that is cancelled.
 func (f *Fleet) drainConns(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, c := range f.conns {
@@ -300,8 +300,9 @@ func (f *Fleet) drainConns(ctx context.Context) {
 	wg.Wait()
 }
 
-// Drain drains every pool at once, for up to timeout, then waits for the
-// forges' background work (a lost job's re-run) within the same time.
+// Drain drains every pool at once, for up to timeout, then ends the
+// forges' background work (a lost job's re-run, which the next manager
+// takes up) within the same time.
 func (f *Fleet) Drain(ctx context.Context, timeout time.Duration) []pool.Runner {
 	f.log.Info("draining: removing idle runners, waiting for busy ones", "timeout", timeout)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
