@@ -94,8 +94,8 @@ type Provider struct {
 	names map[string]string // by id: the runner of a batch's instance, until its tag is described
 
 	batch     vm.Batcher
-	desk      *vm.Desk  // assignments waiting for their instances; nil without handoff_url
-	catalogue catalogue // what the pool's instance types have, for jobs that choose their size
+	desk      *vm.Desk     // assignments waiting for their instances; nil without handoff_url
+	catalogue vm.Catalogue // what the pool's instance types have, for jobs that choose their size
 }
 
 // seenInstance is an instance, and whether it is spot.
@@ -119,7 +119,8 @@ func New(o Options) *Provider {
 			return verifyIdentity(o.IdentityKeys, o.Region, token)
 		}}
 	}
-	p.batch = vm.Batcher{Max: MaxBatch, Launch: p.launchBatch, Market: p.marketOf, Size: sizeKey}
+	p.batch = vm.Batcher{Max: MaxBatch, Launch: p.launchBatch, Market: p.marketOf, Size: vm.SizeKey}
+	p.catalogue.Types, p.catalogue.Cloud, p.catalogue.Read = o.Section.InstanceTypes, "EC2", p.readSizes
 	p.watch = vm.Poller{Interval: o.Section.PollInterval.Duration, What: "describing instances", Logger: o.Logger, Poll: p.poll}
 	return p
 }
@@ -170,7 +171,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		}
 		return p.batch.Do(ctx, spec)
 	}
-	choices, err := p.typesFor(ctx, spec.Request)
+	choices, err := p.catalogue.TypesFor(ctx, spec.Request)
 	if err != nil {
 		return provider.Instance{}, err
 	}
@@ -197,7 +198,7 @@ func (p *Provider) marketOf(spec provider.Spec) (spot, fallback bool) {
 }
 
 // placement is where a runner's instance is tried, in order: each of the
-// instance types (the pool's, or those that fit its job, typesFor) and
+// instance types (the pool's, or those that fit its job, vm.Catalogue.TypesFor) and
 // subnets, or the launch template's and the default.
 func (p *Provider) placement(spot, fallback bool, types []string, what string) vm.Placement {
 	s := p.opt.Section

@@ -36,7 +36,7 @@ func (p *Provider) launchBatch(batch []*vm.Request, spot, fallback bool) {
 		return
 	}
 	// A batch's runners ask for one size (vm.Batcher.Size).
-	choices, err := p.typesFor(ctx, batch[0].Spec.Request)
+	choices, err := p.catalogue.TypesFor(ctx, batch[0].Spec.Request)
 	if err != nil {
 		vm.Fail(batch, err)
 		return

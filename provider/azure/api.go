@@ -46,6 +46,9 @@ type API interface {
 	// Schedules lists the subscription's.
 	Unschedule(ctx context.Context, group, vm string) error
 	Schedules(ctx context.Context) ([]*armdevtestlabs.Schedule, error)
+	// SKUs lists the VM sizes of a location with their capabilities
+	// (vCPUs, MemoryGB, GPUs), every page.
+	SKUs(ctx context.Context, location string) ([]*armcompute.ResourceSKU, error)
 }
 
 // PollInterval is how often a VM being made is looked for in the
@@ -59,6 +62,7 @@ var PollInterval = 5 * time.Second
 // pipeline: no Go module of Compute Schedule is served.
 type sdkAPI struct {
 	vms   *armcompute.VirtualMachinesClient
+	skus  *armcompute.ResourceSKUsClient
 	sched *armdevtestlabs.GlobalSchedulesClient
 	arm   *arm.Client
 	sub   string
@@ -177,6 +181,11 @@ func (a sdkAPI) Schedules(ctx context.Context) ([]*armdevtestlabs.Schedule, erro
 	return all(ctx, a.sched.NewListBySubscriptionPager(nil), func(p armdevtestlabs.GlobalSchedulesClientListBySubscriptionResponse) []*armdevtestlabs.Schedule {
 		return p.Value
 	})
+}
+
+func (a sdkAPI) SKUs(ctx context.Context, location string) ([]*armcompute.ResourceSKU, error) {
+	pager := a.skus.NewListPager(&armcompute.ResourceSKUsClientListOptions{Filter: to.Ptr("location eq '" + location + "'")})
+	return all(ctx, pager, func(p armcompute.ResourceSKUsClientListResponse) []*armcompute.ResourceSKU { return p.Value })
 }
 
 // What an error means for a runner's start.

@@ -85,6 +85,9 @@ type Provider struct {
 	desk  *vm.Desk // assignments waiting for their VMs; nil without handoff_url
 	// deadlines submits the VMs' deallocations at their deadlines.
 	deadlines *deadlines
+	// catalogue is what the pool's VM sizes have, for jobs that choose
+	// their size.
+	catalogue vm.Catalogue
 
 	mu      sync.Mutex
 	evicted map[string]string // spot VMs deleted by Azure: name → runner
@@ -136,6 +139,7 @@ func New(o Options) (*Provider, error) {
 		o.Logger.Warn("max_lifetime is over 13 days: the VMs get no deallocation at their deadline (Compute Schedule takes one at most 14 days ahead), so a VM whose manager is gone is billed while stopped until it is deleted (runfleet gc)", "max_lifetime", o.Lifetime)
 	}
 	p.deadlines = newDeadlines(o.API, o.Logger)
+	p.catalogue.Types, p.catalogue.Cloud, p.catalogue.Read = o.Section.VMSizes, "Azure", p.readSizes
 	if u := vm.DeskURL(o.Section.HandoffURL, o.Pool); u != "" {
 		a, err := newAttestation(o.Subscription, o.Section.AttestedRoots, o.now)
 		if err != nil {
@@ -148,12 +152,13 @@ func New(o Options) (*Provider, error) {
 }
 
 var (
-	_ provider.Provider    = (*Provider)(nil)
-	_ provider.Watcher     = (*Provider)(nil)
-	_ provider.Preempter   = (*Provider)(nil)
-	_ provider.Describer   = (*Provider)(nil)
-	_ provider.CallCounter = (*Provider)(nil)
-	_ provider.Handoffer   = (*Provider)(nil)
+	_ provider.Provider     = (*Provider)(nil)
+	_ provider.Watcher      = (*Provider)(nil)
+	_ provider.Preempter    = (*Provider)(nil)
+	_ provider.Describer    = (*Provider)(nil)
+	_ provider.CallCounter  = (*Provider)(nil)
+	_ provider.Handoffer    = (*Provider)(nil)
+	_ provider.ShapeChecker = (*Provider)(nil)
 )
 
 func (p *Provider) Traits() provider.Traits {
@@ -165,8 +170,10 @@ func (p *Provider) Traits() provider.Traits {
 // answered (bootstrap.Paced), and the first answer can take two minutes.
 const EventsGrace = 2 * time.Minute
 
-// Honours says what a job of a dynamic pool may ask: spot=, in a Spot pool.
-func (p *Provider) Honours() []string { return vm.Honours(p.opt.Section.Spot, false) }
+// Honours says what a job of a dynamic pool may ask: spot=, in a Spot
+// pool, and its VM's CPUs, memory and GPUs, met by the pool's VM sizes
+// (sizes.go).
+func (p *Provider) Honours() []string { return vm.Honours(p.opt.Section.Spot, true) }
 
 func (p *Provider) Calls() int64 { return p.opt.Calls.Load() }
 
@@ -187,10 +194,14 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	}
 	s := p.opt.Section
 	h := p.desk.Handoff(SourceAttested, HandoffWait)
+	choices, err := p.catalogue.TypesFor(ctx, spec.Request)
+	if err != nil {
+		return provider.Instance{}, err
+	}
 	var made provider.Instance
 	spot, fallback := vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)
-	err := vm.TryBoot(vm.Placement{
-		Spot: spot, Fallback: fallback, Types: s.VMSizes, Places: s.Locations,
+	err = vm.TryBoot(vm.Placement{
+		Spot: spot, Fallback: fallback, Types: choices, Places: s.Locations,
 		What: "create VM", Standard: "regular", Limit: "Azure Resource Manager's request limit", Judge: judge, Logger: p.opt.Logger,
 	}, spec, s.Image, func() ([]byte, error) {
 		return customData(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)

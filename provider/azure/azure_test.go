@@ -74,11 +74,15 @@ func simAPI(t *testing.T, sim *armsim.Server) sdkAPI {
 	if err != nil {
 		t.Fatal(err)
 	}
+	skus, err := armcompute.NewResourceSKUsClient(armsim.Subscription, &azfake.TokenCredential{}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
 	armc, err := arm.NewClient("computeschedule.ScheduledActionsClient", "v1.0.0", &azfake.TokenCredential{}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return sdkAPI{vms: vms, sched: sched, arm: armc, sub: armsim.Subscription}
+	return sdkAPI{vms: vms, skus: skus, sched: sched, arm: armc, sub: armsim.Subscription}
 }
 
 func mustJSON(t *testing.T, y string) json.RawMessage {

@@ -125,13 +125,17 @@ func Client(s Section, calls *atomic.Int64, limits *Limits) (API, string, error)
 	if err != nil {
 		return nil, "", fmt.Errorf("azure: %w", err)
 	}
+	skus, err := armcompute.NewResourceSKUsClient(sub, cred, opts)
+	if err != nil {
+		return nil, "", fmt.Errorf("azure: %w", err)
+	}
 	// Compute Schedule's calls are hand-written (sdkAPI.Deallocate) on
 	// the pipeline an SDK client would have.
 	armc, err := arm.NewClient("computeschedule.ScheduledActionsClient", "v1.0.0", cred, opts)
 	if err != nil {
 		return nil, "", fmt.Errorf("azure: %w", err)
 	}
-	return sdkAPI{vms: vms, sched: sched, arm: armc, sub: sub}, sub, nil
+	return sdkAPI{vms: vms, skus: skus, sched: sched, arm: armc, sub: sub}, sub, nil
 }
 
 // applicationID is runfleet/<version> for the SDK's User-Agent, which

@@ -36,6 +36,9 @@ type API interface {
 	Disks(ctx context.Context, project, filter string) ([]*computepb.Disk, error)
 	// DeleteDisk deletes a disk no instance uses.
 	DeleteDisk(ctx context.Context, project, zone, name, requestID string) error
+	// MachineType says what a machine type of a zone has: its CPUs,
+	// memory and the GPUs it carries (machineTypes.get).
+	MachineType(ctx context.Context, project, zone, name string) (*computepb.MachineType, error)
 }
 
 // restAPI is API on the Go client's REST clients.
@@ -44,6 +47,7 @@ type restAPI struct {
 	disks     *compute.DisksClient
 	ops       *compute.ZoneOperationsClient
 	zoneOps   *compute.GlobalOperationsClient // aggregated operations
+	types     *compute.MachineTypesClient
 }
 
 func (a restAPI) Insert(ctx context.Context, project, zone string, inst *computepb.Instance, requestID string) (*computepb.Operation, error) {
@@ -100,6 +104,10 @@ func every[P, T any](it interface{ Next() (P, error) }, items func(P) []T) ([]T,
 		}
 		out = append(out, items(pair)...)
 	}
+}
+
+func (a restAPI) MachineType(ctx context.Context, project, zone, name string) (*computepb.MachineType, error) {
+	return a.types.Get(ctx, &computepb.GetMachineTypeRequest{Project: project, Zone: zone, MachineType: name})
 }
 
 func (a restAPI) DeleteDisk(ctx context.Context, project, zone, name, requestID string) error {

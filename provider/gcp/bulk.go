@@ -63,7 +63,13 @@ func (p *Provider) launchBatch(batch []*vm.Request, spot, fallback bool) {
 		vm.Fail(batch, provider.Rejected(err))
 		return
 	}
-	vm.TryBatch(p.placement(spot, fallback, "bulk insert"), batch, func(rest []*vm.Request, spot bool, typ, zone string) ([]*vm.Request, error) {
+	// A batch's runners ask for one size (vm.Batcher.Size).
+	choices, err := p.catalogue.TypesFor(ctx, batch[0].Spec.Request)
+	if err != nil {
+		vm.Fail(batch, err)
+		return
+	}
+	vm.TryBatch(p.placement(spot, fallback, choices, "bulk insert"), batch, func(rest []*vm.Request, spot bool, typ, zone string) ([]*vm.Request, error) {
 		return p.bulkInsert(ctx, rest, script, typ, zone, spot)
 	})
 }

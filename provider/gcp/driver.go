@@ -135,7 +135,11 @@ func Client(ctx context.Context, s Section, calls *atomic.Int64, limits *Limits)
 	if err != nil {
 		return nil, "", fmt.Errorf("gcp: %w", err)
 	}
-	return restAPI{instances: instances, disks: disks, ops: ops, zoneOps: all}, project, nil
+	types, err := compute.NewMachineTypesRESTClient(ctx, opts...)
+	if err != nil {
+		return nil, "", fmt.Errorf("gcp: %w", err)
+	}
+	return restAPI{instances: instances, disks: disks, ops: ops, zoneOps: all, types: types}, project, nil
 }
 
 // credentialTypes are the credential files taken: a service account's

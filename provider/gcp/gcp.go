@@ -83,6 +83,9 @@ type Provider struct {
 	book  vm.Book[where]
 	desk  *vm.Desk // assignments waiting for their instances; nil without handoff_url
 	batch vm.Batcher
+	// catalogue is what the pool's machine types have, for jobs that
+	// choose their size.
+	catalogue vm.Catalogue
 
 	mu      sync.Mutex
 	suspect map[string]string // spot instances stopping or vanished: name → runner
@@ -112,7 +115,8 @@ func New(o Options) *Provider {
 		o.Listing = &Listing{}
 	}
 	p := &Provider{opt: o, suspect: map[string]string{}}
-	p.batch = vm.Batcher{Max: MaxBulk, Market: p.marketOf, Launch: p.launchBatch}
+	p.batch = vm.Batcher{Max: MaxBulk, Market: p.marketOf, Launch: p.launchBatch, Size: vm.SizeKey}
+	p.catalogue.Types, p.catalogue.Cloud, p.catalogue.Read = o.Section.MachineTypes, "Compute Engine", p.readSizes
 	if u := vm.DeskURL(o.Section.HandoffURL, o.Pool); u != "" {
 		verifier := sync.OnceValues(func() (Verifier, error) {
 			if o.Verifier != nil {
@@ -133,20 +137,23 @@ func New(o Options) *Provider {
 }
 
 var (
-	_ provider.Provider    = (*Provider)(nil)
-	_ provider.Watcher     = (*Provider)(nil)
-	_ provider.Preempter   = (*Provider)(nil)
-	_ provider.Describer   = (*Provider)(nil)
-	_ provider.CallCounter = (*Provider)(nil)
-	_ provider.Handoffer   = (*Provider)(nil)
+	_ provider.Provider     = (*Provider)(nil)
+	_ provider.Watcher      = (*Provider)(nil)
+	_ provider.Preempter    = (*Provider)(nil)
+	_ provider.Describer    = (*Provider)(nil)
+	_ provider.CallCounter  = (*Provider)(nil)
+	_ provider.Handoffer    = (*Provider)(nil)
+	_ provider.ShapeChecker = (*Provider)(nil)
 )
 
 func (p *Provider) Traits() provider.Traits {
 	return provider.Traits{KeepsBootData: true, Preemptible: p.opt.Section.Spot}
 }
 
-// Honours says what a job of a dynamic pool may ask: spot=, in a Spot pool.
-func (p *Provider) Honours() []string { return vm.Honours(p.opt.Section.Spot, false) }
+// Honours says what a job of a dynamic pool may ask: spot=, in a Spot
+// pool, and its machine's CPUs, memory and GPUs, met by the pool's
+// machine types (sizes.go).
+func (p *Provider) Honours() []string { return vm.Honours(p.opt.Section.Spot, true) }
 
 func (p *Provider) Calls() int64 { return p.opt.Calls.Load() }
 
@@ -171,9 +178,13 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if h != nil && bulkable.MatchString(spec.Name) {
 		return p.batch.Do(ctx, spec)
 	}
+	choices, err := p.catalogue.TypesFor(ctx, spec.Request)
+	if err != nil {
+		return provider.Instance{}, err
+	}
 	var made provider.Instance
 	spot, fallback := p.marketOf(spec)
-	err := vm.TryBoot(p.placement(spot, fallback, "insert instance"), spec, s.Image, func() (string, error) {
+	err = vm.TryBoot(p.placement(spot, fallback, choices, "insert instance"), spec, s.Image, func() (string, error) {
 		return startupScript(s, h, spec, p.opt.now(), p.opt.IdleTimeout, p.opt.Lifetime)
 	}, func(spot bool, typ, zone, script string) (err error) {
 		made, err = p.insert(ctx, spec, script, typ, zone, spot)
@@ -188,11 +199,13 @@ func (p *Provider) marketOf(spec provider.Spec) (spot, fallback bool) {
 	return vm.Market(s.Spot, s.SpotFallback == FallbackOnDemand, spec.Request.Spot)
 }
 
-// placement is where a runner's instance is tried, in order.
-func (p *Provider) placement(spot, fallback bool, what string) vm.Placement {
+// placement is where a runner's instance is tried, in order: each of the
+// machine types (the pool's, or those that fit its job,
+// vm.Catalogue.TypesFor) and zones.
+func (p *Provider) placement(spot, fallback bool, types []string, what string) vm.Placement {
 	s := p.opt.Section
 	return vm.Placement{
-		Spot: spot, Fallback: fallback, Types: s.MachineTypes, Places: s.Zones,
+		Spot: spot, Fallback: fallback, Types: types, Places: s.Zones,
 		What: what, Standard: "standard", Limit: "Compute Engine's request quota", Judge: judge, Logger: p.opt.Logger,
 	}
 }
@@ -309,7 +322,8 @@ func (p *Provider) instanceResource(spec provider.Spec, name, script, typ, zone 
 		NetworkInterfaces: []*computepb.NetworkInterface{nic}, Scheduling: sched,
 	}
 	// GPUs cannot move with a live migration; Spot VMs are never migrated.
-	if a := s.Accelerator; a.Type != "" {
+	// A type that carries GPUs of its own takes no other.
+	if a := s.Accelerator; a.Type != "" && !gpuFamily(typ) {
 		in.GuestAccelerators = []*computepb.AcceleratorConfig{{AcceleratorType: proto.String("zones/" + zone + "/acceleratorTypes/" + a.Type), AcceleratorCount: proto.Int32(int32(a.Count))}}
 	}
 	if a := s.Accelerator; a.Type != "" || spot || gpuFamily(typ) {

@@ -78,14 +78,13 @@ func TestAWSJobsChooseTheirInstanceType(t *testing.T) {
 		"  four:\n    runs-on: [awsdyn, gpus=4]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n")
 	jobs := f.WaitJobs(2, 5*time.Minute)
 	harness.CheckJobs(t, jobs)
-	recs := f.JobRecords()
+	recs := f.EndedRecords(jobs)
 	want := map[string]string{"one": "g4dn.xlarge", "four": "g4dn.12xlarge"}
 	for _, j := range jobs {
-		r, ok := harness.RecordOfRegistration(recs, j.RunnerID)
-		if !ok || r.Machine.InstanceType != want[j.Name] {
+		if r := recs[j.ID]; r.Machine.InstanceType != want[j.Name] {
 			t.Errorf("job %s ran on %s, a %s; want a %s", j.Name, r.Machine.ID, r.Machine.InstanceType, want[j.Name])
 		}
-		t.Logf("job %s ran on %s, a %s", j.Name, r.Machine.ID, r.Machine.InstanceType)
+		t.Logf("job %s ran on %s, a %s", j.Name, recs[j.ID].Machine.ID, recs[j.ID].Machine.InstanceType)
 	}
 	if n := sim.Calls()["DescribeInstanceTypes"]; n != 1 {
 		t.Errorf("%d DescribeInstanceTypes calls, want 1 (read once)", n)

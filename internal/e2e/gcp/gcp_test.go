@@ -141,6 +141,36 @@ func TestGCPPreemptionRerunsJob(t *testing.T) {
 	f.StopLeavesNothing()
 }
 
+// A dynamic pool of two machine types, a 1-GPU and a 4-GPU one: in one
+// run, a job asking gpus=1 and one asking gpus=4 each get the type that
+// has what it asks (the smallest: machineTypes.get says what each
+// carries), inserted apart since they differ in size, and their records
+// name it.
+func TestGCPJobsChooseTheirMachineType(t *testing.T) {
+	sim := harness.NeedGCE(t)
+	f := harness.NewFleet(t, "gcpdyn", harness.FleetOptions{Size: 0, Max: 2, GCE: sim,
+		GCP:   "      machine_types: [g2-standard-48, g2-standard-4]\n",
+		Forge: "    poll_interval: 2s\n", Extra: "    dynamic:\n      gpus: [1, 4]\n"})
+	f.Start()
+	f.Push("name: ci\non: [push]\njobs:\n" +
+		"  one:\n    runs-on: [gcpdyn, gpus=1]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n" +
+		"  four:\n    runs-on: [gcpdyn, gpus=4]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n")
+	jobs := f.WaitJobs(2, 5*time.Minute)
+	harness.CheckJobs(t, jobs)
+	recs := f.EndedRecords(jobs)
+	want := map[string]string{"one": "g2-standard-4", "four": "g2-standard-48"}
+	for _, j := range jobs {
+		if r := recs[j.ID]; r.Machine.InstanceType != want[j.Name] {
+			t.Errorf("job %s ran on %s, a %s; want a %s", j.Name, r.Machine.ID, r.Machine.InstanceType, want[j.Name])
+		}
+		t.Logf("job %s ran on %s, a %s", j.Name, recs[j.ID].Machine.ID, recs[j.ID].Machine.InstanceType)
+	}
+	if n := sim.Calls()["machineTypes.get"]; n != 2 {
+		t.Errorf("%d machineTypes.get calls, want 2 (each type read once)", n)
+	}
+	f.StopLeavesNothing()
+}
+
 // No Spot capacity in the first zone: the runner's instance is made in
 // the second. None anywhere and no fallback: the pool says why and backs
 // off (the fallback to standard is provider/gcp's unit test); capacity

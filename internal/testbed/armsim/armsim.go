@@ -193,11 +193,12 @@ type uncancelled struct {
 func (u uncancelled) Do(r *http.Request) (*http.Response, error) {
 	// Auto-shutdown schedules have no fake server (armdevtestlabs v1.0.0
 	// predates them), nor has Compute Schedule (no Go module of it is
-	// served): the stand-in's own handlers answer.
+	// served): the stand-in's own handlers answer, as they do the
+	// resource SKUs list, whose fake has no state to read.
 	for _, h := range []struct {
 		route func(*http.Request) (string, string)
 		serve func(http.ResponseWriter, *http.Request, string)
-	}{{scheduleRoute, u.s.schedules}, {computeScheduleRoute, u.s.submitDeallocations}} {
+	}{{scheduleRoute, u.s.schedules}, {computeScheduleRoute, u.s.submitDeallocations}, {skusRoute, u.s.skus}} {
 		if api, _ := h.route(r); api != "" {
 			rec := httptest.NewRecorder()
 			u.s.count(api)

@@ -131,6 +131,11 @@ func (s *Server) arm(w http.ResponseWriter, r *http.Request) {
 		s.submitDeallocations(w, r, api)
 		return
 	}
+	if strings.HasPrefix(api, "ResourceSKUsClient.") {
+		s.count(api)
+		s.skus(w, r, api)
+		return
+	}
 	poll := strings.HasSuffix(r.URL.Path, "/get/fake/status")
 	vm := ""
 	if m := vmPath.FindStringSubmatch(r.URL.Path); m != nil {
@@ -176,6 +181,9 @@ func (s *Server) route(r *http.Request) (api, sub string) {
 		return api, sub
 	}
 	if api, sub := computeScheduleRoute(r); api != "" {
+		return api, sub
+	}
+	if api, sub := skusRoute(r); api != "" {
 		return api, sub
 	}
 	p := r.URL.Path

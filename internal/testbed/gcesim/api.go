@@ -63,6 +63,7 @@ func (s *Server) routes() http.Handler {
 	route("GET "+base+"/aggregated/operations", "globalOperations.aggregatedList", s.aggregatedOps)
 	route("GET "+base+"/aggregated/disks", "disks.aggregatedList", s.aggregatedDisks)
 	route("DELETE "+base+"/zones/{zone}/disks/{name}", "disks.delete", s.deleteDisk)
+	route("GET "+base+"/zones/{zone}/machineTypes/{name}", "machineTypes.get", s.machineType)
 	return mux
 }
 
@@ -129,6 +130,9 @@ func (s *Server) check(in *computepb.Instance, zone string) *apiError {
 	}
 	if m[1] != zone {
 		return invalid("Invalid value for field 'resource.machineType': '%s'. Machine type specified '%s' is in a different scope than the instance.", in.GetMachineType(), m[2])
+	}
+	if !offered(m[2], zone) {
+		return invalid("Invalid value for field 'resource.machineType': '%s'. Machine type with name '%s' does not exist in zone '%s'.", in.GetMachineType(), m[2], zone)
 	}
 	if len(in.GetDisks()) != 1 || !in.GetDisks()[0].GetBoot() || in.GetDisks()[0].GetInitializeParams().GetSourceImage() == "" {
 		return invalid("Invalid value for field 'resource.disks': one boot disk with a source image is required here")

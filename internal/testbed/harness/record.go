@@ -87,30 +87,41 @@ func RecordOfRegistration(rs []record.Record, reg int64) (record.Record, bool) {
 	return record.Record{}, false
 }
 
+// EndedRecords waits for the history to hold every job's runner, ended
+// (what the manager learns of a runner reaches its history within a
+// pass or two of the job's end, however quick the job), and returns each
+// job's runner's record, by the job's id.
+func (f *Fleet) EndedRecords(jobs []*sdk.ActionWorkflowJob) map[int64]record.Record {
+	f.T.Helper()
+	out := map[int64]record.Record{}
+	Eventually(f.T, time.Minute, "the history to hold every job's runner, ended", func() bool {
+		kept := f.JobRecords()
+		for _, j := range jobs {
+			r, ok := RecordOfRegistration(kept, j.RunnerID)
+			if !ok || r.Ended.IsZero() {
+				return false
+			}
+			out[j.ID] = r
+		}
+		return true
+	})
+	return out
+}
+
 // CheckRecords reads the record each job printed (with RecordJob) and the
 // history's record of the job's runner, once that runner ended, and hands
 // both to check. (The history names the job where the forge reported it
 // with its runner: a webhook.)
 func (f *Fleet) CheckRecords(jobs []*sdk.ActionWorkflowJob, check func(printed, kept record.Record)) {
 	f.T.Helper()
-	var kept []record.Record
-	Eventually(f.T, time.Minute, "the history to hold every job's runner, ended", func() bool {
-		kept = f.JobRecords()
-		for _, j := range jobs {
-			r, ok := RecordOfRegistration(kept, j.RunnerID)
-			if !ok || r.Ended.IsZero() {
-				return false
-			}
-		}
-		return true
-	})
+	kept := f.EndedRecords(jobs)
 	for _, j := range jobs {
 		logs, _, err := f.Client().GetRepoActionJobLogs(Gitea.User, f.Repo, j.ID)
 		if err != nil {
 			f.T.Fatal(err)
 		}
 		printed := NeedRecordIn(f.T, string(logs))
-		r, _ := RecordOfRegistration(kept, j.RunnerID)
+		r := kept[j.ID]
 		if printed.Runner != r.Runner || printed.Registration != r.Registration {
 			f.T.Errorf("job %d printed the record of %s (%d), the history gives it %s (%d)", j.ID, printed.Runner, printed.Registration, r.Runner, r.Registration)
 		}
