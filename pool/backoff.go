@@ -90,11 +90,11 @@ func (p *Pool) Backoff() Backoff {
 // without p.mu held.
 func (p *Pool) reportBackoff() {
 	p.mu.Lock()
-	b, changed := p.backoff, p.backoffChanged
+	b, changed, report := p.backoff, p.backoffChanged, p.cfg.OnBackoff // Update may replace it
 	p.backoffChanged = false
 	p.mu.Unlock()
-	if changed && p.cfg.OnBackoff != nil {
-		p.cfg.OnBackoff(b)
+	if changed && report != nil {
+		report(b)
 	}
 }
 

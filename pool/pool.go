@@ -234,6 +234,9 @@ func (p *Pool) Update(c Config) {
 	p.cfg.Size, p.cfg.Max = c.Size, max(c.Max, c.Size)
 	p.cfg.IdleTimeout, p.cfg.MaxLifetime, p.cfg.BootstrapTimeout = c.IdleTimeout, c.MaxLifetime, c.BootstrapTimeout
 	p.cfg.RetryLost = c.RetryLost
+	if c.OnBackoff != nil {
+		p.cfg.OnBackoff = c.OnBackoff
+	}
 	if p.backoff.Halted {
 		// The refused request may be fixed by the new config.
 		p.backoff.Halted = false

@@ -18,6 +18,7 @@ import (
 	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/demand"
 	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/history"
 	"github.com/runfleet/runfleet/metrics"
 	"github.com/runfleet/runfleet/placement"
 	"github.com/runfleet/runfleet/pool"
@@ -73,7 +74,7 @@ type Fleet struct {
 	// bg is the fleet's own background work (a timed-out job's re-run),
 	// waited for at drain with the connections'.
 	bg      forge.Following
-	history jobHistory
+	history history.Handle
 	// readOnly: the fleet is only read (Inspect).
 	readOnly bool
 	// stopped holds, by pool, why its forge's session stopped for good
@@ -208,7 +209,6 @@ func (f *Fleet) buildPool(ctx context.Context, pc *config.Pool) (*pool.Pool, err
 	}
 	m := f.Metrics.Pool(name)
 	pcfg.OnStarted, pcfg.OnError = m.Started, m.Error
-	pcfg.OnBackoff = func(b pool.Backoff) { f.saveBackoff(name, b) }
 	// A refusal by the forge is not carried over: a new manager tries
 	// again, once.
 	pcfg.Backoff = f.SavedBackoff(name)
@@ -249,6 +249,8 @@ func (f *Fleet) poolConfig(pc config.Pool, plan placement.Plan) pool.Config {
 		Resync:           f.Config.Resync.Duration,
 		RetryLost:        pc.RetryLost == nil || *pc.RetryLost,
 		Once:             pc.Single,
+		// Kept with what its runners are now, also after a reload.
+		OnBackoff: f.backoffFile(pc.Name).Save,
 	}
 }
 

@@ -240,7 +240,7 @@ pools:
 		return f
 	}
 	b := pool.Backoff{Failures: 4, Until: time.Now().Add(time.Minute).UTC().Round(0), Reason: "agent exited before it registered"}
-	fleet("a/b", "/bin/true").saveBackoff("p", b)
+	fleet("a/b", "/bin/true").backoffFile("p").Save(b)
 	if got := fleet("a/b", "/bin/true").SavedBackoff("p"); got.Failures != 4 || got.Reason != b.Reason || !got.Until.Equal(b.Until) {
 		t.Errorf("same runners: %+v, want %+v", got, b)
 	}

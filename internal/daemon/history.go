@@ -3,7 +3,6 @@ package daemon
 import (
 	"cmp"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/runfleet/runfleet/config"
@@ -11,39 +10,6 @@ import (
 	"github.com/runfleet/runfleet/history"
 	"github.com/runfleet/runfleet/record"
 )
-
-// jobHistory is the fleet's history of jobs, written only while the fleet
-// runs its pools (serve, as the leader): a standby manager writes nothing
-// until it leads. Until then what is told is dropped: the passes tell it
-// again.
-type jobHistory struct {
-	mu    sync.Mutex
-	store *history.Store
-}
-
-func (h *jobHistory) get() *history.Store {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.store
-}
-
-func (h *jobHistory) Add(r record.Record) {
-	if s := h.get(); s != nil {
-		s.Add(r)
-	}
-}
-
-func (h *jobHistory) Update(forge string, reg int64, change func(*record.Record) bool) {
-	if s := h.get(); s != nil {
-		s.Update(forge, reg, change)
-	}
-}
-
-func (h *jobHistory) Drop(forge string, reg int64) {
-	if s := h.get(); s != nil {
-		s.Drop(forge, reg)
-	}
-}
 
 // openHistory opens the store of a config's history. A store that
 // cannot be opened is logged, and the fleet runs without one: a history
@@ -56,18 +22,12 @@ func (f *Fleet) openHistory(c config.History) {
 		f.log.Error("the history of jobs cannot be opened; runners start without it", "err", err)
 		return
 	}
-	f.history.mu.Lock()
-	f.history.store = s
-	f.history.mu.Unlock()
+	f.history.Swap(s)
 }
 
 // closeHistory writes what is queued and closes the store.
 func (f *Fleet) closeHistory() {
-	f.history.mu.Lock()
-	s := f.history.store
-	f.history.store = nil
-	f.history.mu.Unlock()
-	if s != nil {
+	if s := f.history.Swap(nil); s != nil {
 		if err := s.Close(); err != nil {
 			f.log.Warn("close the history of jobs", "err", err)
 		}
@@ -116,7 +76,7 @@ func first(have, got time.Time) time.Time {
 
 // Jobs lists the history's records, for the status listener's /jobs.
 func (f *Fleet) Jobs(q history.Query) ([]record.Record, error) {
-	s := f.history.get()
+	s := f.history.Store()
 	if s == nil {
 		return nil, errNoHistory
 	}
@@ -125,7 +85,7 @@ func (f *Fleet) Jobs(q history.Query) ([]record.Record, error) {
 
 // JobRecord returns one record of the history, for /jobs/<id>.
 func (f *Fleet) JobRecord(id string) (record.Record, error) {
-	s := f.history.get()
+	s := f.history.Store()
 	if s == nil {
 		return record.Record{}, errNoHistory
 	}
@@ -136,7 +96,7 @@ var errNoHistory = errors.New("this manager keeps no history now (see its log)")
 
 // recordOf names the record of a job's runner, "" when there is none.
 func (f *Fleet) recordOf(j demand.JobView) string {
-	s := f.history.get()
+	s := f.history.Store()
 	if s == nil || j.RunnerID == 0 {
 		return ""
 	}
