@@ -69,3 +69,47 @@ func TestFollowingStopsAtDrain(t *testing.T) {
 		t.Fatalf("Stop returned after %v, the follow-up returned: %v", time.Since(start), returned.Load())
 	}
 }
+
+// With a ledger, a follow-up is owed from its start until it returns by
+// itself; one ended by Stop (a drain) stays owed, for the next manager
+// on the same state, which reads it back from the directory.
+func TestFollowingLedger(t *testing.T) {
+	dir := t.TempDir()
+	f := Following{Ledger: LedgerDir{Dir: dir}}
+	release := make(chan struct{})
+	f.Go(context.Background(), Runner{ID: 6, Name: "pool-2"}, func(ctx context.Context) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+	})
+	f.Go(context.Background(), Runner{Name: "pool-5"}, func(ctx context.Context) { <-ctx.Done() })
+	if got := (LedgerDir{Dir: dir}).Owed(); len(got) != 2 {
+		t.Fatalf("owed while they run: %+v, want both runners", got)
+	}
+	close(release)
+	eventuallyOwed(t, dir, []Runner{{Name: "pool-5"}})
+	f.Stop(context.Background())
+	// A successor reads what is owed: the runner whose run it waited on.
+	if got := (LedgerDir{Dir: dir}).Owed(); len(got) != 1 || got[0].Name != "pool-5" || got[0].ID != 0 {
+		t.Fatalf("owed after the drain: %+v, want pool-5's follow-up", got)
+	}
+	next := Following{Ledger: LedgerDir{Dir: dir}}
+	next.Go(context.Background(), Runner{Name: "pool-5"}, func(context.Context) {})
+	eventuallyOwed(t, dir, nil)
+}
+
+func eventuallyOwed(t *testing.T, dir string, want []Runner) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := (LedgerDir{Dir: dir}).Owed()
+		if len(got) == len(want) && (len(want) == 0 || got[0].Name == want[0].Name && got[0].ID == want[0].ID) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("owed %+v, want %+v", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -197,7 +197,8 @@ type Rerunner interface {
 // it and waits for it to return, at most until ctx ends, so that none
 // outlives the manager. The manager drains its connections after its
 // pools; a re-run left undone is the next manager's, which finds the
-// lost runner again.
+// lost runner again or, where the forge deleted its registration
+// meanwhile, in the connection's ledger (Env.Owed, Following.Ledger).
 type Drainer interface {
 	Drain(ctx context.Context)
 }

@@ -57,6 +57,10 @@ type Env struct {
 	// Budget paces the connection's API calls (see Budgeted); nil is
 	// no budget.
 	Budget *rate.Limiter
+	// Owed keeps the re-runs of lost runners' jobs the connection owes
+	// (Following.Ledger), for the next manager where this one stops
+	// first; nil keeps none.
+	Owed Ledger
 }
 
 // LabelChecker is implemented by drivers whose forge limits the labels a

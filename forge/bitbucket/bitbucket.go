@@ -82,6 +82,9 @@ type Config struct {
 	CallTimeout time.Duration
 	// Budget paces the API calls (forge.Budgeted); nil is none.
 	Budget *rate.Limiter
+	// Owed keeps the lost runners\' re-runs the connection owes, for
+	// the next manager (forge.Following.Ledger); nil keeps none.
+	Owed forge.Ledger
 	// CacheTTL is how long a listing of runners is reused (5s if 0;
 	// negative: never).
 	CacheTTL time.Duration
@@ -181,6 +184,7 @@ func New(cfg Config) (*Forge, error) {
 	d := &Forge{cfg: cfg, log: cfg.Logger, auth: authorization(cfg.Username, cfg.Token),
 		uuids: map[int64]string{}, cordoned: map[int64]bool{}, late: map[int64]bool{}, ended: map[int64]bool{},
 		pipelinesYML: map[string]map[string][]string{}, steps: map[int64]string{}, rerun: map[string]bool{}, checked: map[string]bool{}, pace: map[string]*pace{}, reads: map[string]jobsRead{}}
+	d.losing.Ledger = cfg.Owed
 	d.kept.Now = cfg.Clock
 	d.rl = &limits{}
 	hc := &http.Client{}

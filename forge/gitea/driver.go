@@ -99,6 +99,7 @@ func (driver) Open(ctx context.Context, c forge.Config, env forge.Env) (forge.Fo
 		UserAgent: "runfleet/" + env.Version,
 		Logger:    env.Logger,
 		Budget:    env.Budget,
+		Owed:      env.Owed,
 	}), nil
 }
 

@@ -54,6 +54,9 @@ type Config struct {
 	CallTimeout time.Duration
 	// Budget paces the API calls (forge.Budgeted); nil is none.
 	Budget *rate.Limiter
+	// Owed keeps the lost runners\' re-runs the connection owes, for
+	// the next manager (forge.Following.Ledger); nil keeps none.
+	Owed forge.Ledger
 	// Version is reported to Gitea as the runner version.
 	Version string
 	// UserAgent names runfleet in every request (version.UserAgent by
@@ -109,6 +112,7 @@ func New(cfg Config) *Forge {
 	}
 	cfg.URL = strings.TrimRight(cfg.URL, "/")
 	d := &Forge{cfg: cfg, log: log}
+	d.losing.Ledger = cfg.Owed
 	// A copy of the client that counts its requests.
 	counted := *hc
 	counted.Transport = forge.Budgeted(forge.CountCalls(forge.WithUserAgent(counted.Transport, cfg.UserAgent), &d.calls), cfg.Budget)

@@ -149,7 +149,7 @@ func (driver) Open(ctx context.Context, c forge.Config, env forge.Env) (forge.Fo
 	if err != nil {
 		return nil, err
 	}
-	cfg.Version, cfg.Logger, cfg.Budget = env.Version, env.Logger, env.Budget
+	cfg.Version, cfg.Logger, cfg.Budget, cfg.Owed = env.Version, env.Logger, env.Budget, env.Owed
 	var s section
 	if err := config.DecodeSection(c.Section, &s); err != nil {
 		return nil, err

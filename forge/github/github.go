@@ -69,6 +69,9 @@ type Config struct {
 	Logger               *slog.Logger
 	// Budget paces the API calls (forge.Budgeted); nil is none.
 	Budget *rate.Limiter
+	// Owed keeps the lost runners\' re-runs the connection owes, for
+	// the next manager (forge.Following.Ledger); nil keeps none.
+	Owed forge.Ledger
 	// CallTimeout bounds each API request (30s if 0): a forge that
 	// accepts connections and never answers cannot hold a pass.
 	CallTimeout time.Duration
@@ -159,6 +162,7 @@ func New(cfg Config) (*Forge, error) {
 		cfg.CallTimeout = 30 * time.Second
 	}
 	d := &Forge{cfg: cfg, scope: scope, log: cfg.Logger, reruns: map[int64]bool{}, seen: map[int64]runSeen{}}
+	d.losing.Ledger = cfg.Owed
 	d.remaining.Store(-1)
 	// Every request that leaves the driver is counted, the installation
 	// token requests of a GitHub App included.

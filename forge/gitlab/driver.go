@@ -151,6 +151,7 @@ func (driver) Open(ctx context.Context, c forge.Config, env forge.Env) (forge.Fo
 		Version:        env.Version,
 		Logger:         env.Logger,
 		Budget:         env.Budget,
+		Owed:           env.Owed,
 	})
 }
 

@@ -65,6 +65,9 @@ type Config struct {
 	CallTimeout time.Duration
 	// Budget paces the API calls (forge.Budgeted); nil is none.
 	Budget *rate.Limiter
+	// Owed keeps the lost runners\' re-runs the connection owes, for
+	// the next manager (forge.Following.Ledger); nil keeps none.
+	Owed forge.Ledger
 	// SettleTime is how long RemoveRunner waits between pausing a runner
 	// and reading its jobs, so that a job request already under way is
 	// seen (1s if 0).
@@ -122,6 +125,7 @@ func New(cfg Config) (*Forge, error) {
 		cfg.RunnerURL = cfg.URL
 	}
 	d := &Forge{cfg: cfg, log: cfg.Logger, retried: map[int64]bool{}, timedOut: map[int64]int64{}}
+	d.losing.Ledger = cfg.Owed
 	hc := &http.Client{}
 	if cfg.HTTPClient != nil {
 		c := *cfg.HTTPClient

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -131,6 +132,34 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, readOnly b
 	return f, nil
 }
 
+// owedOf is where a forge connection keeps the re-runs of lost runners'
+// jobs it owes (forge.LedgerDir), in the state directory: a manager that
+// drained or died before a run ended leaves its re-run to the next.
+// Nil without a state directory.
+func owedOf(cfg *config.Config, forgeName string, log *slog.Logger) *forge.LedgerDir {
+	if cfg.StateDir == "" {
+		return nil
+	}
+	return &forge.LedgerDir{Dir: filepath.Join(cfg.StateDir, "owed", forgeName), Logger: log}
+}
+
+// resumeOwed takes up the re-runs that an earlier manager on this state
+// owed and did not finish: each runner is told lost again, and its
+// follow-up finds its job, or nothing left to do.
+func (f *Fleet) resumeOwed(ctx context.Context) {
+	for _, fc := range f.Config.Forges {
+		r, ok := f.conns[fc.Name].(forge.Rerunner)
+		l := owedOf(f.Config, fc.Name, f.log)
+		if !ok || l == nil {
+			continue
+		}
+		for _, lost := range l.Owed() {
+			f.log.Info("taking up the re-run of a lost runner's job that an earlier manager left", "forge", fc.Name, "runner", lost.Name, "id", lost.ID)
+			r.Lost(ctx, lost)
+		}
+	}
+}
+
 // openForges opens a connection to each forge, through its type's driver.
 func openForges(ctx context.Context, cfg *config.Config, log *slog.Logger) (map[string]forge.Forge, error) {
 	conns := map[string]forge.Forge{}
@@ -142,7 +171,11 @@ func openForges(ctx context.Context, cfg *config.Config, log *slog.Logger) (map[
 			errs = append(errs, fmt.Errorf("%s.type: %q is not in this build (known: %s)", field, fc.Type, strings.Join(forge.Types(), ", ")))
 			continue
 		}
-		conn, err := d.Open(ctx, fc.Driver(), forge.Env{Version: Version, Manager: cfg.ID, Logger: log.With("forge", fc.Name), Budget: fc.Budget()})
+		env := forge.Env{Version: Version, Manager: cfg.ID, Logger: log.With("forge", fc.Name), Budget: fc.Budget()}
+		if l := owedOf(cfg, fc.Name, env.Logger); l != nil {
+			env.Owed = l
+		}
+		conn, err := d.Open(ctx, fc.Driver(), env)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", field, err))
 			continue

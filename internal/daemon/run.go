@@ -52,6 +52,7 @@ func (f *Fleet) RunLeader(ctx context.Context, lost <-chan struct{}) []pool.Runn
 	for _, p := range f.Pools {
 		f.startPool(p)
 	}
+	f.resumeOwed(runCtx)
 	listened, _ := demanderPools(cfg, f.conns) // checked by New
 	most := map[string]int{}
 	for _, pc := range listened {

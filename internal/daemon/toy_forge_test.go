@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/runfleet/runfleet/agent"
@@ -45,12 +46,13 @@ var (
 	toyForges = map[string]*toyForge{} // by queue, for the test to drive
 )
 
-func (d toyForgeDriver) Open(_ context.Context, c forge.Config, _ forge.Env) (forge.Forge, error) {
+func (d toyForgeDriver) Open(_ context.Context, c forge.Config, env forge.Env) (forge.Forge, error) {
 	s, err := d.decode(c)
 	if err != nil {
 		return nil, err
 	}
 	f := &toyForge{token: c.Token.Reveal(), runners: map[int64]*forge.Runner{}}
+	f.losing.Ledger = env.Owed
 	toyMu.Lock()
 	toyForges[s.Queue] = f
 	toyMu.Unlock()
@@ -59,7 +61,9 @@ func (d toyForgeDriver) Open(_ context.Context, c forge.Config, _ forge.Env) (fo
 
 type toyForge struct {
 	token   string // the forge's own token: never handed to a runner
+	losing  forge.Following
 	mu      sync.Mutex
+	rerun   []string // the lost runners whose job was re-run
 	next    int64
 	runners map[int64]*forge.Runner
 	issued  int
@@ -142,4 +146,19 @@ func (a toyAgent) Spec(r agent.Runner, cred forge.Credential) (provider.Spec, er
 		env[k] = v
 	}
 	return provider.Spec{Name: r.Name, Manager: r.Manager, Pool: r.Pool, Command: a.path, Env: env}, nil
+}
+
+// Lost re-runs the lost runner's job at once (forge.Rerunner).
+func (f *toyForge) Lost(ctx context.Context, r forge.Runner) {
+	f.losing.Go(ctx, r, func(context.Context) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.rerun = append(f.rerun, r.Name)
+	})
+}
+
+func (f *toyForge) reruns() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.rerun)
 }

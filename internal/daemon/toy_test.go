@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -94,6 +95,40 @@ func TestToyDrivers(t *testing.T) {
 	// Drained: the idle replacement went, registration first.
 	if reg, _ := f.count(); reg != 0 || len(p.running()) != 0 {
 		t.Errorf("after the drain: %d registrations, machines %v", reg, p.running())
+	}
+}
+
+// A re-run of a lost runner's job that an earlier manager on the same
+// state owed (it drained, or died, before the job's run ended, and the
+// forge then deleted the runner's registration, so that no pass finds
+// the runner lost again) is taken up when the next manager starts, and
+// is owed no more once done.
+func TestOwedRerunTakenUp(t *testing.T) {
+	t.Setenv("TOY_FORGE_TOKEN", "x")
+	state := t.TempDir()
+	owed := forge.LedgerDir{Dir: filepath.Join(state, "owed", "playground")}
+	owed.Owe("name toys-9", forge.Runner{Name: "toys-9"})
+	cfg, err := config.Parse([]byte(strings.Replace(toyFleet, "%s", state, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet, err := daemon.New(t.Context(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	toyMu.Lock()
+	f := toyForges["q1"]
+	toyMu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { fleet.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !slices.Equal(f.reruns(), []string{"toys-9"}) || len(owed.Owed()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("re-runs %v, still owed %+v: want toys-9's job re-run, nothing owed", f.reruns(), owed.Owed())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
