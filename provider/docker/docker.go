@@ -757,17 +757,33 @@ func (p *Provider) remove(ctx context.Context, id, name string) {
 	}
 }
 
+// removeTries bounds the removals of one container: the engine can fail
+// one with its files half gone ("unable to remove filesystem for <id>:
+// ... directory not empty", when something still wrote in its directory
+// as it was removed: moby's daemon/delete.go marks the container dead,
+// SetRemovalError), and a removal a moment later takes it.
+var removeTries = []time.Duration{250 * time.Millisecond, time.Second, 3 * time.Second}
+
 func (p *Provider) removeContainer(ctx context.Context, id, name string) error {
-	ctx, cancel := p.call(ctx)
-	defer cancel()
-	_, err := p.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
-	// On conflict the engine is already removing it (AutoRemove): its
-	// agent is gone, and so may its files be.
-	if err != nil && !cerrdefs.IsNotFound(err) && !cerrdefs.IsConflict(err) {
-		return fmt.Errorf("remove container %s: %w", name, err)
+	for i := 0; ; i++ {
+		cctx, cancel := p.call(ctx)
+		_, err := p.cli.ContainerRemove(cctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+		cancel()
+		// On conflict the engine is already removing it (AutoRemove): its
+		// agent is gone, and so may its files be.
+		if err == nil || cerrdefs.IsNotFound(err) || cerrdefs.IsConflict(err) {
+			p.removeFiles(name)
+			return nil
+		}
+		if i == len(removeTries) || !cerrdefs.IsInternal(err) {
+			return fmt.Errorf("remove container %s: %w", name, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("remove container %s: %w", name, err)
+		case <-time.After(removeTries[i]):
+		}
 	}
-	p.removeFiles(name)
-	return nil
 }
 
 // Delete kills and removes the runner's containers. The pool calls it

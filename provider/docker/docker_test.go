@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -672,5 +673,45 @@ func TestCloseWaitsForAutoRemoval(t *testing.T) {
 	}
 	if left, _ := os.ReadDir(files); len(left) != 0 {
 		t.Errorf("%d entries left in the files directory after Close", len(left))
+	}
+}
+
+// The engine can fail a removal with the container's files half gone
+// ("unable to remove filesystem for <id>: ... directory not empty": moby's
+// daemon/delete.go marks the container dead, SetRemovalError), as seen
+// after a live-restore restart; the removal is asked again a moment later
+// and takes. Nothing else is retried: a container that is not there is
+// removed already.
+func TestRemovalRetriedAfterEngineFailure(t *testing.T) {
+	var deletes atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Api-Version", "1.41")
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/_ping"):
+			w.Write([]byte("OK"))
+		case r.Method == http.MethodDelete && strings.Contains(r.URL.Path, "/containers/"):
+			w.Header().Set("Content-Type", "application/json")
+			if deletes.Add(1) == 1 {
+				w.WriteHeader(http.StatusInternalServerError)
+				fmt.Fprint(w, `{"message":"unable to remove filesystem for d532dfbf490f: unlinkat /var/lib/docker/containers/d532dfbf490f: directory not empty"}`)
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	cli, err := client.New(client.WithHost("tcp://"+strings.TrimPrefix(srv.URL, "http://")), client.WithAPIVersion("1.41"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Options{Client: cli, Manager: "m", Pool: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.removeContainer(context.Background(), "d532dfbf490f", "m-p-1-x"); err != nil || deletes.Load() != 2 {
+		t.Fatalf("remove: %v after %d requests, want it removed at the second", err, deletes.Load())
 	}
 }
