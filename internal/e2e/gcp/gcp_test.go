@@ -148,13 +148,13 @@ func TestGCPPreemptionRerunsJob(t *testing.T) {
 // name it.
 func TestGCPJobsChooseTheirMachineType(t *testing.T) {
 	sim := harness.NeedGCE(t)
-	f := harness.NewFleet(t, "gcpdyn", harness.FleetOptions{Size: 0, Max: 2, GCE: sim,
+	f := harness.NewFleet(t, "gcpsize", harness.FleetOptions{Size: 0, Max: 2, GCE: sim,
 		GCP:   "      machine_types: [g2-standard-48, g2-standard-4]\n",
 		Forge: "    poll_interval: 2s\n", Extra: "    dynamic:\n      gpus: [1, 4]\n"})
 	f.Start()
 	f.Push("name: ci\non: [push]\njobs:\n" +
-		"  one:\n    runs-on: [gcpdyn, gpus=1]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n" +
-		"  four:\n    runs-on: [gcpdyn, gpus=4]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n")
+		"  one:\n    runs-on: [gcpsize, gpus=1]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n" +
+		"  four:\n    runs-on: [gcpsize, gpus=4]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n")
 	jobs := f.WaitJobs(2, 5*time.Minute)
 	harness.CheckJobs(t, jobs)
 	recs := f.EndedRecords(jobs)
