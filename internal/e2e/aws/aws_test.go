@@ -73,19 +73,7 @@ func TestAWSJobsChooseTheirInstanceType(t *testing.T) {
 		AWS:   "      instance_types: [g4dn.12xlarge, g4dn.xlarge]\n      instance_profile: runfleet-runner\n",
 		Forge: "    poll_interval: 2s\n", Extra: "    dynamic:\n      gpus: [1, 4]\n"})
 	f.Start()
-	f.Push("name: ci\non: [push]\njobs:\n" +
-		"  one:\n    runs-on: [awsdyn, gpus=1]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n" +
-		"  four:\n    runs-on: [awsdyn, gpus=4]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n")
-	jobs := f.WaitJobs(2, 5*time.Minute)
-	harness.CheckJobs(t, jobs)
-	recs := f.EndedRecords(jobs)
-	want := map[string]string{"one": "g4dn.xlarge", "four": "g4dn.12xlarge"}
-	for _, j := range jobs {
-		if r := recs[j.ID]; r.Machine.InstanceType != want[j.Name] {
-			t.Errorf("job %s ran on %s, a %s; want a %s", j.Name, r.Machine.ID, r.Machine.InstanceType, want[j.Name])
-		}
-		t.Logf("job %s ran on %s, a %s", j.Name, recs[j.ID].Machine.ID, recs[j.ID].Machine.InstanceType)
-	}
+	f.RunTwoSizes("g4dn.xlarge", "g4dn.12xlarge")
 	if n := sim.Calls()["DescribeInstanceTypes"]; n != 1 {
 		t.Errorf("%d DescribeInstanceTypes calls, want 1 (read once)", n)
 	}

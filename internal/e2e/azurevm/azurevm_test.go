@@ -62,19 +62,7 @@ func TestAzureJobsChooseTheirVMSize(t *testing.T) {
 		Azure: "      vm_sizes: [Standard_NC64as_T4_v3, Standard_NC4as_T4_v3]\n",
 		Forge: "    poll_interval: 2s\n", Extra: "    dynamic:\n      gpus: [1, 4]\n"})
 	f.Start()
-	f.Push("name: ci\non: [push]\njobs:\n" +
-		"  one:\n    runs-on: [azdyn, gpus=1]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n" +
-		"  four:\n    runs-on: [azdyn, gpus=4]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n")
-	jobs := f.WaitJobs(2, 5*time.Minute)
-	harness.CheckJobs(t, jobs)
-	recs := f.EndedRecords(jobs)
-	want := map[string]string{"one": "Standard_NC4as_T4_v3", "four": "Standard_NC64as_T4_v3"}
-	for _, j := range jobs {
-		if r := recs[j.ID]; r.Machine.InstanceType != want[j.Name] {
-			t.Errorf("job %s ran on %s, a %s; want a %s", j.Name, r.Machine.ID, r.Machine.InstanceType, want[j.Name])
-		}
-		t.Logf("job %s ran on %s, a %s", j.Name, recs[j.ID].Machine.ID, recs[j.ID].Machine.InstanceType)
-	}
+	f.RunTwoSizes("Standard_NC4as_T4_v3", "Standard_NC64as_T4_v3")
 	if n := sim.Calls()["ResourceSKUsClient.NewListPager"]; n != 1 {
 		t.Errorf("%d resource SKU lists, want 1 (read once)", n)
 	}

@@ -152,19 +152,7 @@ func TestGCPJobsChooseTheirMachineType(t *testing.T) {
 		GCP:   "      machine_types: [g2-standard-48, g2-standard-4]\n",
 		Forge: "    poll_interval: 2s\n", Extra: "    dynamic:\n      gpus: [1, 4]\n"})
 	f.Start()
-	f.Push("name: ci\non: [push]\njobs:\n" +
-		"  one:\n    runs-on: [gcpsize, gpus=1]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n" +
-		"  four:\n    runs-on: [gcpsize, gpus=4]\n    steps:\n      - run: |\n          cat \"$RUNFLEET_RECORD\"\n")
-	jobs := f.WaitJobs(2, 5*time.Minute)
-	harness.CheckJobs(t, jobs)
-	recs := f.EndedRecords(jobs)
-	want := map[string]string{"one": "g2-standard-4", "four": "g2-standard-48"}
-	for _, j := range jobs {
-		if r := recs[j.ID]; r.Machine.InstanceType != want[j.Name] {
-			t.Errorf("job %s ran on %s, a %s; want a %s", j.Name, r.Machine.ID, r.Machine.InstanceType, want[j.Name])
-		}
-		t.Logf("job %s ran on %s, a %s", j.Name, recs[j.ID].Machine.ID, recs[j.ID].Machine.InstanceType)
-	}
+	f.RunTwoSizes("g2-standard-4", "g2-standard-48")
 	if n := sim.Calls()["machineTypes.get"]; n != 2 {
 		t.Errorf("%d machineTypes.get calls, want 2 (each type read once)", n)
 	}

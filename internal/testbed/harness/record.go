@@ -132,3 +132,25 @@ func (f *Fleet) CheckRecords(jobs []*sdk.ActionWorkflowJob, check func(printed, 
 		}
 	}
 }
+
+// RunTwoSizes pushes a workflow of two jobs for a dynamic pool named as
+// the fleet's repository, one asking gpus=1 and one gpus=4, waits for both to pass,
+// and checks that each job's record names the machine type it should
+// have had: small for the first, big for the second.
+func (f *Fleet) RunTwoSizes(small, big string) {
+	f.T.Helper()
+	f.Push("name: ci\non: [push]\njobs:\n" +
+		"  one:\n    runs-on: [" + f.Repo + ", gpus=1]\n    steps:\n      - run: echo one\n" +
+		"  four:\n    runs-on: [" + f.Repo + ", gpus=4]\n    steps:\n      - run: echo four\n")
+	jobs := f.WaitJobs(2, 5*time.Minute)
+	CheckJobs(f.T, jobs)
+	recs := f.EndedRecords(jobs)
+	want := map[string]string{"one": small, "four": big}
+	for _, j := range jobs {
+		r := recs[j.ID]
+		if r.Machine.InstanceType != want[j.Name] {
+			f.T.Errorf("job %s ran on %s, a %s; want a %s", j.Name, r.Machine.ID, r.Machine.InstanceType, want[j.Name])
+		}
+		f.T.Logf("job %s ran on %s, a %s", j.Name, r.Machine.ID, r.Machine.InstanceType)
+	}
+}
