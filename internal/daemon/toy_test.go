@@ -43,17 +43,7 @@ pools:
 // runner's replacement.
 func TestToyDrivers(t *testing.T) {
 	t.Setenv("TOY_FORGE_TOKEN", "toy-forge-secret")
-	cfg, err := config.Parse([]byte(strings.Replace(toyFleet, "%s", t.TempDir(), 1)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	fleet, err := daemon.New(t.Context(), cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	toyMu.Lock()
-	f := toyForges["q1"]
-	toyMu.Unlock()
+	fleet, f := toyFleetOn(t, t.TempDir())
 	v, _ := toyProviders.Load("toys")
 	p := v.(*toyProvider)
 
@@ -108,17 +98,7 @@ func TestOwedRerunTakenUp(t *testing.T) {
 	state := t.TempDir()
 	owed := forge.LedgerDir{Dir: filepath.Join(state, "owed", "playground")}
 	owed.Owe("name toys-9", forge.Runner{Name: "toys-9"})
-	cfg, err := config.Parse([]byte(strings.Replace(toyFleet, "%s", state, 1)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	fleet, err := daemon.New(t.Context(), cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	toyMu.Lock()
-	f := toyForges["q1"]
-	toyMu.Unlock()
+	fleet, f := toyFleetOn(t, state)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { fleet.Run(ctx); close(done) }()
@@ -130,6 +110,24 @@ func TestOwedRerunTakenUp(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// toyFleetOn builds the toy fleet on a state directory, through the path
+// `runfleet serve` uses (config.Load's Parse, daemon.New), and returns it
+// with its forge.
+func toyFleetOn(t *testing.T, state string) (*daemon.Fleet, *toyForge) {
+	t.Helper()
+	cfg, err := config.Parse([]byte(strings.Replace(toyFleet, "%s", state, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet, err := daemon.New(t.Context(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	toyMu.Lock()
+	defer toyMu.Unlock()
+	return fleet, toyForges["q1"]
 }
 
 // A toy section's problem is named by its full path, with the common

@@ -66,7 +66,6 @@ type skuJSON struct {
 	Name         string   `json:"name"`
 	Tier         string   `json:"tier"`
 	Size         string   `json:"size"`
-	Family       string   `json:"family"`
 	Locations    []string `json:"locations"`
 	Capabilities []struct {
 		Name  string `json:"name"`
@@ -100,7 +99,7 @@ func (s *Server) skus(w http.ResponseWriter, r *http.Request, _ string) {
 		for _, name := range slices.Sorted(maps.Keys(sizeInfos)) {
 			info := sizeInfos[name]
 			tier, size, _ := strings.Cut(name, "_")
-			j := skuJSON{ResourceType: "virtualMachines", Name: name, Tier: tier, Size: size, Family: "standard" + family(size) + "Family", Locations: []string{loc}}
+			j := skuJSON{ResourceType: "virtualMachines", Name: name, Tier: tier, Size: size, Locations: []string{loc}}
 			add := func(k, v string) {
 				j.Capabilities = append(j.Capabilities, struct {
 					Name  string `json:"name"`
@@ -121,10 +120,4 @@ func (s *Server) skus(w http.ResponseWriter, r *http.Request, _ string) {
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"value": out})
-}
-
-// family is a size's series, as the SKU's family names it (NC4as_T4_v3:
-// NCASv3_T4): near enough for the stand-in, which no reader relies on.
-func family(size string) string {
-	return strings.ToUpper(strings.TrimLeft(strings.Split(size, "_")[0], "0123456789"))
 }
