@@ -50,6 +50,9 @@ type Config struct {
 	// History is where the manager keeps the record of each runner and
 	// its job (`runfleet jobs`, the status page).
 	History History `json:"history"`
+	// Currency is what the pools' prices are in (an ISO 4217 code);
+	// DefaultCurrency when unset.
+	Currency string `json:"currency"`
 
 	// LeaderElection, when set, lets several managers with this id share
 	// the fleet: only the holder of a Kubernetes Lease acts.
@@ -80,6 +83,9 @@ type History struct {
 	MaxJobs int      `json:"max_jobs"`
 	Keep    Duration `json:"keep"`
 }
+
+// DefaultCurrency is what prices are in when the config does not say.
+const DefaultCurrency = "USD"
 
 // History's defaults.
 const (
@@ -211,6 +217,15 @@ type Pool struct {
 	// its time limit (GitHub's timed_out), up to this many times: for
 	// training that resumes from its checkpoints. 0: never.
 	RerunOnTimeout int `json:"rerun_on_timeout,omitempty"`
+	// PricePerHour is what one runner's machine costs by the hour, in the
+	// config's currency: a host's or a node's share, a pod's, a Slurm
+	// job's, or a cloud machine's where its price list is not read. Each
+	// record carries it, and its cost (`runfleet jobs --by pool`).
+	PricePerHour *float64 `json:"price_per_hour,omitempty"`
+	// Prices is the price per hour by machine type (an instance type, a
+	// machine type, a VM size), over PricePerHour: a dynamic pool's
+	// types cost each their own.
+	Prices map[string]float64 `json:"prices,omitempty"`
 	// Single fills the pool's slots once: a one-shot runner
 	// (`runfleet runner --single`). Not settable from YAML.
 	Single bool `json:"-"`

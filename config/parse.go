@@ -410,6 +410,9 @@ func (c *Config) setDefaults() {
 	if !c.History.Keep.Given() {
 		c.History.Keep = D(DefaultHistoryKeep)
 	}
+	if c.Currency == "" {
+		c.Currency = DefaultCurrency
+	}
 	if le := c.LeaderElection; le != nil {
 		if le.Lease == "" {
 			le.Lease = "runfleet-" + c.ID

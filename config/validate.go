@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net"
 	"net/url"
 	"path/filepath"
@@ -71,6 +72,13 @@ func sortErrors(err error) error {
 	return errors.Join(errs...)
 }
 
+// currencyRE is an ISO 4217 code's shape.
+var currencyRE = regexp.MustCompile(`^[A-Z]{3}$`)
+
+// price reports whether v is a price per hour: not negative, not NaN, not
+// infinite.
+func price(v float64) bool { return v >= 0 && !math.IsInf(v, 1) }
+
 // Validate checks a defaulted config, the drivers' sections included, and
 // returns every problem found.
 func (c *Config) Validate() error {
@@ -94,6 +102,9 @@ func (c *Config) Validate() error {
 		ps.add("history.keep", "%v", err)
 	} else if c.History.Keep.Duration < time.Hour {
 		ps.add("history.keep", "%s is too short (at least 1h)", c.History.Keep)
+	}
+	if !currencyRE.MatchString(c.Currency) {
+		ps.add("currency", "%q is not a currency code (three capital letters: USD, EUR)", c.Currency)
 	}
 	if le := c.LeaderElection; le != nil {
 		le.validate(&ps)
@@ -270,6 +281,14 @@ func (p Pool) validate(ps *problems, field string) {
 	}
 	if p.Max > 10000 {
 		ps.add(field+".max", "%d is more than 10000", p.Max)
+	}
+	if v := p.PricePerHour; v != nil && !price(*v) {
+		ps.add(field+".price_per_hour", "%v is not a price (a number, 0 or more)", *v)
+	}
+	for _, t := range slices.Sorted(maps.Keys(p.Prices)) {
+		if !price(p.Prices[t]) {
+			ps.add(field+".prices."+t, "%v is not a price (a number, 0 or more)", p.Prices[t])
+		}
 	}
 	if p.RerunOnTimeout < 0 || p.RerunOnTimeout > 100 {
 		ps.add(field+".rerun_on_timeout", "%d is not a number of re-runs between 0 and 100", p.RerunOnTimeout)

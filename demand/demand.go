@@ -43,6 +43,7 @@ type Job struct {
 	// where it does not say.
 	Queued, Started, Completed time.Time
 	URL                        string // the job's page, where the forge says
+	Source                     forge.Source
 }
 
 // JobOf is the report of a job that a forge's driver read (from a
@@ -51,7 +52,7 @@ func JobOf(forgeName string, j forge.Job) Job {
 	return Job{
 		Forge: forgeName, ID: j.ID, RunID: j.RunID, Name: j.Name, Labels: j.Labels,
 		Status: j.Status, Conclusion: j.Conclusion, Attempt: j.Attempt, Runner: j.RunnerName, RunnerID: j.RunnerID,
-		Queued: j.CreatedAt, Started: j.StartedAt, Completed: j.EndedAt, URL: j.URL,
+		Queued: j.CreatedAt, Started: j.StartedAt, Completed: j.EndedAt, URL: j.URL, Source: j.Source,
 	}
 }
 

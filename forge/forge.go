@@ -124,6 +124,15 @@ type Job struct {
 	EndedAt    time.Time
 	// URL is the job's page at the forge, where the forge says.
 	URL string
+	// Source is where the job's code came from, where the forge says.
+	Source Source
+}
+
+// Source is where a job's code came from: the repository (owner/name, a
+// project's path), the commit, the branch or tag, the workflow or
+// pipeline, and who started the run. Empty fields are unknown.
+type Source struct {
+	Repository, Commit, Ref, Workflow, Actor string
 }
 
 // Forge is a CI forge that runfleet provides runners for.

@@ -9,7 +9,44 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
-func init() { nvmlInventory = func(context.Context) (Inventory, error) { return FromNVML(nvml.New()) } }
+func init() {
+	nvmlInventory = func(context.Context) (Inventory, error) { return FromNVML(nvml.New()) }
+	nvmlUsage = func(context.Context) (map[string]Usage, error) { return UsageFromNVML(nvml.New()) }
+}
+
+// UsageFromNVML reads each GPU's utilisation and memory in use through an
+// NVML library, by UUID.
+func UsageFromNVML(lib nvml.Interface) (map[string]Usage, error) {
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("NVML init: %w", ret)
+	}
+	defer lib.Shutdown()
+	n, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("NVML device count: %w", ret)
+	}
+	out := map[string]Usage{}
+	for i := range n {
+		dev, ret := lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("NVML device %d: %w", i, ret)
+		}
+		uuid, ret := dev.GetUUID()
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("NVML device %d uuid: %w", i, ret)
+		}
+		u := Usage{Percent: -1}
+		// ERROR_NOT_SUPPORTED in MIG mode.
+		if r, ret := dev.GetUtilizationRates(); ret == nvml.SUCCESS {
+			u.Percent = int(r.Gpu)
+		}
+		if m, ret := dev.GetMemoryInfo(); ret == nvml.SUCCESS {
+			u.MemoryUsedMiB, u.MemoryKnown = m.Used>>20, true
+		}
+		out[uuid] = u
+	}
+	return out, nil
+}
 
 // FromNVML reads the inventory through an NVML library (the host's, or a
 // mock). Without the library (no driver) the inventory is empty and

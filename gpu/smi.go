@@ -35,6 +35,8 @@ type smiGPU struct {
 	UUID       string   `xml:"uuid"`
 	BusID      string   `xml:"pci>pci_bus_id"`
 	Memory     string   `xml:"fb_memory_usage>total"`
+	MemoryUsed string   `xml:"fb_memory_usage>used"`
+	Util       string   `xml:"utilization>gpu_util"` // "N/A" in MIG mode
 	MIGCurrent string   `xml:"mig_mode>current_mig"`
 	VirtMode   string   `xml:"gpu_virtualization_mode>virtualization_mode"`
 	MIGDevices []smiMIG `xml:"mig_devices>mig_device"` // the text "None" without MIG
@@ -52,13 +54,9 @@ func ParseSMI(data []byte) (Inventory, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return Inventory{}, errors.New("nvidia-smi -q -x printed nothing")
 	}
-	var l smiLog
-	dec := xml.NewDecoder(bytes.NewReader(data))
-	// Reports declare UTF-8; should one not, its ASCII element names
-	// and values read the same.
-	dec.CharsetReader = func(_ string, r io.Reader) (io.Reader, error) { return r, nil }
-	if err := dec.Decode(&l); err != nil {
-		return Inventory{}, fmt.Errorf("nvidia-smi -q -x output: %w", err)
+	l, err := decodeSMI(data)
+	if err != nil {
+		return Inventory{}, err
 	}
 	inv := Inventory{Source: "nvidia-smi", Driver: value(l.Driver)}
 	if v, err := ParseVersion(value(l.CUDA)); err == nil {
@@ -102,6 +100,22 @@ func ParseSMI(data []byte) (Inventory, error) {
 		inv.Reason = "nvidia-smi reports no GPU attached"
 	}
 	return inv, nil
+}
+
+// decodeSMI reads the report's fields runfleet uses.
+func decodeSMI(data []byte) (smiLog, error) {
+	var l smiLog
+	if len(bytes.TrimSpace(data)) == 0 {
+		return l, errors.New("nvidia-smi -q -x printed nothing")
+	}
+	dec := xml.NewDecoder(bytes.NewReader(data))
+	// Reports declare UTF-8; should one not, its ASCII element names
+	// and values read the same.
+	dec.CharsetReader = func(_ string, r io.Reader) (io.Reader, error) { return r, nil }
+	if err := dec.Decode(&l); err != nil {
+		return l, fmt.Errorf("nvidia-smi -q -x output: %w", err)
+	}
+	return l, nil
 }
 
 // value drops the placeholders nvidia-smi writes for what it cannot tell.

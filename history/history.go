@@ -54,6 +54,11 @@ type Options struct {
 	Logger   *slog.Logger
 	// Now replaces time.Now, for tests.
 	Now func() time.Time
+	// Observe, when set, is told each record as written once its batch
+	// is on disk (dropped: removed), in the writer's goroutine, so that
+	// what the manager keeps in memory of its recent records (the status
+	// page's) follows the file without reading it back.
+	Observe func(r record.Record, dropped bool)
 }
 
 // The default bounds: a busy fleet's 100,000 jobs, or 90 days.
@@ -187,9 +192,7 @@ func (s *Store) view(fn func(*bolt.Tx) error) error {
 
 // ID is a record's key: its creation time, fixed-width so that keys sort
 // by time, and its runner's name.
-func ID(r record.Record) string {
-	return fmt.Sprintf("%019d-%s", r.Created.UnixNano(), r.Runner)
-}
+func ID(r record.Record) string { return record.IDOf(r) }
 
 // Add queues a new runner's record, known by its forge and registration
 // from then on.
@@ -299,9 +302,15 @@ func (s *Store) apply() {
 		return
 	}
 	var added int
+	var seen []seenRecord
 	err := s.update(func(tx *bolt.Tx) error {
 		var err error
-		added, err = applyOps(tx, batch)
+		seen = seen[:0] // a retried transaction tells its own
+		added, err = applyOps(tx, batch, func(r record.Record, dropped bool) {
+			if s.opt.Observe != nil {
+				seen = append(seen, seenRecord{r, dropped})
+			}
+		})
 		return err
 	})
 	if errors.Is(err, ErrLocked) && s.retry(batch) {
@@ -309,6 +318,10 @@ func (s *Store) apply() {
 	}
 	if err != nil {
 		s.log.Error("history: write failed; these runners' records miss changes", "ops", len(batch), "err", err)
+	} else {
+		for _, o := range seen {
+			s.opt.Observe(o.r, o.dropped)
+		}
 	}
 	s.mu.Lock()
 	s.applied += uint64(len(batch))
@@ -344,7 +357,15 @@ func (s *Store) retry(batch []op) bool {
 	return true
 }
 
-func applyOps(tx *bolt.Tx, batch []op) (added int, err error) {
+// seenRecord is a record a batch wrote, told to Options.Observe once the
+// batch is on disk.
+type seenRecord struct {
+	r       record.Record
+	dropped bool
+}
+
+// applyOps applies a batch in tx, telling seen each record it writes.
+func applyOps(tx *bolt.Tx, batch []op, seen func(record.Record, bool)) (added int, err error) {
 	recs, regs := tx.Bucket(bucketRecords), tx.Bucket(bucketRegs)
 	// Records are added in time order, at the end: full pages, not the
 	// half-full ones bbolt leaves by default for random inserts.
@@ -368,6 +389,7 @@ func applyOps(tx *bolt.Tx, batch []op) (added int, err error) {
 					return added, err
 				}
 			}
+			seen(*o.add, false)
 		default:
 			id := regs.Get(rk)
 			if id == nil {
@@ -375,6 +397,7 @@ func applyOps(tx *bolt.Tx, batch []op) (added int, err error) {
 			}
 			id = append([]byte(nil), id...)
 			if o.drop {
+				seen(record.Record{ID: string(id), Forge: o.forge, Registration: o.reg}, true)
 				if recs.Get(id) != nil {
 					added--
 				}
@@ -400,6 +423,7 @@ func applyOps(tx *bolt.Tx, batch []op) (added int, err error) {
 			if err := recs.Put(id, b); err != nil {
 				return added, err
 			}
+			seen(r, false)
 		}
 	}
 	return added, addCount(tx, added)

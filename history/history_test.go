@@ -284,7 +284,7 @@ func fill(tb testing.TB, path string, n int, now time.Time, span time.Duration) 
 					return err
 				}
 			}
-			_, err := applyOps(tx, batch)
+			_, err := applyOps(tx, batch, func(record.Record, bool) {})
 			return err
 		})
 		if err != nil {
@@ -292,4 +292,47 @@ func fill(tb testing.TB, path string, n int, now time.Time, span time.Duration) 
 		}
 	}
 	db.Close()
+}
+
+// TestObserveSeesWhatIsWritten: the observer is told each record as the
+// file holds it, once its batch is written, and each removal.
+func TestObserveSeesWhatIsWritten(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]record.Record{}
+	var dropped []string
+	s, err := Open(filepath.Join(t.TempDir(), "history.db"), Options{Observe: func(r record.Record, drop bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if drop {
+			dropped = append(dropped, r.ID)
+			delete(seen, r.ID)
+			return
+		}
+		seen[r.ID] = r
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Now().UTC()
+	a, b := rec("a", 1, now), rec("b", 2, now.Add(time.Second))
+	s.Add(a)
+	s.Add(b)
+	s.Update("local", 1, started(now.Add(time.Minute)))
+	s.Update("local", 1, started(now.Add(2*time.Minute))) // changes nothing: not told
+	s.Drop("local", 2)
+	s.Flush()
+	mu.Lock()
+	defer mu.Unlock()
+	got, ok := seen[ID(a)]
+	if !ok || !got.JobStarted.Equal(now.Add(time.Minute)) || got.Schema != record.Schema {
+		t.Errorf("a as seen: %+v, want it started at the first update", got)
+	}
+	if len(dropped) != 1 || dropped[0] != ID(b) || len(seen) != 1 {
+		t.Errorf("dropped %v, seen %d: want b dropped and a alone", dropped, len(seen))
+	}
+	stored, err := s.Get(ID(a))
+	if err != nil || !stored.JobStarted.Equal(got.JobStarted) {
+		t.Errorf("the file holds %+v (%v), the observer %+v", stored, err, got)
+	}
 }

@@ -1,7 +1,7 @@
 // Package metrics defines runfleet's Prometheus metrics: runners by pool
 // and state, jobs started and completed, how long jobs wait for a runner,
 // how long runners take to start, forge API calls and rate limits,
-// provider errors and webhook deliveries.
+// provider errors and webhook deliveries, and what runners cost and held.
 package metrics
 
 import (
@@ -66,6 +66,8 @@ type Metrics struct {
 	ProviderErrors *prometheus.CounterVec   // pool, op
 	Webhooks       *prometheus.CounterVec   // forge, result
 	Polls          *prometheus.CounterVec   // forge, result
+	Cost           *prometheus.CounterVec   // pool, currency
+	GPUSeconds     *prometheus.CounterVec   // pool
 }
 
 // New registers the metrics, reading runner counts and forge stats from
@@ -98,8 +100,14 @@ func New(src Source) *Metrics {
 		Polls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "runfleet_queue_polls_total", Help: "Polls of a forge's job queue, by result: ok or error.",
 		}, []string{"forge", "result"}),
+		Cost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "runfleet_job_cost_total", Help: "What the pool's ended runners' machines cost, from creation to end, at the pool's price per hour (price_per_hour, prices), in the currency labelled.",
+		}, []string{"pool", "currency"}),
+		GPUSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "runfleet_gpu_seconds_total", Help: "GPU time the pool's ended runners held: each runner's GPUs times how long its machine was held.",
+		}, []string{"pool"}),
 	}
-	m.Registry.MustRegister(m.JobsStarted, m.JobsCompleted, m.JobWait, m.RunnerStart, m.ProviderErrors, m.Webhooks, m.Polls,
+	m.Registry.MustRegister(m.JobsStarted, m.JobsCompleted, m.JobWait, m.RunnerStart, m.ProviderErrors, m.Webhooks, m.Polls, m.Cost, m.GPUSeconds,
 		collector{src}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
 	return m
 }

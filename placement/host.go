@@ -27,6 +27,49 @@ type Host struct {
 	mu    sync.Mutex
 	inv   *gpu.Inventory
 	alloc *gpu.Allocator
+
+	// The last reading of the GPUs' usage, when it was asked for, and
+	// whether one is under way.
+	usage     map[string]gpu.Usage
+	usageAt   time.Time
+	usageBusy bool
+}
+
+// usageKeep is how long a reading of the GPUs' usage is shown before
+// another is asked for: a page refreshed every 5 s by several people
+// runs nvidia-smi no more often than this.
+const usageKeep = 10 * time.Second
+
+// Usage returns the last reading of how busy each GPU is (by UUID), and
+// asks for another in the background where it is older than usageKeep:
+// a page never waits for nvidia-smi. Nil where no pool needed the GPUs,
+// or no reading has come yet.
+func (h *Host) Usage() map[string]gpu.Usage {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.inv == nil || len(h.inv.GPUs) == 0 {
+		return nil
+	}
+	if !h.usageBusy && time.Since(h.usageAt) > usageKeep {
+		h.usageBusy, h.usageAt = true, time.Now()
+		go h.readUsage()
+	}
+	return h.usage
+}
+
+func (h *Host) readUsage() {
+	ctx, cancel := context.WithTimeout(context.Background(), gpu.SMITimeout)
+	defer cancel()
+	u, err := gpu.ReadUsage(ctx, h.NvidiaSMI)
+	if err != nil {
+		h.log().Debug("could not read the GPUs' usage", "err", err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.usageBusy = false
+	if err == nil {
+		h.usage = u
+	}
 }
 
 // GPUs returns the host's GPUs, read on the first call.

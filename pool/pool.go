@@ -113,6 +113,9 @@ type Config struct {
 	// runner's machine gets its own, for its job to read. Nil gives
 	// none.
 	Record *record.Record
+	// Prices says what its machines cost by the hour, for their records;
+	// nil: nothing.
+	Prices *record.Prices
 	// History keeps the records and what becomes of each runner; nil
 	// keeps none.
 	History History
@@ -172,6 +175,7 @@ type Pool struct {
 	view           []Runner                     // after the last pass
 	lastErr        error
 	failingSince   time.Time // first of the passes failing in a row; zero after a pass that worked
+	nextPass       time.Time // when the next pass is due, at the latest
 }
 
 // Option configures a Pool.
@@ -285,6 +289,9 @@ func (p *Pool) Run(ctx context.Context) {
 			}
 			p.mu.Unlock()
 		}
+		p.mu.Lock()
+		p.nextPass = p.now().Add(wait)
+		p.mu.Unlock()
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -413,6 +420,14 @@ func (p *Pool) FailingSince() time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.failingSince
+}
+
+// NextPass is when the pool's next pass is due at the latest (an event
+// may bring it sooner); zero before its first.
+func (p *Pool) NextPass() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.nextPass
 }
 
 func (p *Pool) fail(err error) error {

@@ -47,6 +47,8 @@ func (p *Pool) newRecord(name string, reg int64, labels []string, units []gpu.Un
 	r.Runner, r.Registration, r.Manager, r.Pool = name, reg, p.cfg.Manager, p.cfg.Name
 	r.Labels = slices.Clone(labels)
 	r.Created = p.now().UTC()
+	r.ID = record.IDOf(r)
+	r.Price = p.cfg.Prices.For(r.Machine)
 	r.GPUs = nil
 	for _, u := range units {
 		g := record.GPU{ID: u.ID, Index: u.Device.Index, UUID: u.Device.UUID, Model: u.Device.Name, MemoryMiB: u.Device.MemoryMiB}
@@ -69,6 +71,7 @@ func (p *Pool) recordCreated(r *record.Record, inst provider.Instance) {
 	m.ID = cmp.Or(m.ID, inst.ID)
 	p.cfg.History.Update(r.Forge, r.Registration, func(h *record.Record) bool {
 		h.Machine.Merge(m)
+		p.reprice(h)
 		return true
 	})
 }
@@ -116,7 +119,10 @@ func (p *Pool) recordPass(s *slot) {
 		m := n.machine
 		if m.Merge(s.inst.Machine) {
 			n.machine = m
-			change = append(change, func(r *record.Record) bool { return r.Machine.Merge(m) })
+			change = append(change, func(r *record.Record) bool {
+				changed := r.Machine.Merge(m)
+				return p.reprice(r) || changed
+			})
 		}
 		if gpus := s.inst.GPUs; len(gpus) > n.gpus {
 			// A backend that gives machines GPUs of its own nodes says
@@ -141,6 +147,17 @@ func (p *Pool) recordPass(s *slot) {
 		p.forgetNoted()
 	}
 	p.tell(reg, change)
+}
+
+// reprice sets the record's price from its machine as now known (its type
+// chosen at creation, read at a listing); it reports whether it changed.
+func (p *Pool) reprice(r *record.Record) bool {
+	pr := p.cfg.Prices.For(r.Machine)
+	if pr == nil || r.Price != nil && *r.Price == *pr {
+		return false
+	}
+	r.Price = pr
+	return true
 }
 
 // tell queues the changes to a registration's record.

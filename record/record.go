@@ -11,6 +11,7 @@ package record
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"strconv"
 	"strings"
@@ -32,8 +33,9 @@ const NodeMark = "@RUNFLEET_NODE@"
 // Record is what one runner was given and what became of its job.
 type Record struct {
 	Schema int `json:"schema"`
-	// ID names the record in the manager's history; empty in the file a
-	// job reads, which is written before the history knows it.
+	// ID names the record in the manager's history (IDOf): the job gets
+	// it too (RUNFLEET_RECORD_ID), so that a training run can store it and
+	// find its record later (`runfleet jobs --id`, /jobs/<id>).
 	ID     string `json:"id,omitempty"`
 	Runner string `json:"runner"`
 	// Registration is the runner's id at its forge, never reused.
@@ -55,6 +57,45 @@ type Record struct {
 	JobStarted time.Time `json:"job_started,omitzero"` // first seen running one
 	Ended      time.Time `json:"ended,omitzero"`       // its agent ended, or its machine went
 	Job        *Job      `json:"job,omitempty"`        // once the forge names the job
+	// Price is what its machine costs by the hour; nil where the pool
+	// says nothing of it.
+	Price *Price `json:"price,omitempty"`
+}
+
+// Price is what a runner's machine costs by the hour.
+type Price struct {
+	PerHour  float64 `json:"per_hour"`
+	Currency string  `json:"currency,omitempty"`
+	// Source says where the figure came from: "price_per_hour" or
+	// "prices" (the pool's config), or a cloud's price list.
+	Source string `json:"source,omitempty"`
+}
+
+// Held is how long the runner's machine was held: from its creation to
+// its end, or to now while it lasts.
+func (r Record) Held(now time.Time) time.Duration {
+	end := r.Ended
+	if end.IsZero() {
+		end = now
+	}
+	if end.Before(r.Created) {
+		return 0
+	}
+	return end.Sub(r.Created)
+}
+
+// Cost is the machine's price for the time it was held; 0 without one.
+func (r Record) Cost(now time.Time) float64 {
+	if r.Price == nil {
+		return 0
+	}
+	return r.Price.PerHour * r.Held(now).Hours()
+}
+
+// GPUSeconds is the GPU time the runner held: each of its GPUs for as
+// long as its machine was held, used or not, as a cloud bills it.
+func (r Record) GPUSeconds(now time.Time) float64 {
+	return float64(len(r.GPUs)) * r.Held(now).Seconds()
 }
 
 // Machine is where a runner ran, as far as its provider knows.
@@ -108,6 +149,20 @@ type Job struct {
 	Queued     time.Time `json:"queued,omitzero"`
 	Started    time.Time `json:"started,omitzero"`
 	Completed  time.Time `json:"completed,omitzero"`
+	// Where its code came from, where the forge says: the repository
+	// (owner/name, a project's path), the commit, the branch or tag, the
+	// workflow or pipeline, and who started the run.
+	Repository string `json:"repository,omitempty"`
+	Commit     string `json:"commit,omitempty"`
+	Ref        string `json:"ref,omitempty"`
+	Workflow   string `json:"workflow,omitempty"`
+	Actor      string `json:"actor,omitempty"`
+}
+
+// IDOf is a record's id in the history: its creation time, fixed-width
+// so that ids sort by time, and its runner's name.
+func IDOf(r Record) string {
+	return fmt.Sprintf("%019d-%s", r.Created.UnixNano(), r.Runner)
 }
 
 // Waited is how long the job waited for a runner; zero when unknown.
@@ -166,6 +221,7 @@ func (r Record) Env(path string) map[string]string {
 			env[k] = v
 		}
 	}
+	set("RUNFLEET_RECORD_ID", r.ID)
 	set("RUNFLEET_MANAGER_VERSION", r.ManagerVersion)
 	set("RUNFLEET_GPU_UUIDS", strings.Join(r.GPUUUIDs(), ","))
 	set("RUNFLEET_DRIVER_VERSION", r.Driver)
@@ -233,4 +289,26 @@ func Bytes(n int64) string {
 		}
 	}
 	return strconv.FormatInt(n, 10)
+}
+
+// Prices is what a pool's machines cost by the hour, from its config: one
+// price for every machine, or one per machine type.
+type Prices struct {
+	PerHour  *float64           // price_per_hour; nil: none
+	ByType   map[string]float64 // prices, by instance or machine type
+	Currency string
+}
+
+// For is the price of a machine; nil where the pool names none for it.
+func (p *Prices) For(m Machine) *Price {
+	if p == nil {
+		return nil
+	}
+	if v, ok := p.ByType[m.InstanceType]; ok && m.InstanceType != "" {
+		return &Price{PerHour: v, Currency: p.Currency, Source: "prices"}
+	}
+	if p.PerHour != nil {
+		return &Price{PerHour: *p.PerHour, Currency: p.Currency, Source: "price_per_hour"}
+	}
+	return nil
 }

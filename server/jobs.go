@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/runfleet/runfleet/history"
@@ -49,7 +50,7 @@ func ParseJobsQuery(v map[string][]string, now time.Time) (history.Query, error)
 // Since reads a --since value: a duration back from now ("24h") or a time
 // (RFC 3339).
 func Since(s string, now time.Time) (time.Time, error) {
-	if d, err := time.ParseDuration(s); err == nil {
+	if d, err := duration(s); err == nil {
 		if d < 0 {
 			return time.Time{}, fmt.Errorf("since: %q is negative", s)
 		}
@@ -58,7 +59,26 @@ func Since(s string, now time.Time) (time.Time, error) {
 	if t, err := time.Parse(time.RFC3339, s); err == nil {
 		return t, nil
 	}
-	return time.Time{}, fmt.Errorf("since: %q is neither a duration (24h) nor a time (2026-11-26T06:00:00Z)", s)
+	return time.Time{}, fmt.Errorf("since: %q is neither a duration (24h, 7d) nor a time (2026-11-26T06:00:00Z)", s)
+}
+
+// duration reads Go's durations, and days before them ("7d", "1d12h"),
+// which Go's lack.
+func duration(s string) (time.Duration, error) {
+	days, rest, ok := strings.Cut(s, "d")
+	if !ok {
+		return time.ParseDuration(s)
+	}
+	n, err := strconv.Atoi(days)
+	if err != nil || n < 0 || n > 36500 {
+		return 0, fmt.Errorf("%q is not a number of days", days)
+	}
+	d := time.Duration(n) * 24 * time.Hour
+	if rest == "" {
+		return d, nil
+	}
+	r, err := time.ParseDuration(rest)
+	return d + r, err
 }
 
 // jobs serves the history's records as JSON, newest first.

@@ -150,6 +150,7 @@ func (s *server) routeStatus(mux *http.ServeMux) {
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.Handle("GET /{$}", s.guard(http.HandlerFunc(s.page)))
+	mux.Handle("GET /status.json", s.guard(http.HandlerFunc(s.pageJSON)))
 	mux.Handle("GET /jobs", s.guard(http.HandlerFunc(s.jobs)))
 	mux.Handle("GET /jobs/{id}", s.guard(http.HandlerFunc(s.jobRecord)))
 }
@@ -334,22 +335,40 @@ type Page struct {
 	Manager string
 	Version string
 	Now     time.Time
-	Pools   []PoolView
-	GPUs    *GPUView
-	Jobs    []JobRow
+	// Forges says, for each forge whose polls fail, what is wrong and
+	// what runfleet does next.
+	Forges []ForgeView
+	Pools  []PoolView
+	GPUs   *GPUView
+	// Timeline draws the last hour's jobs (chart.Timeline), each linked
+	// to its record.
+	Timeline template.HTML `json:"-"`
+	Jobs     []JobRow
+}
+
+// ForgeView is one forge's state in words.
+type ForgeView struct {
+	Name, Type string
+	Words      []string // empty: nothing is wrong
 }
 
 // PoolView is one pool on the status page.
 type PoolView struct {
 	Name, Forge, Provider string
 	Size, Max, Queued     int
-	Error                 string
-	Backoff               string // why the pool holds off starting runners
-	// Refused says, for the jobs that ask for what the pool does not
-	// allow (a dynamic pool), what they ask and why nothing starts.
-	Refused []string
-	Runners []RunnerRow
-	GPUs    bool // a runner has GPUs of its own
+	// Words say what is wrong with the pool and what runfleet does next:
+	// its passes failing, its backoff, jobs it refuses, its runners'
+	// machines not running and why.
+	Words []string
+	// Hour and Day draw its runners by state; Waited and Ran its jobs'
+	// waits and durations over the day (chart).
+	Hour, Day, Waited, Ran template.HTML `json:"-"`
+	// Cost is what its runners cost today and this week, and the GPU
+	// time they held; "" when it has no price.
+	CostDay, CostWeek string
+	GPUHours          string
+	Runners           []RunnerRow
+	GPUs              bool // a runner has GPUs of its own
 }
 
 // RunnerRow is one runner.
@@ -358,15 +377,26 @@ type RunnerRow struct {
 	Reason                      string // why its machine is not running
 }
 
-// GPUView is the host's GPUs.
+// GPUView is the GPUs the manager knows: this host's, and those its
+// runners hold on other machines.
 type GPUView struct {
-	Summary string // driver, CUDA, or why none
+	Summary string // this host's driver, CUDA, or why none
 	Units   []GPURow
+	// Elsewhere are the GPUs runners hold on other machines (nodes,
+	// instances), from their records.
+	Elsewhere []GPURow
 }
 
 // GPURow is one GPU or MIG device.
 type GPURow struct {
-	Index, ID, Name, Memory, Runner string
+	Host, Index, ID, Name, Memory string
+	// Runner and Job hold it; "" when it is idle.
+	Runner, Job string
+	// Use is its utilisation and memory in use where the driver tells
+	// ("73% · 41.2 of 80 GiB"); Busy is the utilisation for the bar,
+	// -1 unknown.
+	Use  string
+	Busy int
 }
 
 // JobRow is one recent job.
@@ -383,6 +413,18 @@ var pageFS embed.FS
 var pageTmpl = template.Must(template.New("page.html").Funcs(template.FuncMap{
 	"lower": strings.ToLower,
 }).ParseFS(pageFS, "page.html"))
+
+// pageJSON is what the page shows, without its pictures: for `runfleet
+// status --watch`.
+func (s *server) pageJSON(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Page == nil {
+		http.NotFound(w, r)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	writeJSON(w, s.cfg.Page(ctx))
+}
 
 func (s *server) page(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Page == nil {

@@ -345,6 +345,9 @@ func (d *Forge) Jobs(ctx context.Context, status forge.JobStatus) ([]forge.Job, 
 		// A job that moved on since the filter, or one without an
 		// id, is not one of these.
 		if fj := job(j, ""); fj.ID != 0 && fj.Status == status {
+			if d.cfg.Scope.Kind == "repo" {
+				fj.Source.Repository = d.cfg.Scope.Owner + "/" + d.cfg.Scope.Repo
+			}
 			out = append(out, fj)
 		}
 	}

@@ -57,7 +57,8 @@ func job(j *sdk.ActionWorkflowJob, action string) forge.Job {
 		ID: j.ID, RunID: j.RunID, Name: j.Name, Labels: j.Labels, Status: st, Conclusion: j.Conclusion,
 		RunnerID: j.RunnerID, RunnerName: j.RunnerName, Attempt: int(j.RunAttempt),
 		CreatedAt: cleanTime(j.CreatedAt), StartedAt: cleanTime(j.StartedAt), EndedAt: cleanTime(j.CompletedAt),
-		URL: j.HTMLURL,
+		URL:    j.HTMLURL,
+		Source: forge.Source{Commit: j.HeadSha, Ref: j.HeadBranch},
 	}
 }
 
@@ -66,6 +67,12 @@ func job(j *sdk.ActionWorkflowJob, action string) forge.Job {
 type payload struct {
 	Action      string                 `json:"action"`
 	WorkflowJob *sdk.ActionWorkflowJob `json:"workflow_job"`
+	Repository  *struct {
+		FullName string `json:"full_name"`
+	} `json:"repository"`
+	Sender *struct {
+		Login string `json:"login"`
+	} `json:"sender"`
 }
 
 // ParseWebhook checks a delivery's X-Gitea-Signature (the hex HMAC-SHA256
@@ -100,6 +107,12 @@ func (d *Forge) ParseWebhook(r *http.Request, secret []byte) (forge.Delivery, er
 		return dl, fmt.Errorf("%w: workflow_job payload without a job", forge.ErrBadPayload)
 	}
 	j := job(p.WorkflowJob, p.Action)
+	if p.Repository != nil {
+		j.Source.Repository = p.Repository.FullName
+	}
+	if p.Sender != nil {
+		j.Source.Actor = p.Sender.Login
+	}
 	if j.Status == 0 {
 		return dl, nil // an action runfleet has no use for ("waiting")
 	}

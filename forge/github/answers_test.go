@@ -238,6 +238,13 @@ func TestWebhookRequiresSHA256(t *testing.T) {
 	if err != nil || dl.Job == nil || dl.Job.ID != 7 {
 		t.Fatalf("SHA-256: %+v, %v", dl, err)
 	}
+	// Where the job's code came from, in the delivery's own fields
+	// (docs.github.com, "Webhook events and payloads": workflow_job).
+	body = []byte(`{"action":"queued","workflow_job":{"id":8,"run_id":3,"status":"queued","labels":["gpu"],"head_sha":"9fceb02d0ae598e95dc970b74767f19372d61af8","head_branch":"main","workflow_name":"train"},"repository":{"full_name":"acme/app"},"sender":{"login":"octocat"}}`)
+	dl, err = d.ParseWebhook(req(map[string]string{"X-Hub-Signature-256": sign(sha256.New, "sha256=")}), secret)
+	if err != nil || dl.Job == nil || dl.Job.Source != (forge.Source{Repository: "acme/app", Commit: "9fceb02d0ae598e95dc970b74767f19372d61af8", Ref: "main", Workflow: "train", Actor: "octocat"}) {
+		t.Fatalf("the job's source: %+v, %v", dl.Job, err)
+	}
 }
 
 // A forge that accepts connections and never answers cannot hold a pass:

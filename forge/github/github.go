@@ -15,6 +15,7 @@
 package github
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -669,7 +670,10 @@ func (d *Forge) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, erro
 		queued := false
 		for _, j := range jobs {
 			if j.GetStatus() == word && j.GetID() != 0 {
-				out = append(out, job(j))
+				fj := job(j)
+				fj.Source.Repository = cmp.Or(run.GetRepository().GetFullName(), d.scope.Owner+"/"+d.scope.Repo)
+				fj.Source.Actor = cmp.Or(run.GetTriggeringActor().GetLogin(), run.GetActor().GetLogin())
+				out = append(out, fj)
 				queued = true
 			}
 		}
@@ -747,7 +751,8 @@ func job(j *gh.WorkflowJob) forge.Job {
 		ID: j.GetID(), RunID: j.GetRunID(), Name: j.GetName(), Labels: j.Labels, Status: statuses[j.GetStatus()],
 		Conclusion: j.GetConclusion(), RunnerID: j.GetRunnerID(), RunnerName: j.GetRunnerName(), Attempt: int(j.GetRunAttempt()),
 		CreatedAt: j.GetCreatedAt().Time, StartedAt: j.GetStartedAt().Time, EndedAt: j.GetCompletedAt().Time,
-		URL: j.GetHTMLURL(),
+		URL:    j.GetHTMLURL(),
+		Source: forge.Source{Commit: j.GetHeadSHA(), Ref: j.GetHeadBranch(), Workflow: j.GetWorkflowName()},
 	}
 }
 

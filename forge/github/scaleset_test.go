@@ -414,7 +414,7 @@ func TestScaleSetForbiddenStopsTheListener(t *testing.T) {
 	}()
 	refusal := func() string {
 		for _, pv := range f.Page(ctx).Pools {
-			for _, r := range pv.Refused {
+			for _, r := range pv.Words {
 				if strings.Contains(r, "session stopped") {
 					return r
 				}

@@ -35,6 +35,8 @@ func (d *Forge) ParseWebhook(r *http.Request, secret []byte) (forge.Delivery, er
 		return dl, fmt.Errorf("%w: workflow_job payload without a job", forge.ErrBadPayload)
 	}
 	j := job(e.WorkflowJob)
+	// The delivery names the repository and who set the run going.
+	j.Source.Repository, j.Source.Actor = e.GetRepo().GetFullName(), e.GetSender().GetLogin()
 	if st, ok := statuses[e.GetAction()]; ok {
 		j.Status = st // the action is the news; the job's field may lag
 	}

@@ -576,6 +576,9 @@ func (d *Forge) Jobs(ctx context.Context, st forge.JobStatus) ([]forge.Job, erro
 			continue // not runnable yet: no demand
 		}
 		fj.Labels = d.labels(fj.Labels)
+		if fj.Source.Repository == "" && strings.Contains(d.cfg.Scope.Ref, "/") {
+			fj.Source.Repository = d.cfg.Scope.Ref // a path, not an id
+		}
 		if st == forge.JobQueued && !d.mayTake(ctx, id, j.Ref, j.Tag) {
 			fj.Labels = []string{NotProtected}
 		}
@@ -602,6 +605,16 @@ func job(j *gl.Job) forge.Job {
 	out := forge.Job{
 		ID: j.ID, RunID: j.Pipeline.ID, Name: j.Name, Labels: j.TagList,
 		RunnerID: j.Runner.ID, RunnerName: j.Runner.Description, URL: j.WebURL,
+		Source: forge.Source{Ref: j.Ref},
+	}
+	if j.Commit != nil {
+		out.Source.Commit = j.Commit.ID
+	}
+	if j.User != nil {
+		out.Source.Actor = j.User.Username
+	}
+	if j.Project != nil {
+		out.Source.Repository = j.Project.PathWithNamespace
 	}
 	out.Status, out.Conclusion = jobStatus(j.Status, j.FailureReason)
 	if j.CreatedAt != nil {

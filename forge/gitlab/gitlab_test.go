@@ -545,6 +545,11 @@ func TestRerunJobAfterTimeout(t *testing.T) {
 	if ended.ID != id || ended.Conclusion != forge.ConclusionTimedOut || ended.Attempt != 1 {
 		t.Fatalf("the hook reported job %d %s attempt %d, want job %d timed_out attempt 1", ended.ID, ended.Conclusion, ended.Attempt, id)
 	}
+	// Where its code came from: the project's path from the hook's
+	// repository page, its commit, ref and who started the pipeline.
+	if src := ended.Source; src.Repository != "acme/models" || len(src.Commit) != 40 || src.Ref != "main" || src.Actor != "root" {
+		t.Errorf("the hook's source: %+v", src)
+	}
 	if err := d.RerunJob(ctx, ended); err != nil {
 		t.Fatal(err)
 	}

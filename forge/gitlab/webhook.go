@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
 	gl "gitlab.com/gitlab-org/api/client-go"
@@ -56,6 +58,16 @@ func (d *Forge) ParseWebhook(r *http.Request, secret []byte) (forge.Delivery, er
 		Attempt:  int(max(e.RetriesCount, 0)) + 1,
 		RunnerID: e.Runner.ID, RunnerName: e.Runner.Description,
 		CreatedAt: hookTime(e.BuildCreatedAt), StartedAt: hookTime(e.BuildStartedAt), EndedAt: hookTime(e.BuildFinishedAt),
+		Source: forge.Source{Commit: e.SHA, Ref: e.Ref},
+	}
+	if e.User != nil {
+		j.Source.Actor = e.User.Username
+	}
+	if e.Repository != nil {
+		// The hook's repository has its page, not its path.
+		if u, err := url.Parse(e.Repository.Homepage); err == nil {
+			j.Source.Repository = strings.Trim(u.Path, "/")
+		}
 	}
 	if conclusion == forge.ConclusionTimedOut {
 		d.noteTimedOut(j.ID, e.ProjectID)

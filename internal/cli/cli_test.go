@@ -9,14 +9,15 @@ import (
 )
 
 // Every command that prints a report takes -o the same way: table (the
-// default) or json. version took text, and gc had none.
+// default) or json (and csv, where rows are what it prints: jobs).
+// version took text, and gc had none.
 func TestOutputFlagIsTheSameEverywhere(t *testing.T) {
 	var walk func(c *cobra.Command)
 	seen := 0
 	walk = func(c *cobra.Command) {
 		if f := c.Flags().Lookup("output"); f != nil {
 			seen++
-			if f.Shorthand != "o" || f.DefValue != "table" || !strings.Contains(f.Usage, "table or json") {
+			if f.Shorthand != "o" || f.DefValue != "table" || !strings.Contains(f.Usage, "table or json") && !strings.Contains(f.Usage, "table, json or csv") {
 				t.Errorf("%s: -o is -%s, default %q, %q", c.CommandPath(), f.Shorthand, f.DefValue, f.Usage)
 			}
 		}

@@ -2,10 +2,12 @@ package cli
 
 import (
 	"bytes"
+	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,6 +92,125 @@ func TestJobsReadsTheHistory(t *testing.T) {
 	root.SetArgs([]string{"jobs", "-c", cfg, "--since", "yesterday"})
 	if err := root.Execute(); err == nil {
 		t.Fatal("--since yesterday was taken")
+	}
+}
+
+// TestJobsCostCSV: -o csv gives each record's hours, GPU-hours and cost;
+// --by pool sums them; a bad key or output is refused with what is taken.
+func TestJobsCostCSV(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "history.db")
+	now := time.Now()
+	fillHistory(t, path, 12, now, 12*time.Hour) // each 5 minutes long, 1 GPU
+	s, err := history.Open(path, history.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 12 {
+		s.Update("local", int64(i+1), func(r *record.Record) bool {
+			r.Price = &record.Price{PerHour: 3, Currency: "USD", Source: "price_per_hour"}
+			return true
+		})
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := jobsConfig(t, path)
+	run := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		root := New()
+		root.SetOut(&out)
+		root.SetErr(&out)
+		root.SetArgs(append([]string{"jobs", "-c", cfg}, args...))
+		err := root.Execute()
+		return out.String(), err
+	}
+	out, err := run("--since", "7d", "-o", "csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(strings.NewReader(out)).ReadAll()
+	if err != nil || len(rows) != 13 {
+		t.Fatalf("%d rows (%v):\n%s", len(rows), err, out)
+	}
+	col := map[string]int{}
+	for i, h := range rows[0] {
+		col[h] = i
+	}
+	for _, r := range rows[1:] {
+		// 5 minutes at 3 USD an hour: 0.25 USD, 1/12 GPU-hour.
+		if r[col["cost"]] != "0.2500" || r[col["gpu_hours"]] != "0.0833" || r[col["currency"]] != "USD" || r[col["pool"]] != "gpu" {
+			t.Errorf("row %v", r)
+		}
+	}
+	out, err = run("--since", "7d", "--by", "pool", "-o", "csv")
+	if err != nil || !strings.Contains(out, "gpu,12,12,1.0000,1.0000,3.0000,USD,0") {
+		t.Errorf("--by pool (%v):\n%s", err, out)
+	}
+	out, err = run("--since", "1d", "--by", "pool")
+	if err != nil || !strings.Contains(out, "3.0000 USD") {
+		t.Errorf("--by pool as a table (%v):\n%s", err, out)
+	}
+	if _, err := run("--by", "colour"); err == nil || !strings.Contains(err.Error(), "pool, label") {
+		t.Errorf("--by colour: %v", err)
+	}
+	if _, err := run("-o", "xml"); err == nil || !strings.Contains(err.Error(), "table, json or csv") {
+		t.Errorf("-o xml: %v", err)
+	}
+}
+
+// TestJobsFindRecords: a record is found by its id, its job, run, commit,
+// GPU and result.
+func TestJobsFindRecords(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "history.db")
+	fillHistory(t, path, 8, time.Now(), 8*time.Hour) // runs of 4 jobs
+	s, err := history.Open(path, history.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Update("local", 3, func(r *record.Record) bool {
+		r.Job.Commit, r.Job.Conclusion, r.GPUs[0].UUID = "9fceb02d0ae598e95dc970b74767f19372d61af8", "failure", "GPU-other"
+		return true
+	})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ro, _ := history.OpenReadOnly(path)
+	third, err := ro.Find("local", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := jobsConfig(t, path)
+	for _, tc := range []struct {
+		args []string
+		regs []int64
+	}{
+		{[]string{"--id", third.ID}, []int64{3}},
+		{[]string{"--job", "3"}, []int64{3}},
+		{[]string{"--run", "2"}, []int64{8, 7, 6, 5}},
+		{[]string{"--commit", "9fceb02"}, []int64{3}},
+		{[]string{"--gpu", "GPU-other"}, []int64{3}},
+		{[]string{"--result", "FAILURE"}, []int64{3}},
+		{[]string{"--result", "success", "--run", "1", "--limit", "2"}, []int64{4, 2}},
+		{[]string{"--commit", "deadbeef"}, nil},
+	} {
+		var out bytes.Buffer
+		root := New()
+		root.SetOut(&out)
+		root.SetArgs(append([]string{"jobs", "-c", cfg, "--since", "", "-o", "json"}, tc.args...))
+		if err := root.Execute(); err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		var rs []record.Record
+		if err := json.Unmarshal(out.Bytes(), &rs); err != nil {
+			t.Fatal(err)
+		}
+		var regs []int64
+		for _, r := range rs {
+			regs = append(regs, r.Registration)
+		}
+		if fmt.Sprint(regs) != fmt.Sprint(tc.regs) {
+			t.Errorf("%v: registrations %v, want %v", tc.args, regs, tc.regs)
+		}
 	}
 }
 

@@ -8,8 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -65,12 +67,20 @@ type PoolStatus struct {
 
 func statusCmd() *cobra.Command {
 	var path, output string
+	var watchEvery time.Duration
+	watching := false
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show pools and their runners: idle, busy or starting, age, current job",
 		Long: `status reads the truth from where it lives — the provider's machines and
 the forge's registrations and jobs — so it works whether or not the manager
-is running, and changes nothing.`,
+is running, and changes nothing.
+
+With --watch it redraws in place until interrupted: what the running
+manager's status listener shows (pools, what is wrong and what runfleet does
+next, runners, GPUs with their use, the queue), or, while no manager
+answers, what it reads itself (every 15 s at most, to spare the forge's
+budget of calls).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
@@ -85,6 +95,15 @@ is running, and changes nothing.`,
 				return &ExitError{ExitUsage, err}
 			}
 			defer fleet.Close()
+			if watching {
+				if watchEvery < time.Second {
+					return &ExitError{ExitUsage, fmt.Errorf("--interval: %s is under a second", watchEvery)}
+				}
+				// Interrupted is how a watch ends: exit 0.
+				ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+				defer stop()
+				return watch(ctx, cmd.OutOrStdout(), cfg, watchEvery, func(ctx context.Context) []PoolStatus { return collect(ctx, fleet) })
+			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
 			defer cancel()
 			pools := collect(ctx, fleet)
@@ -110,6 +129,8 @@ is running, and changes nothing.`,
 	}
 	cmd.Flags().StringVarP(&path, "config", "c", "", "config file (YAML)")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	cmd.Flags().BoolVarP(&watching, "watch", "w", false, "redraw in place until interrupted")
+	cmd.Flags().DurationVar(&watchEvery, "interval", 2*time.Second, "with --watch, how often to redraw")
 	return cmd
 }
 

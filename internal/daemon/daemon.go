@@ -24,6 +24,7 @@ import (
 	"github.com/runfleet/runfleet/placement"
 	"github.com/runfleet/runfleet/pool"
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/tally"
 	"github.com/runfleet/runfleet/version"
 )
 
@@ -76,6 +77,12 @@ type Fleet struct {
 	// waited for at drain with the connections'.
 	bg      forge.Following
 	history history.Handle
+	// window is the history's last week in memory, for the status page
+	// and the cost counters (tally.Window): filled when the history
+	// opens, then told each write.
+	window *tally.Window
+	// polls holds, by forge, its polls failing in a row (pollState).
+	polls sync.Map
 	// readOnly: the fleet is only read (Inspect).
 	readOnly bool
 	// stopped holds, by pool, why its forge's session stopped for good
@@ -102,6 +109,7 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, readOnly b
 	f := &Fleet{Config: cfg, Forges: map[string]forge.Forge{}, Providers: map[string]provider.Provider{}, log: log, runs: map[string]*poolRun{}, readOnly: readOnly, plans: map[string]placement.Plan{}}
 	f.Host = &placement.Host{NvidiaSMI: cfg.GPU.NvidiaSMI, ShareVMGPUs: cfg.GPU.AllowHostVGPU, Log: log}
 	f.Metrics = metrics.New(f)
+	f.window = tally.NewWindow(windowSpan, f.countEnded)
 	conns, err := openForges(ctx, cfg, log)
 	if err != nil {
 		return nil, err
@@ -225,6 +233,7 @@ func (f *Fleet) buildPool(ctx context.Context, pc *config.Pool) (*pool.Pool, err
 	name := pc.Name
 	pcfg := f.poolConfig(*pc, plan)
 	pcfg.Record, pcfg.History = f.recordTemplate(*pc, plan.Runners.GPUs != nil), &f.history
+	pcfg.Prices = pricesOf(*pc, f.Config.Currency)
 	pcfg.TookWindow = time.Minute
 	var implicit []string
 	if l, ok := conn.(forge.Labeler); ok {

@@ -9,6 +9,7 @@ import (
 	"github.com/runfleet/runfleet/demand"
 	"github.com/runfleet/runfleet/history"
 	"github.com/runfleet/runfleet/record"
+	"github.com/runfleet/runfleet/tally"
 )
 
 // openHistory opens the store of a config's history. A store that
@@ -17,12 +18,32 @@ import (
 func (f *Fleet) openHistory(c config.History) {
 	s, err := history.Open(c.Path, history.Options{
 		MaxRecords: c.MaxJobs, Keep: c.Keep.Duration, Logger: f.log.With("component", "history"),
+		Observe: f.window.Observe,
 	})
 	if err != nil {
 		f.log.Error("the history of jobs cannot be opened; runners start without it", "err", err)
 		return
 	}
+	// Before any pool writes: what the writes tell the window is newer.
+	recs, err := s.List(history.Query{Since: time.Now().Add(-windowSpan), All: true})
+	if err != nil {
+		f.log.Warn("the history's last week could not be read: the status page shows only what happens from now", "err", err)
+	}
+	f.window.Load(recs)
 	f.history.Swap(s)
+}
+
+// windowSpan is how far back the status page looks: the week's cost.
+const windowSpan = 7 * 24 * time.Hour
+
+// countEnded adds a runner that ended to the cost and GPU-time counters.
+func (f *Fleet) countEnded(e tally.Entry) {
+	if e.Priced {
+		f.Metrics.Cost.WithLabelValues(e.Pool, e.Currency).Add(e.Cost(e.Ended))
+	}
+	if e.GPUs > 0 {
+		f.Metrics.GPUSeconds.WithLabelValues(e.Pool).Add(e.GPUSeconds(e.Ended))
+	}
 }
 
 // closeHistory writes what is queued and closes the store.
@@ -51,6 +72,9 @@ func (f *Fleet) recordJob(j demand.Job) {
 		job.ID, job.RunID = j.ID, cmp.Or(j.RunID, job.RunID)
 		job.Name, job.Attempt = cmp.Or(j.Name, job.Name), cmp.Or(j.Attempt, job.Attempt)
 		job.URL = cmp.Or(j.URL, job.URL)
+		job.Repository, job.Commit = cmp.Or(j.Source.Repository, job.Repository), cmp.Or(j.Source.Commit, job.Commit)
+		job.Ref, job.Workflow = cmp.Or(j.Source.Ref, job.Ref), cmp.Or(j.Source.Workflow, job.Workflow)
+		job.Actor = cmp.Or(j.Source.Actor, job.Actor)
 		job.Status, job.Conclusion = j.Status.String(), cmp.Or(j.Conclusion, job.Conclusion)
 		job.Queued = first(job.Queued, j.Queued)
 		job.Started = first(job.Started, j.Started)
@@ -96,15 +120,10 @@ var errNoHistory = errors.New("this manager keeps no history now (see its log)")
 
 // recordOf names the record of a job's runner, "" when there is none.
 func (f *Fleet) recordOf(j demand.JobView) string {
-	s := f.history.Store()
-	if s == nil || j.RunnerID == 0 {
+	if j.RunnerID == 0 {
 		return ""
 	}
-	r, err := s.Find(j.Forge, j.RunnerID)
-	if err != nil {
-		return ""
-	}
-	return r.ID
+	return f.window.Find(j.Forge, j.RunnerID)
 }
 
 // recordTemplate is what every record of a pool starts from.
@@ -117,4 +136,13 @@ func (f *Fleet) recordTemplate(pc config.Pool, hostGPUs bool) *record.Record {
 		r.Driver, r.CUDA = inv.Driver, inv.CUDA.String()
 	}
 	return r
+}
+
+// pricesOf is what the pool's config says its machines cost; nil where
+// it says nothing.
+func pricesOf(pc config.Pool, currency string) *record.Prices {
+	if pc.PricePerHour == nil && len(pc.Prices) == 0 {
+		return nil
+	}
+	return &record.Prices{PerHour: pc.PricePerHour, ByType: pc.Prices, Currency: currency}
 }

@@ -5,13 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
-	"strings"
 	"time"
 
-	"github.com/runfleet/runfleet/demand"
 	"github.com/runfleet/runfleet/forge"
-	"github.com/runfleet/runfleet/gpu"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/server"
 )
@@ -150,103 +146,4 @@ func health(pools []passChecker, now time.Time) error {
 		errs = append(errs, fmt.Errorf("failing for %s: %w", now.Sub(since).Round(time.Second), err))
 	}
 	return errors.Join(errs...)
-}
-
-// Page gathers the status page from what the manager already knows (the
-// pools' last passes, the jobs reported): it makes no forge call.
-func (f *Fleet) Page(ctx context.Context) server.Page {
-	now := time.Now()
-	f.mu.Lock()
-	cfg := f.Config
-	f.mu.Unlock()
-	inventory, alloc := f.Host.Read()
-	page := server.Page{Manager: cfg.ID, Version: Version, Now: now}
-	jobs := f.Demand.Recent(30)
-	byRunner := map[string]demand.JobView{}
-	for _, j := range jobs {
-		if j.Status == demand.InProgress && j.Runner != "" {
-			byRunner[j.Runner] = j
-		}
-	}
-	queued := f.Demand.Queued()
-	for _, p := range f.pools() {
-		pc, _ := cfg.Pool(p.Name())
-		plan, _ := f.Plan(p.Name())
-		pv := server.PoolView{Name: p.Name(), Forge: pc.Forge, Provider: pc.Provider, Size: plan.Size, Max: plan.Max, Queued: queued[p.Name()]}
-		if err := p.LastError(); err != nil {
-			pv.Error = err.Error()
-		}
-		pv.Backoff = p.Backoff().String()
-		for shape, why := range p.Refusals() {
-			pv.Refused = append(pv.Refused, "jobs asking "+shape+" get no runner: "+why)
-		}
-		slices.Sort(pv.Refused)
-		if why, ok := f.stopped.Load(p.Name()); ok {
-			pv.Refused = append(pv.Refused, "the forge's session stopped, and the pool gets no jobs until runfleet restarts: "+why.(string))
-		}
-		if d, ok := f.handoff(p.Name()).(refusalLister); ok {
-			pv.Refused = append(pv.Refused, d.Refusals(now.Add(-time.Hour))...)
-		}
-		for _, r := range p.Runners() {
-			row := server.RunnerRow{Name: r.Name, State: string(r.State), Age: "-", GPUs: strings.Join(r.GPUs, ", "), Reason: r.Reason}
-			if !r.Created.IsZero() {
-				row.Age = now.Sub(r.Created).Round(time.Second).String()
-			}
-			if j, ok := byRunner[r.Name]; ok {
-				row.Job = j.Name
-			}
-			pv.GPUs = pv.GPUs || len(r.GPUs) > 0
-			pv.Runners = append(pv.Runners, row)
-		}
-		page.Pools = append(page.Pools, pv)
-	}
-	if inventory != nil {
-		page.GPUs = gpuView(*inventory, alloc)
-	}
-	for _, j := range jobs {
-		row := server.JobRow{Name: j.Name, Pool: j.Pool, Status: j.Status.String(), Conclusion: j.Conclusion, Runner: j.Runner, Wait: "-", Duration: "-", Record: f.recordOf(j)}
-		if row.Name == "" {
-			row.Name = fmt.Sprintf("job %d", j.ID)
-		}
-		if !j.Started.IsZero() && !j.Queued.IsZero() {
-			row.Wait = j.Started.Sub(j.Queued).Round(time.Second).String()
-		}
-		switch {
-		case !j.Completed.IsZero() && !j.Started.IsZero():
-			row.Duration = j.Completed.Sub(j.Started).Round(time.Second).String()
-		case j.Status == demand.InProgress && !j.Started.IsZero():
-			row.Duration = now.Sub(j.Started).Round(time.Second).String() + " so far"
-		}
-		page.Jobs = append(page.Jobs, row)
-	}
-	return page
-}
-
-// gpuView shows the host's GPUs and which runner holds each.
-func gpuView(inv gpu.Inventory, alloc *gpu.Allocator) *server.GPUView {
-	gv := &server.GPUView{Summary: fmt.Sprintf("driver %s, CUDA %s, %d GPUs (%s)", inv.Driver, inv.CUDA, len(inv.GPUs), inv.Source)}
-	if len(inv.GPUs) == 0 {
-		gv.Summary = "no GPU: " + inv.Reason
-	}
-	holders := map[string]string{}
-	if alloc != nil {
-		for runner, ids := range alloc.Holders() {
-			for _, id := range ids {
-				holders[id] = runner
-			}
-		}
-	}
-	for _, u := range inv.Units() {
-		row := server.GPURow{Index: fmt.Sprint(u.Device.Index), ID: u.ID, Name: u.Device.Name, Memory: fmt.Sprintf("%.0f GiB", float64(u.Device.MemoryMiB)/1024), Runner: holders[u.ID]}
-		if u.MIG != nil {
-			row.Index = fmt.Sprintf("%d:%d", u.Device.Index, u.MIG.Index)
-			row.Name += " MIG " + u.MIG.Profile
-			row.Memory = fmt.Sprintf("%.0f GiB", float64(u.MIG.MemoryMiB)/1024)
-		}
-		if row.Runner == "" {
-			row.Runner = "-"
-		}
-		gv.Units = append(gv.Units, row)
-	}
-	return gv
 }

@@ -198,8 +198,10 @@ func (f *Fleet) poll(ctx context.Context, forgeName string, every time.Duration)
 			backoff = min(max(2*backoff, time.Second), every)
 			wait = backoff
 			log.Warn("poll of queued jobs failed", "err", err, "retry_in", wait)
+			f.pollFailed(forgeName, err, wait)
 		} else {
 			backoff = 0
+			f.polls.Delete(forgeName)
 		}
 		select {
 		case <-ctx.Done():
@@ -207,6 +209,22 @@ func (f *Fleet) poll(ctx context.Context, forgeName string, every time.Duration)
 		case <-time.After(wait):
 		}
 	}
+}
+
+// pollState is a forge's polls failing in a row, for the status page.
+type pollState struct {
+	err         error
+	since, next time.Time
+}
+
+// pollFailed notes a failed poll of a forge's queue, and when the next is.
+func (f *Fleet) pollFailed(forgeName string, err error, wait time.Duration) {
+	now := time.Now()
+	st := pollState{err: err, since: now, next: now.Add(wait)}
+	if old, ok := f.polls.Load(forgeName); ok {
+		st.since = old.(pollState).since
+	}
+	f.polls.Store(forgeName, st)
 }
 
 // PollOnce reads one forge's queued jobs into the demand tracker.

@@ -115,7 +115,7 @@ func TestOwedRerunTakenUp(t *testing.T) {
 // toyFleetOn builds the toy fleet on a state directory, through the path
 // `runfleet serve` uses (config.Load's Parse, daemon.New), and returns it
 // with its forge.
-func toyFleetOn(t *testing.T, state string) (*daemon.Fleet, *toyForge) {
+func toyFleetOn(t testing.TB, state string) (*daemon.Fleet, *toyForge) {
 	t.Helper()
 	cfg, err := config.Parse([]byte(strings.Replace(toyFleet, "%s", state, 1)))
 	if err != nil {
@@ -206,7 +206,7 @@ func TestHandoffNeedsTheWebhookListener(t *testing.T) {
 	}
 	// What the desk refused is on the status page, with the pool.
 	page := fleet.Page(context.Background())
-	if len(page.Pools) != 1 || !slices.Contains(page.Pools[0].Refused, "1 machine claims refused at http://m/handoff/toys: the proof does not verify") {
+	if len(page.Pools) != 1 || !slices.Contains(page.Pools[0].Words, "1 machine claims refused at http://m/handoff/toys: the proof does not verify") {
 		t.Errorf("the page's pools: %+v, want the desk's refusals told", page.Pools)
 	}
 }

@@ -17,7 +17,7 @@ import (
 // recordJob prints what the engine set for the job and the runner's
 // record.
 const recordJob = `echo "visible=$NVIDIA_VISIBLE_DEVICES uuids=$RUNFLEET_GPU_UUIDS digest=$RUNFLEET_IMAGE_DIGEST"
-echo "record at $RUNFLEET_RECORD"
+echo "record at $RUNFLEET_RECORD record_id=$RUNFLEET_RECORD_ID"
 ` + harness.RecordJob
 
 // TestJobReadsItsRecord: on the real Gitea with Docker and the GPU engine,
@@ -95,6 +95,17 @@ func TestJobReadsItsRecord(t *testing.T) {
 		return true
 	})
 	checkKept(t, kept, rec, jobs[0].ID, visible[1], digest)
+	// The job's record names itself, and where its code came from, as
+	// Gitea says.
+	if kept.ID != rec.ID || !strings.Contains(out, "record_id="+kept.ID) {
+		t.Errorf("the job's record is %q (RUNFLEET_RECORD_ID in its log: %v), the history's %q", rec.ID, strings.Contains(out, "record_id="+kept.ID), kept.ID)
+	}
+	if j, g := kept.Job, jobs[0]; j.Commit != g.HeadSha || j.Ref != g.HeadBranch || j.Repository != harness.Gitea.User+"/"+f.Repo || j.Actor == "" {
+		t.Errorf("the history's job's source: %s@%s (%s) by %q, Gitea's: %s@%s (%s)", j.Repository, j.Commit, j.Ref, j.Actor, f.Repo, g.HeadSha, g.HeadBranch)
+	}
+	if found := f.RunJobs("--since", "", "--commit", jobs[0].HeadSha[:7], "-o", "json"); !strings.Contains(found, kept.ID) {
+		t.Errorf("runfleet jobs --commit %s does not find the record:\n%s", jobs[0].HeadSha[:7], found)
+	}
 	code, page := harness.Get(t, status+"/")
 	if code != 200 || !strings.Contains(page, `href="jobs/`+kept.ID+`"`) {
 		t.Errorf("the status page (%d) does not link the job's record %s", code, kept.ID)

@@ -26,6 +26,14 @@ func (s *Server) Fail(match string, code, n int) {
 	s.faults = append(s.faults, fault{match, code, n})
 }
 
+// Heal drops the faults Fail set that have not answered all their
+// requests: the incident is over.
+func (s *Server) Heal() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = nil
+}
+
 // Failed returns how many requests Fail's faults answered.
 func (s *Server) Failed() int {
 	s.mu.Lock()
@@ -55,6 +63,10 @@ func (s *Server) faulty(h http.Handler) http.Handler {
 			exception(w, code, "VssServiceException", http.StatusText(code))
 		case code == http.StatusForbidden:
 			fail(w, code, "Resource not accessible by personal access token", "/rest/actions/self-hosted-runners")
+		case code == http.StatusUnauthorized:
+			// A token that is wrong, expired or revoked (docs.github.com,
+			// "Troubleshooting the REST API": 401 "Bad credentials").
+			fail(w, code, "Bad credentials", "/rest")
 		default:
 			fail(w, code, http.StatusText(code), "")
 		}

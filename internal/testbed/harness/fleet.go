@@ -804,6 +804,9 @@ func (f *Fleet) env() []string {
 	if Gitea != nil {
 		env = append(env, "E2E_GITEA_TOKEN="+Gitea.Token)
 	}
+	if f.GH != nil {
+		env = append(env, "E2E_GITHUB_TOKEN="+GHToken)
+	}
 	return append(env, f.Env...)
 }
 

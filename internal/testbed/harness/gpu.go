@@ -299,6 +299,30 @@ func FakeNvidiaSMI(t testing.TB) string {
 	return path
 }
 
+// BusyNvidiaSMI is FakeNvidiaSMI on four H100s at work: each reports
+// 87% utilisation and 41,234 MiB of its memory in use, as nvidia-smi
+// writes them (utilization>gpu_util, fb_memory_usage>used).
+func BusyNvidiaSMI(t testing.TB) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(RepoRoot(), "gpu", "testdata", "h100x4-v12.xml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := strings.ReplaceAll(string(b), "<gpu_util>0 %</gpu_util>", "<gpu_util>87 %</gpu_util>")
+	doc = strings.ReplaceAll(doc, "<reserved>551 MiB</reserved>\n\t\t\t<used>0 MiB</used>", "<reserved>551 MiB</reserved>\n\t\t\t<used>41234 MiB</used>")
+	dir := t.TempDir()
+	fixture := filepath.Join(dir, "report.xml")
+	if err := os.WriteFile(fixture, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "nvidia-smi")
+	script := fmt.Sprintf("#!/bin/sh\ncase \"$1\" in -L) exit 0;; esac\ncat %s\n", fixture)
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // GpusOf returns, for each running container of the fleet, the device
 // ids of its one nvidia device request, failing on anything else.
 func (f *Fleet) GpusOf() map[string][]string {

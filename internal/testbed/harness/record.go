@@ -122,8 +122,12 @@ func (f *Fleet) CheckRecords(jobs []*sdk.ActionWorkflowJob, check func(printed, 
 		}
 		printed := NeedRecordIn(f.T, string(logs))
 		r := kept[j.ID]
-		if printed.Runner != r.Runner || printed.Registration != r.Registration {
-			f.T.Errorf("job %d printed the record of %s (%d), the history gives it %s (%d)", j.ID, printed.Runner, printed.Registration, r.Runner, r.Registration)
+		if printed.Runner != r.Runner || printed.Registration != r.Registration || printed.ID != r.ID {
+			f.T.Errorf("job %d printed the record %q of %s (%d), the history gives it %q of %s (%d)", j.ID, printed.ID, printed.Runner, printed.Registration, r.ID, r.Runner, r.Registration)
+		}
+		// Where the job's code came from, as Gitea says.
+		if k := r.Job; k != nil && (k.Commit != j.HeadSha || k.Ref != j.HeadBranch || k.Repository != Gitea.User+"/"+f.Repo) {
+			f.T.Errorf("job %d's record says its code is %s@%s (%s), Gitea says %s/%s@%s (%s)", j.ID, k.Repository, k.Commit, k.Ref, Gitea.User, f.Repo, j.HeadSha, j.HeadBranch)
 		}
 		check(printed, r)
 		if j == jobs[0] {

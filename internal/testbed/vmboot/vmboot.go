@@ -130,12 +130,31 @@ func (m *Machine) Finish() string {
 	_ = m.md.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	// Read again after a failure (an engine slow under load once left a
+	// console empty), and say why where it cannot be read: an empty
+	// console reads as a machine that printed nothing.
 	var console string
-	if logs, err := m.docker.ContainerLogs(ctx, m.Container, client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true, Tail: "500"}); err == nil {
-		b, _ := io.ReadAll(io.LimitReader(logs, 1<<20))
-		logs.Close()
-		console = string(b)
+	var err error
+	for wait := 250 * time.Millisecond; ; wait *= 4 {
+		if console, err = m.console(ctx); err == nil || wait > 4*time.Second {
+			break
+		}
+		time.Sleep(wait)
+	}
+	if err != nil {
+		console = "(the console could not be read: " + err.Error() + ")"
 	}
 	_, _ = m.docker.ContainerRemove(ctx, m.Container, client.ContainerRemoveOptions{Force: true})
 	return console
+}
+
+// console is the last 500 lines the machine printed.
+func (m *Machine) console(ctx context.Context) (string, error) {
+	logs, err := m.docker.ContainerLogs(ctx, m.Container, client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true, Tail: "500"})
+	if err != nil {
+		return "", err
+	}
+	defer logs.Close()
+	b, err := io.ReadAll(io.LimitReader(logs, 1<<20))
+	return string(b), err
 }
