@@ -417,25 +417,30 @@ var pageTmpl = template.Must(template.New("page.html").Funcs(template.FuncMap{
 // pageJSON is what the page shows, without its pictures: for `runfleet
 // status --watch`.
 func (s *server) pageJSON(w http.ResponseWriter, r *http.Request) {
-	if s.cfg.Page == nil {
-		http.NotFound(w, r)
-		return
+	if p, ok := s.gather(w, r); ok {
+		writeJSON(w, p)
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-	defer cancel()
-	writeJSON(w, s.cfg.Page(ctx))
 }
 
 func (s *server) page(w http.ResponseWriter, r *http.Request) {
-	if s.cfg.Page == nil {
-		http.NotFound(w, r)
+	p, ok := s.gather(w, r)
+	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-	defer cancel()
-	p := s.cfg.Page(ctx)
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := pageTmpl.Execute(w, p); err != nil {
 		s.cfg.Logger.Warn("status page", "err", err)
 	}
+}
+
+// gather asks the manager for the page, within 10 s; false (answered 404)
+// where it serves none.
+func (s *server) gather(w http.ResponseWriter, r *http.Request) (Page, bool) {
+	if s.cfg.Page == nil {
+		http.NotFound(w, r)
+		return Page{}, false
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	return s.cfg.Page(ctx), true
 }

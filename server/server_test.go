@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -198,13 +199,13 @@ func TestListenersKeepTheStatusPrivate(t *testing.T) {
 		Token:   []byte("status-token-0123456789"),
 	}
 	hooks := Webhooks(cfg)
-	for _, path := range []string{"/", "/metrics", "/healthz", "/jobs"} {
+	for _, path := range []string{"/", "/metrics", "/healthz", "/jobs", "/status.json"} {
 		if w := do(hooks, httptest.NewRequest("GET", path, nil)); w.Code != http.StatusNotFound && w.Code != http.StatusMethodNotAllowed {
 			t.Errorf("webhook listener answers GET %s with %d", path, w.Code)
 		}
 	}
 	status := Status(cfg)
-	for _, path := range []string{"/", "/metrics"} {
+	for _, path := range []string{"/", "/metrics", "/status.json"} {
 		if w := do(status, httptest.NewRequest("GET", path, nil)); w.Code != http.StatusUnauthorized {
 			t.Errorf("GET %s without the token: %d, want 401", path, w.Code)
 		}
@@ -222,6 +223,21 @@ func TestListenersKeepTheStatusPrivate(t *testing.T) {
 	w := do(status, httptest.NewRequest("GET", "/healthz", nil))
 	if w.Code != http.StatusServiceUnavailable || strings.Contains(w.Body.String(), "acme-models") {
 		t.Errorf("healthz without the token: %d %q; want 503 without the reason", w.Code, w.Body)
+	}
+}
+
+// /status.json is the page's content without its pictures.
+func TestStatusJSON(t *testing.T) {
+	h := Status(Config{Page: func(context.Context) Page {
+		return Page{Manager: "m", Pools: []PoolView{{Name: "gpu", Words: []string{"4 jobs queued"}, Hour: "<svg>"}}, Timeline: "<svg>"}
+	}})
+	w := do(h, httptest.NewRequest("GET", "/status.json", nil))
+	var p Page
+	if err := json.Unmarshal(w.Body.Bytes(), &p); w.Code != http.StatusOK || err != nil {
+		t.Fatalf("GET /status.json: %d %v", w.Code, err)
+	}
+	if p.Manager != "m" || len(p.Pools) != 1 || p.Pools[0].Words[0] != "4 jobs queued" || strings.Contains(w.Body.String(), "svg") {
+		t.Errorf("GET /status.json: %s", w.Body)
 	}
 }
 
