@@ -60,6 +60,25 @@ type Record struct {
 	// Price is what its machine costs by the hour; nil where the pool
 	// says nothing of it.
 	Price *Price `json:"price,omitempty"`
+	// System is what its machine's host runs on, where the provider can
+	// tell (this host, a Docker engine's); nil elsewhere.
+	System *System `json:"system,omitempty"`
+}
+
+// System is a host's operating system, kernel, CPU and memory, and the
+// container runtime it runs machines with.
+type System struct {
+	OS        string `json:"os,omitempty"` // os-release's PRETTY_NAME: "Debian GNU/Linux 12 (bookworm)"
+	Kernel    string `json:"kernel,omitempty"`
+	Arch      string `json:"arch,omitempty"` // Go's: amd64, arm64
+	CPU       string `json:"cpu,omitempty"`  // the CPU's model
+	CPUs      int    `json:"cpus,omitempty"` // the host's, not the runner's limit
+	MemoryMiB uint64 `json:"memory_mib,omitempty"`
+	// Runtime is the container runtime and its version ("Docker Engine
+	// 28.2.2"), and Runtimes the OCI runtimes it has (nvidia among them
+	// where NVIDIA's container toolkit is set up).
+	Runtime  string   `json:"runtime,omitempty"`
+	Runtimes []string `json:"runtimes,omitempty"`
 }
 
 // Price is what a runner's machine costs by the hour.

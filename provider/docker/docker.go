@@ -37,6 +37,7 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/events"
 	mountpkg "github.com/moby/moby/api/types/mount"
+	"github.com/moby/moby/api/types/system"
 	"github.com/moby/moby/client"
 
 	"github.com/runfleet/runfleet/provider"
@@ -131,6 +132,7 @@ type Provider struct {
 	// once.
 	liveRestoreKnown, liveRestoreOn bool
 	engineHost                      string
+	engineSystem                    *record.System // the engine's host, as it says
 	// followed holds the containers whose output this provider copies
 	// (true) or has copied (false), until they are gone.
 	followed map[string]bool
@@ -511,8 +513,12 @@ func (p *Provider) describe(ctx context.Context, spec provider.Spec) error {
 	}
 	p.liveRestore(ctx) // reads the engine's host name with it
 	p.mu.Lock()
-	host := p.engineHost
+	host, sys := p.engineHost, p.engineSystem
 	p.mu.Unlock()
+	if sys != nil {
+		s := *sys
+		r.System = &s
+	}
 	m := &r.Machine
 	m.Host, m.Image, m.ImageDigest = host, ref, img.digest
 	if cpus := cmp.Or(int64(spec.Request.CPUs*1e9), p.opt.NanoCPUs); cpus > 0 {
@@ -717,6 +723,7 @@ func (p *Provider) liveRestore(ctx context.Context) bool {
 	on = res.Info.LiveRestoreEnabled
 	p.mu.Lock()
 	p.liveRestoreKnown, p.liveRestoreOn, p.engineHost = true, on, res.Info.Name
+	p.engineSystem = engineSystem(res.Info)
 	p.mu.Unlock()
 	if on {
 		p.log.Info("the engine has live-restore: runfleet removes exited runner containers itself, not AutoRemove")
@@ -1102,4 +1109,23 @@ func (p *Provider) settle(limit time.Duration) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// engineSystem is what a record keeps of the engine's host, from the
+// engine's own account of it (GET /info): its OS, kernel, CPUs, memory and
+// version, and its runtimes (nvidia among them where NVIDIA's container
+// toolkit registered one). The engine does not name the CPU's model.
+func engineSystem(info system.Info) *record.System {
+	s := &record.System{
+		OS: info.OperatingSystem, Kernel: info.KernelVersion, Arch: info.Architecture,
+		CPUs: info.NCPU, MemoryMiB: uint64(max(info.MemTotal, 0)) >> 20,
+	}
+	if info.ServerVersion != "" {
+		s.Runtime = "Docker Engine " + info.ServerVersion
+	}
+	for name := range info.Runtimes {
+		s.Runtimes = append(s.Runtimes, name)
+	}
+	slices.Sort(s.Runtimes)
+	return s
 }

@@ -30,6 +30,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/sysinfo"
 )
 
 // Options configures a Provider.
@@ -170,6 +171,8 @@ func (p *Provider) markCreating(name string) (done func()) {
 func (p *Provider) start(spec provider.Spec, rec record) (record, error) {
 	if spec.Record != nil {
 		spec.Record.Machine.Host = provider.Hostname()
+		sys := sysinfo.Local()
+		spec.Record.System = &sys
 	}
 	spec = spec.WithRecord(rec.Workdir)
 	for rel, data := range spec.Files {

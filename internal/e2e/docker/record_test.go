@@ -75,6 +75,12 @@ func TestJobReadsItsRecord(t *testing.T) {
 		rec.Pool != "gpurec" || rec.Provider != "docker" || rec.ForgeType != "gitea" || !slices.Contains(rec.Labels, "gpus-1") {
 		t.Errorf("record lacks what the runner was given: %+v", rec)
 	}
+	// The engine's host, as the engine tells it.
+	if s := rec.System; s == nil || !strings.HasPrefix(s.Runtime, "Docker Engine ") || s.Kernel == "" || s.OS == "" || s.CPUs < 1 || s.MemoryMiB == 0 {
+		t.Errorf("the record's system: %+v", rec.System)
+	} else {
+		t.Logf("the job's record: %s on %s, kernel %s, %d CPUs, %d MiB, runtimes %v", s.Runtime, s.OS, s.Kernel, s.CPUs, s.MemoryMiB, s.Runtimes)
+	}
 	t.Logf("the job's record: runner %s, GPU %s (%s), driver %s, CUDA %s, image %s@%s, host %s, limits %s CPUs %s memory",
 		rec.Runner, rec.GPUs[0].UUID, rec.GPUs[0].Model, rec.Driver, rec.CUDA, rec.Machine.Image, rec.Machine.ImageDigest, rec.Machine.Host, rec.Machine.CPUs, rec.Machine.Memory)
 

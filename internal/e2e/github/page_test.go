@@ -140,6 +140,12 @@ func TestStatusPagePictures(t *testing.T) {
 
 	// Cost: each record's, and by pool, as the records give them.
 	recs := f.JobRecords()
+	// Host processes: each record keeps this host's system.
+	for _, r := range recs {
+		if s := r.System; s == nil || s.Kernel == "" || s.CPUs < 1 || s.MemoryMiB == 0 {
+			t.Fatalf("record %s keeps no system of its host: %+v", r.ID, r.System)
+		}
+	}
 	checkCostCSV(t, f.RunJobs("--since", "7d", "-o", "csv"), recs)
 	checkPoolSums(t, f.RunJobs("--since", "7d", "--by", "pool", "-o", "csv"), recs, name)
 	t.Logf("runfleet jobs --since 7d --by pool:\n%s", f.RunJobs("--since", "7d", "--by", "pool"))
