@@ -285,7 +285,7 @@ func TestJobsFromJobRequests(t *testing.T) {
 		t.Fatalf("%d queued jobs, want 5 over three pages", len(jobs))
 	}
 	j := jobs[0]
-	if j.Name != "job 0" || j.RunID == 0 || j.CreatedAt.IsZero() || !slices.Contains(j.Labels, "gpu -equals a100") {
+	if j.Name != "job 0" || j.RunID == 0 || j.CreatedAt.IsZero() || !slices.Contains(j.Labels, "gpu -equals a100") || j.Source.Workflow != "ci" {
 		t.Errorf("job %+v", j)
 	}
 	if !d.Meets(append([]string{"cuda", "gpu=A100"}, d.ImplicitLabels()...), j.Labels) {

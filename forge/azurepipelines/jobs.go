@@ -123,6 +123,11 @@ func job(r taskagent.TaskAgentJobRequest) (forge.Job, bool) {
 			j.Name = *r.Owner.Name
 		}
 	}
+	// The pipeline it belongs to; a job request names no repository or
+	// commit (those are the run's variables, which the agent alone gets).
+	if r.Definition != nil && r.Definition.Name != nil {
+		j.Source.Workflow = *r.Definition.Name
+	}
 	if r.Demands != nil {
 		for _, dm := range *r.Demands {
 			switch v := dm.(type) {

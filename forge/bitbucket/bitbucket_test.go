@@ -206,6 +206,10 @@ func TestWorkspaceScopeAndPages(t *testing.T) {
 	if len(ids) != 120 {
 		t.Errorf("%d distinct job ids for 120 steps", len(ids))
 	}
+	// Where each step's code came from: the pipeline's target and creator.
+	if src := jobs[0].Source; !strings.HasSuffix(src.Repository, "/data") || len(src.Commit) < 7 || src.Ref != "main" || src.Actor != "ada" {
+		t.Errorf("a step's source: %+v", src)
+	}
 	if err := d.RemoveRunner(ctx, cred.RunnerID); err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package bitbucket
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,10 +28,16 @@ type pipeline struct {
 		} `json:"result"`
 	} `json:"state"`
 	Target struct {
-		Commit struct {
+		RefName string `json:"ref_name"`
+		Commit  struct {
 			Hash string `json:"hash"`
 		} `json:"commit"`
 	} `json:"target"`
+	// Creator is who set it going; absent for a schedule's.
+	Creator *struct {
+		Nickname    string `json:"nickname"`
+		DisplayName string `json:"display_name"`
+	} `json:"creator"`
 }
 
 type step struct {
@@ -177,7 +184,11 @@ func (d *Forge) pipelineJobs(ctx context.Context, repo, base string, pl pipeline
 		if !ok || !slices.Contains(labels, LabelSelfHosted) {
 			continue
 		}
-		j := forge.Job{ID: idOf(s.UUID), RunID: pl.BuildNumber, Name: s.Name, Labels: labels, Status: st}
+		j := forge.Job{ID: idOf(s.UUID), RunID: pl.BuildNumber, Name: s.Name, Labels: labels, Status: st,
+			Source: forge.Source{Repository: d.cfg.Workspace + "/" + repo, Commit: pl.Target.Commit.Hash, Ref: pl.Target.RefName}}
+		if c := pl.Creator; c != nil {
+			j.Source.Actor = cmp.Or(c.Nickname, c.DisplayName)
+		}
 		if s.StartedOn != nil {
 			j.StartedAt = *s.StartedOn
 		}

@@ -212,6 +212,9 @@ func (s *Server) pipelineJSON(p *pipeline) map[string]any {
 		"type": "pipeline", "uuid": p.UUID, "build_number": p.Build, "state": state,
 		"target": map[string]any{"type": "pipeline_ref_target", "ref_type": "branch", "ref_name": "main",
 			"commit": map[string]any{"type": "commit", "hash": p.Commit}},
+		// The account that ran it, as the pipeline object's creator
+		// (developer.atlassian.com, "Pipelines": pipeline.creator).
+		"creator":    map[string]any{"type": "user", "display_name": "Ada Lovelace", "nickname": "ada", "account_id": "557058:0e1b"},
 		"created_on": timeJSON(p.Created),
 	}
 }
