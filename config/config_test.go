@@ -324,3 +324,35 @@ func TestDynamicPool(t *testing.T) {
 		}
 	}
 }
+
+// Prices: a pool's price per hour and its prices by type must be numbers,
+// 0 or more, and the currency a code; given, they are kept.
+func TestPrices(t *testing.T) {
+	_, err := Parse([]byte(`
+currency: dollars
+forges:
+  - {name: a, type: gitea, url: "http://a", token: t, repo: a/b}
+pools:
+  - {name: p, labels: [l], price_per_hour: -1, prices: {g4dn.xlarge: -0.5, g5.xlarge: 1.006}}
+`))
+	for _, w := range []string{`currency: "dollars" is not a currency code`, `pools[0].price_per_hour: -1 is not a price`, `pools[0].prices.g4dn.xlarge: -0.5 is not a price`} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("error does not report %s:\n%v", w, err)
+		}
+	}
+	if err != nil && strings.Contains(err.Error(), "g5.xlarge") {
+		t.Errorf("a good price refused: %v", err)
+	}
+	c, err := Parse([]byte(`
+forges:
+  - {name: a, type: gitea, url: "http://a", token: t, repo: a/b}
+pools:
+  - {name: p, labels: [l], price_per_hour: 0.75, prices: {g5.xlarge: 1.006}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := c.Pools[0]; c.Currency != "USD" || p.PricePerHour == nil || *p.PricePerHour != 0.75 || p.Prices["g5.xlarge"] != 1.006 {
+		t.Errorf("currency %q, pool %+v", c.Currency, p)
+	}
+}

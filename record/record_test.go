@@ -67,3 +67,33 @@ func TestJobTimes(t *testing.T) {
 		t.Fatal("unknown times are not zero")
 	}
 }
+
+// A machine's price: its type's where the pool lists it, the pool's one
+// price otherwise, none without either; its cost is the price for the time
+// the machine was held.
+func TestPricesFor(t *testing.T) {
+	one := 0.5
+	p := &Prices{PerHour: &one, ByType: map[string]float64{"g5.xlarge": 1.006}, Currency: "EUR"}
+	if got := p.For(Machine{InstanceType: "g5.xlarge"}); got == nil || got.PerHour != 1.006 || got.Source != "prices" || got.Currency != "EUR" {
+		t.Errorf("g5.xlarge: %+v", got)
+	}
+	if got := p.For(Machine{}); got == nil || got.PerHour != 0.5 || got.Source != "price_per_hour" {
+		t.Errorf("no type: %+v", got)
+	}
+	if got := (&Prices{ByType: map[string]float64{"a": 1}}).For(Machine{InstanceType: "b"}); got != nil {
+		t.Errorf("an unlisted type without a pool price: %+v", got)
+	}
+	var none *Prices
+	if none.For(Machine{}) != nil {
+		t.Error("a pool without prices priced a machine")
+	}
+	t0 := time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC)
+	r := Record{Created: t0, Ended: t0.Add(90 * time.Minute), Price: &Price{PerHour: 2}, GPUs: []GPU{{ID: "a"}, {ID: "b"}}}
+	if c, g := r.Cost(t0.Add(5*time.Hour)), r.GPUSeconds(t0); c != 3 || g != 2*5400 {
+		t.Errorf("cost %v, GPU seconds %v", c, g)
+	}
+	r.Ended = time.Time{}
+	if c := r.Cost(t0.Add(30 * time.Minute)); c != 1 {
+		t.Errorf("a machine still held, half an hour in: cost %v, want 1", c)
+	}
+}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/record"
 )
 
 func runConfig(t *testing.T, dir string, size int) *config.Config {
@@ -172,4 +173,41 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// A runner that ends adds its machine's cost and its GPU time to the
+// counters, once; a record loaded ended (from before this manager) adds
+// nothing.
+func TestEndedRunnersCounted(t *testing.T) {
+	t.Setenv("T_TOKEN", "x")
+	cfg, err := config.Parse([]byte(`
+state_dir: ` + t.TempDir() + `
+forges:
+  - {name: org, type: github, url: "https://github.com/acme/app", token: "${T_TOKEN}"}
+pools:
+  - {name: p, labels: [gpu], agent: {path: /bin/true}, price_per_hour: 3}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := New(t.Context(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	t0 := time.Now().Add(-time.Hour)
+	price := &record.Price{PerHour: 3, Currency: "USD"}
+	gpus := []record.GPU{{ID: "a"}, {ID: "b"}}
+	f.window.Load([]record.Record{{ID: "old", Pool: "p", Created: t0, Ended: t0.Add(time.Hour), Price: price, GPUs: gpus}})
+	live := record.Record{ID: "r", Pool: "p", Created: t0, Price: price, GPUs: gpus}
+	f.window.Observe(live, false)
+	live.Ended = t0.Add(20 * time.Minute)
+	f.window.Observe(live, false)
+	f.window.Observe(live, false) // told again: counted once
+	if got := testutil.ToFloat64(f.Metrics.Cost.WithLabelValues("p", "USD")); got < 0.999 || got > 1.001 {
+		t.Errorf("cost %v, want 1 (20 minutes at 3 an hour)", got)
+	}
+	if got := testutil.ToFloat64(f.Metrics.GPUSeconds.WithLabelValues("p")); got != 2400 {
+		t.Errorf("GPU seconds %v, want 2400 (2 GPUs for 20 minutes)", got)
+	}
 }
