@@ -11,6 +11,7 @@ import (
 	"github.com/runfleet/runfleet/agent"
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/record"
 )
 
 // fakeForge is an in-memory forge with the semantics the pool relies on:
@@ -199,6 +200,10 @@ func (p *fakeProvider) Create(_ context.Context, s provider.Spec) (provider.Inst
 	}
 	p.insts[s.Name] = in
 	p.specs[s.Name] = s
+	if s.Record != nil {
+		// What a provider fills in: its machines' host (provider.Spec.Record).
+		s.Record.System = &record.System{OS: "Fake OS 1", Kernel: "6.1.0-fake"}
+	}
 	return *in, nil
 }
 

@@ -61,7 +61,8 @@ func (p *Pool) newRecord(name string, reg int64, labels []string, units []gpu.Un
 }
 
 // recordCreated tells the history of a runner whose machine was made: what
-// its provider filled in, and the machine's id.
+// its provider filled in (the machine, its host's system), and the
+// machine's id.
 func (p *Pool) recordCreated(r *record.Record, inst provider.Instance) {
 	if r == nil || p.cfg.History == nil {
 		return
@@ -69,8 +70,16 @@ func (p *Pool) recordCreated(r *record.Record, inst provider.Instance) {
 	m := r.Machine
 	m.Merge(inst.Machine)
 	m.ID = cmp.Or(m.ID, inst.ID)
+	var sys *record.System
+	if r.System != nil {
+		s := *r.System
+		sys = &s
+	}
 	p.cfg.History.Update(r.Forge, r.Registration, func(h *record.Record) bool {
 		h.Machine.Merge(m)
+		if sys != nil {
+			h.System = sys
+		}
 		p.reprice(h)
 		return true
 	})

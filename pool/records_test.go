@@ -63,8 +63,8 @@ func TestRecordsFollowTheRunner(t *testing.T) {
 		t.Fatalf("the machine's spec carries the record %+v", spec.Record)
 	}
 	r := hist.get(2)
-	if r.Runner != "gpu-1" || r.Machine.ID == "" || !r.Online.IsZero() {
-		t.Fatalf("record after create: %+v", r)
+	if r.Runner != "gpu-1" || r.Machine.ID == "" || !r.Online.IsZero() || r.System == nil || r.System.Kernel != "6.1.0-fake" {
+		t.Fatalf("record after create (the provider's system kept): %+v", r)
 	}
 	h.online()
 	h.clk.Add(time.Second)

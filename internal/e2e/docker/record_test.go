@@ -103,6 +103,9 @@ func TestJobReadsItsRecord(t *testing.T) {
 	checkKept(t, kept, rec, jobs[0].ID, visible[1], digest)
 	// The job's record names itself, and where its code came from, as
 	// Gitea says.
+	if kept.System == nil || rec.System == nil || kept.System.Runtime != rec.System.Runtime {
+		t.Errorf("the history's system %+v, the job's %+v", kept.System, rec.System)
+	}
 	if kept.ID != rec.ID || !strings.Contains(out, "record_id="+kept.ID) {
 		t.Errorf("the job's record is %q (RUNFLEET_RECORD_ID in its log: %v), the history's %q", rec.ID, strings.Contains(out, "record_id="+kept.ID), kept.ID)
 	}
