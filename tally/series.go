@@ -14,9 +14,6 @@ type States struct {
 	Starting, Idle, Busy float64
 }
 
-// Total is every runner counted.
-func (s States) Total() float64 { return s.Starting + s.Idle + s.Busy }
-
 // Spans are the times an entry's runner spent starting (from its creation
 // until it came online, or took its job where no pass saw it idle), idle
 // (until it took its job) and busy (until it ended); an entry not ended

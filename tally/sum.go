@@ -102,11 +102,11 @@ func (s *Sum) add(r record.Record, now time.Time) {
 	s.Cost += r.Cost(now)
 }
 
-// PoolCost is what a pool's runners cost over an interval.
+// PoolCost is what a pool's priced runners cost over an interval, and
+// the GPU time all its runners held.
 type PoolCost struct {
 	Cost, GPUHours float64
-	Currency       string
-	Unpriced       int
+	Currency       string // "" while none of its runners had a price
 }
 
 // CostSince sums, by pool, what the entries cost and held from since to
@@ -128,9 +128,7 @@ func CostSince(entries []Entry, since, now time.Time) map[string]PoolCost {
 		h := end.Sub(start).Hours()
 		c := out[e.Pool]
 		c.GPUHours += float64(e.GPUs) * h
-		if !e.Priced {
-			c.Unpriced++
-		} else {
+		if e.Priced {
 			c.Cost += e.PerHour * h
 			c.Currency = cmp.Or(c.Currency, e.Currency)
 		}

@@ -1,7 +1,8 @@
 // Package tally keeps what the status page and the cost counters need of
 // a manager's recent records (package record) in memory, and sums them:
 // runners by state over time, queue waits and job durations per interval,
-// GPU time and cost by pool, repository or label.
+// GPU time and cost by pool within an interval, and `runfleet jobs --by`'s
+// sums over records.
 //
 // A Window follows the history as it is written (history.Options.Observe),
 // so that drawing the page reads no file: a page over ten thousand records
@@ -154,18 +155,18 @@ func (w *Window) put(e Entry) bool {
 	w.entries = append(w.entries, e)
 	n := len(w.entries)
 	w.byID[e.ID] = n - 1
-	return n > 1 && less(w.entries[n-1], w.entries[n-2])
+	return n > 1 && byCreation(w.entries[n-1], w.entries[n-2]) < 0
 }
 
-func less(a, b Entry) bool {
-	return cmp.Or(a.Created.Compare(b.Created), cmp.Compare(a.ID, b.ID)) < 0
+// byCreation orders entries as the window keeps them: by creation, then
+// ID.
+func byCreation(a, b Entry) int {
+	return cmp.Or(a.Created.Compare(b.Created), cmp.Compare(a.ID, b.ID))
 }
 
 // reindex sorts the entries and numbers them again. Called with w.mu held.
 func (w *Window) reindex() {
-	slices.SortFunc(w.entries, func(a, b Entry) int {
-		return cmp.Or(a.Created.Compare(b.Created), cmp.Compare(a.ID, b.ID))
-	})
+	slices.SortFunc(w.entries, byCreation)
 	for i, e := range w.entries {
 		w.byID[e.ID] = i
 	}

@@ -425,14 +425,7 @@ func TestWatchReconnects(t *testing.T) {
 		<-r.Context().Done()
 	}))
 	defer srv.Close()
-	cli, err := client.New(client.WithHost("tcp://"+strings.TrimPrefix(srv.URL, "http://")), client.WithAPIVersion("1.41"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := New(Options{Client: cli, Manager: "m", Pool: "p"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := onFakeEngine(t, srv)
 	ctx, cancel := context.WithCancel(context.Background())
 	names := make(chan string, 8)
 	p.Watch(ctx, func(n string) { names <- n })
@@ -702,6 +695,16 @@ func TestRemovalRetriedAfterEngineFailure(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
+	p := onFakeEngine(t, srv)
+	defer p.Close()
+	if err := p.removeContainer(context.Background(), "d532dfbf490f", "m-p-1-x"); err != nil || deletes.Load() != 2 {
+		t.Fatalf("remove: %v after %d requests, want it removed at the second", err, deletes.Load())
+	}
+}
+
+// onFakeEngine is pool p's provider of manager m on a fake engine.
+func onFakeEngine(t *testing.T, srv *httptest.Server) *Provider {
+	t.Helper()
 	cli, err := client.New(client.WithHost("tcp://"+strings.TrimPrefix(srv.URL, "http://")), client.WithAPIVersion("1.41"))
 	if err != nil {
 		t.Fatal(err)
@@ -710,8 +713,5 @@ func TestRemovalRetriedAfterEngineFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
-	if err := p.removeContainer(context.Background(), "d532dfbf490f", "m-p-1-x"); err != nil || deletes.Load() != 2 {
-		t.Fatalf("remove: %v after %d requests, want it removed at the second", err, deletes.Load())
-	}
+	return p
 }
