@@ -25,7 +25,7 @@ type Sum struct {
 }
 
 // Keys are what SumBy sums by.
-var Keys = []string{"pool", "label", "forge", "provider", "machine", "result"}
+var Keys = []string{"pool", "repository", "label", "forge", "provider", "machine", "result"}
 
 // keyOf returns the keys a record is summed under: a record with several
 // labels counts under each.
@@ -44,6 +44,11 @@ func keyOf(by string, r record.Record) ([]string, error) {
 			return []string{"-"}, nil
 		}
 		return r.Labels, nil
+	case "repository":
+		if r.Job == nil || r.Job.Repository == "" {
+			return []string{"-"}, nil // no job, or a forge that did not say
+		}
+		return []string{r.Job.Repository}, nil
 	case "result":
 		if r.Job == nil {
 			return []string{"no job"}, nil

@@ -124,6 +124,13 @@ func TestSumByAndCost(t *testing.T) {
 	if sums[0].Key != "p" {
 		t.Errorf("the costliest is not first: %+v", sums)
 	}
+	a.Job.Repository, c.Job.Repository = "acme/models", "acme/models"
+	repos, _ := SumBy([]record.Record{a, b, c}, "repository", at(100))
+	// c has no price: it is summed apart from a, under the same key.
+	if len(repos) != 3 || repos[0].Key != "acme/models" || repos[0].Runners != 1 || !near(repos[0].Cost, 3.5) || repos[1].Key != "-" ||
+		repos[2].Key != "acme/models" || repos[2].Unpriced != 1 {
+		t.Errorf("by repository: %+v", repos)
+	}
 	labels, _ := SumBy([]record.Record{a, b, c}, "label", at(100))
 	for _, s := range labels {
 		if s.Key == "linux" && (s.Runners != 2 || !near(s.Cost, 5)) || s.Key == "-" && s.Runners != 1 {

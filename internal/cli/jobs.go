@@ -43,7 +43,7 @@ status_token).
 
 Each record carries its machine's price per hour where the pool names one
 (price_per_hour, prices) and what it cost. --by sums the records by pool,
-label, forge, provider, machine type or result: runners, jobs, machine
+repository, label, forge, provider, machine type or result: runners, jobs, machine
 hours, GPU-hours and cost. -o csv writes either for a spreadsheet.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -150,7 +150,7 @@ func TestJobsCostCSV(t *testing.T) {
 	if err != nil || !strings.Contains(out, "3.0000 USD") {
 		t.Errorf("--by pool as a table (%v):\n%s", err, out)
 	}
-	if _, err := run("--by", "colour"); err == nil || !strings.Contains(err.Error(), "pool, label") {
+	if _, err := run("--by", "colour"); err == nil || !strings.Contains(err.Error(), "pool, repository, label") {
 		t.Errorf("--by colour: %v", err)
 	}
 	if _, err := run("-o", "xml"); err == nil || !strings.Contains(err.Error(), "table, json or csv") {
