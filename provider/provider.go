@@ -354,3 +354,19 @@ type Resource struct {
 	// (one that will outlive it); empty: its machine is gone.
 	State string
 }
+
+// Pricer is implemented by providers whose cloud publishes what its
+// machines cost (package pricing reads it in the background, so that no
+// pass waits on a price list, and keeps the answers).
+type Pricer interface {
+	// Price is the price by the hour of a machine as its record has it
+	// (its type, zone or region, and market), in effect at a moment:
+	// the on-demand price, or the Spot price the cloud bills then. An
+	// error wrapping ErrNotPriced, or ErrRejected (no permission to read
+	// the list), is one that asking again does not fix.
+	Price(ctx context.Context, m record.Machine, at time.Time) (record.Price, error)
+}
+
+// ErrNotPriced is wrapped by a Pricer's error when the price list has no
+// price for the machine (a type or region it does not list).
+var ErrNotPriced = errors.New("the price list has no price for this machine")

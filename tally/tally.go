@@ -94,8 +94,10 @@ type Window struct {
 	span time.Duration
 	now  func() time.Time
 	// Ended, when set, is told each entry seen to end (not those loaded
-	// ended), outside the window's lock: the cost counters add it.
-	ended func(Entry)
+	// ended), outside the window's lock: the cost counters add it. It
+	// is told again, with priceOnly, of an ended entry whose price came
+	// after its end (read from a cloud's price list in the background).
+	ended func(e Entry, priceOnly bool)
 
 	mu      sync.Mutex
 	entries []Entry // by creation, then ID
@@ -104,8 +106,9 @@ type Window struct {
 }
 
 // NewWindow keeps the records created within span of now; ended, when
-// not nil, is told each record seen to end.
-func NewWindow(span time.Duration, ended func(Entry)) *Window {
+// not nil, is told each record seen to end, and each priced after it
+// ended.
+func NewWindow(span time.Duration, ended func(e Entry, priceOnly bool)) *Window {
 	return &Window{span: span, now: time.Now, ended: ended, byID: map[string]int{}, byReg: map[regKey]string{}}
 }
 
@@ -123,13 +126,19 @@ func (w *Window) Load(recs []record.Record) {
 // Observe takes a record as the history wrote it, or its removal.
 func (w *Window) Observe(r record.Record, dropped bool) {
 	var endedNow *Entry
+	priceOnly := false
 	w.mu.Lock()
 	if dropped {
 		w.drop(r.ID)
 	} else {
 		e := EntryOf(r)
-		if i, ok := w.byID[e.ID]; (!ok || w.entries[i].Ended.IsZero()) && !e.Ended.IsZero() {
+		i, ok := w.byID[e.ID]
+		switch {
+		case e.Ended.IsZero():
+		case !ok || w.entries[i].Ended.IsZero():
 			endedNow = &e
+		case !w.entries[i].Priced && e.Priced:
+			endedNow, priceOnly = &e, true
 		}
 		if w.put(e) {
 			w.reindex()
@@ -138,7 +147,7 @@ func (w *Window) Observe(r record.Record, dropped bool) {
 	w.trim()
 	w.mu.Unlock()
 	if endedNow != nil && w.ended != nil {
-		w.ended(*endedNow)
+		w.ended(*endedNow, priceOnly)
 	}
 }
 

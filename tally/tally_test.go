@@ -151,7 +151,14 @@ func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
 
 func TestWindowFollowsTheHistory(t *testing.T) {
 	var ended []Entry
-	w := NewWindow(24*time.Hour, func(e Entry) { ended = append(ended, e) })
+	var late []string
+	w := NewWindow(24*time.Hour, func(e Entry, priceOnly bool) {
+		if priceOnly {
+			late = append(late, e.ID)
+			return
+		}
+		ended = append(ended, e)
+	})
 	w.now = func() time.Time { return at(60) }
 	old := rec("old", "p", -2*24*60, 0, -1, -1) // made two days ago: past the span
 	done := rec("done", "p", 5, 6, 7, 8)
@@ -176,6 +183,14 @@ func TestWindowFollowsTheHistory(t *testing.T) {
 	w.Observe(live, false)
 	if len(ended) != 1 || ended[0].ID != "live" {
 		t.Errorf("told ended: %+v, want live once", ended)
+	}
+	// Its price, read from a price list after it ended, is told once,
+	// as the price alone.
+	live.Price = &record.Price{PerHour: 2, Currency: "USD", Source: "aws price list"}
+	w.Observe(live, false)
+	w.Observe(live, false)
+	if len(ended) != 1 || len(late) != 1 || late[0] != "live" {
+		t.Errorf("priced after its end: told ended %d times, priced late %v; want once and [live]", len(ended), late)
 	}
 	// An entry made earlier than the last comes before it.
 	early := rec("early", "p", 1, -1, -1, -1)

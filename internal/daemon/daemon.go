@@ -23,6 +23,7 @@ import (
 	"github.com/runfleet/runfleet/metrics"
 	"github.com/runfleet/runfleet/placement"
 	"github.com/runfleet/runfleet/pool"
+	"github.com/runfleet/runfleet/pricing"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/tally"
 	"github.com/runfleet/runfleet/version"
@@ -81,6 +82,9 @@ type Fleet struct {
 	// and the cost counters (tally.Window): filled when the history
 	// opens, then told each write.
 	window *tally.Window
+	// prices prices the records of cloud pools without a price in their
+	// config from their clouds' price lists (provider.Pricer).
+	prices *pricing.Filler
 	// polls holds, by forge, its polls failing in a row (pollState).
 	polls sync.Map
 	// readOnly: the fleet is only read (Inspect).
@@ -110,6 +114,7 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, readOnly b
 	f.Host = &placement.Host{NvidiaSMI: cfg.GPU.NvidiaSMI, ShareVMGPUs: cfg.GPU.AllowHostVGPU, Log: log}
 	f.Metrics = metrics.New(f)
 	f.window = tally.NewWindow(windowSpan, f.countEnded)
+	f.prices = &pricing.Filler{Pricer: f.pricer, Set: f.setPrice, Log: log.With("component", "pricing")}
 	conns, err := openForges(ctx, cfg, log)
 	if err != nil {
 		return nil, err

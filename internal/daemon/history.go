@@ -8,6 +8,7 @@ import (
 	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/demand"
 	"github.com/runfleet/runfleet/history"
+	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/record"
 	"github.com/runfleet/runfleet/tally"
 )
@@ -18,7 +19,7 @@ import (
 func (f *Fleet) openHistory(c config.History) {
 	s, err := history.Open(c.Path, history.Options{
 		MaxRecords: c.MaxJobs, Keep: c.Keep.Duration, Logger: f.log.With("component", "history"),
-		Observe: f.window.Observe,
+		Observe: f.observe,
 	})
 	if err != nil {
 		f.log.Error("the history of jobs cannot be opened; runners start without it", "err", err)
@@ -33,15 +34,45 @@ func (f *Fleet) openHistory(c config.History) {
 	f.history.Swap(s)
 }
 
+// observe is told each record the history writes: the window keeps it,
+// and one a cloud's price list prices waits for its price.
+func (f *Fleet) observe(r record.Record, dropped bool) {
+	f.window.Observe(r, dropped)
+	if !dropped {
+		f.prices.Observe(r)
+	}
+}
+
+// pricer is the price list of a pool's provider; nil where it has none.
+func (f *Fleet) pricer(pool string) provider.Pricer {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, _ := f.Providers[pool].(provider.Pricer)
+	return p
+}
+
+// setPrice writes a price read from a cloud's price list into a record
+// that has none.
+func (f *Fleet) setPrice(forge string, reg int64, p record.Price) {
+	f.history.Update(forge, reg, func(r *record.Record) bool {
+		if r.Price != nil {
+			return false
+		}
+		r.Price = &p
+		return true
+	})
+}
+
 // windowSpan is how far back the status page looks: the week's cost.
 const windowSpan = 7 * 24 * time.Hour
 
-// countEnded adds a runner that ended to the cost and GPU-time counters.
-func (f *Fleet) countEnded(e tally.Entry) {
+// countEnded adds a runner that ended to the cost and GPU-time counters,
+// or only its cost where its price came after its end.
+func (f *Fleet) countEnded(e tally.Entry, priceOnly bool) {
 	if e.Priced {
 		f.Metrics.Cost.WithLabelValues(e.Pool, e.Currency).Add(e.Cost(e.Ended))
 	}
-	if e.GPUs > 0 {
+	if e.GPUs > 0 && !priceOnly {
 		f.Metrics.GPUSeconds.WithLabelValues(e.Pool).Add(e.GPUSeconds(e.Ended))
 	}
 }

@@ -46,6 +46,18 @@ func (f *Fleet) RunLeader(ctx context.Context, lost <-chan struct{}) []pool.Runn
 	f.mu.Unlock()
 	f.openHistory(hist)
 	defer f.closeHistory()
+	// Prices are read until the history closes, the drain's runners
+	// included.
+	pctx, unprice := context.WithCancel(context.WithoutCancel(ctx))
+	priced := make(chan struct{})
+	go func() {
+		defer close(priced)
+		f.prices.Run(pctx)
+	}()
+	defer func() {
+		unprice()
+		<-priced
+	}()
 	f.mu.Lock()
 	f.runCtx = runCtx
 	cfg, npools := f.Config, len(f.Pools)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/provider"
+	"github.com/runfleet/runfleet/record"
 )
 
 // toyProvider keeps machines in memory. Its pool section says which
@@ -81,6 +82,7 @@ type toyProvider struct {
 	machines map[string]*toyMachine
 	deleted  []string
 	watchers []func(string)
+	priced   int // price list calls
 }
 
 func (p *toyProvider) Create(_ context.Context, s provider.Spec) (provider.Instance, error) {
@@ -90,6 +92,9 @@ func (p *toyProvider) Create(_ context.Context, s provider.Spec) (provider.Insta
 		return m.inst, nil
 	}
 	p.n++
+	if s.Record != nil {
+		s.Record.Machine.InstanceType, s.Record.Machine.Zone = "toy."+p.flavour, "toyland-1a"
+	}
 	m := &toyMachine{spec: s, inst: provider.Instance{
 		Name: s.Name, Manager: s.Manager, Pool: s.Pool, State: provider.StateRunning,
 		Created: time.Now(), ID: fmt.Sprintf("%s-%s-%d", p.flavour, s.Name, p.n),
@@ -150,4 +155,18 @@ func (p *toyProvider) running() map[string]toyMachine {
 		}
 	}
 	return out
+}
+
+// toyPricePerHour is what a small toy costs by the hour, as its price
+// list says (provider.Pricer); a large one has no price listed.
+const toyPricePerHour = 1.25
+
+func (p *toyProvider) Price(_ context.Context, m record.Machine, _ time.Time) (record.Price, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.priced++
+	if m.InstanceType != "toy.small" {
+		return record.Price{}, fmt.Errorf("%s: %w", m.InstanceType, provider.ErrNotPriced)
+	}
+	return record.Price{PerHour: toyPricePerHour, Currency: "USD", Source: "toy price list"}, nil
 }

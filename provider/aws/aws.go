@@ -54,6 +54,7 @@ type API interface {
 	DescribeVolumes(context.Context, *ec2.DescribeVolumesInput, ...func(*ec2.Options)) (*ec2.DescribeVolumesOutput, error)
 	DeleteVolume(context.Context, *ec2.DeleteVolumeInput, ...func(*ec2.Options)) (*ec2.DeleteVolumeOutput, error)
 	DescribeInstanceTypes(context.Context, *ec2.DescribeInstanceTypesInput, ...func(*ec2.Options)) (*ec2.DescribeInstanceTypesOutput, error)
+	DescribeSpotPriceHistory(context.Context, *ec2.DescribeSpotPriceHistoryInput, ...func(*ec2.Options)) (*ec2.DescribeSpotPriceHistoryOutput, error)
 }
 
 // Options configure a Provider.
@@ -66,6 +67,9 @@ type Options struct {
 	// where it is not the region's (ssm_endpoint, or
 	// AWS_ENDPOINT_URL_SSM): the instances use it too.
 	SSMEndpoint string
+	// Pricing reads on-demand prices from the price list, for the
+	// records (price.go); nil leaves on-demand instances unpriced.
+	Pricing PricingAPI
 	// Region is the pool's (the instances' ARNs name it).
 	Region  string
 	Manager string
@@ -128,6 +132,7 @@ func New(o Options) *Provider {
 var (
 	_ provider.Provider    = (*Provider)(nil)
 	_ provider.Watcher     = (*Provider)(nil)
+	_ provider.Pricer      = (*Provider)(nil)
 	_ provider.Preempter   = (*Provider)(nil)
 	_ provider.Describer   = (*Provider)(nil)
 	_ provider.CallCounter = (*Provider)(nil)

@@ -50,7 +50,7 @@ func newSim(t *testing.T) *ec2sim.Server {
 // the stand-in's endpoints.
 func providerOn(t *testing.T, sim *ec2sim.Server, section string) *aws.Provider {
 	t.Helper()
-	raw := mustJSON(t, "region: us-east-1\nendpoint: "+sim.URL+"\nssm_endpoint: "+sim.SSMURL()+"\nimage: "+ami+"\npoll_interval: 1s\n"+section)
+	raw := mustJSON(t, "region: us-east-1\nendpoint: "+sim.URL+"\nssm_endpoint: "+sim.SSMURL()+"\npricing_endpoint: "+sim.PricingURL()+"\nimage: "+ami+"\npoll_interval: 1s\n"+section)
 	return open(t, provider.PoolConfig{Manager: "m1", Pool: "gpu", Section: raw, MaxLifetime: time.Hour})
 }
 

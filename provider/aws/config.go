@@ -29,6 +29,10 @@ type Section struct {
 	// SSMEndpoint replaces Systems Manager's, for the manager and the
 	// instances both (a VPC endpoint, a stand-in).
 	SSMEndpoint string `json:"ssm_endpoint"`
+	// PricingEndpoint replaces the Price List Query API's (a stand-in),
+	// from which instances' on-demand prices are read for their records
+	// where the pool sets no price.
+	PricingEndpoint string `json:"pricing_endpoint"`
 
 	// Image is the AMI. It must hold the forge's agent, runfleet (which
 	// starts the agent and powers the machine off) and whatever the
@@ -165,9 +169,13 @@ func (s Section) check() error {
 	if s.Region != "" && !region.MatchString(s.Region) {
 		add("region", "%q is not a region (us-east-1, eu-west-2, ...)", s.Region)
 	}
-	if s.SSMEndpoint != "" {
-		if u, err := url.Parse(s.SSMEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			add("ssm_endpoint", "%q is not an http(s) URL", s.SSMEndpoint)
+	for _, e := range [][2]string{{"ssm_endpoint", s.SSMEndpoint}, {"pricing_endpoint", s.PricingEndpoint}} {
+		field, v := e[0], e[1]
+		if v == "" {
+			continue
+		}
+		if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			add(field, "%q is not an http(s) URL", v)
 		}
 	}
 	s.checkHandoff(add)

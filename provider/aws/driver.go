@@ -16,6 +16,7 @@ import (
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/pricing"
 	"github.com/aws/aws-sdk-go-v2/service/ssm"
 	"github.com/aws/smithy-go/middleware"
 
@@ -65,7 +66,7 @@ func (driver) Open(ctx context.Context, c provider.PoolConfig) (provider.Provide
 		life = DefaultLifetime
 	}
 	return New(Options{
-		API: client, SSM: params, SSMEndpoint: awssdk.ToString(params.Options().BaseEndpoint), Region: region, Manager: c.Manager, Pool: c.Pool, Section: s,
+		API: client, SSM: params, SSMEndpoint: awssdk.ToString(params.Options().BaseEndpoint), Pricing: pricingClient(cfg, s, calls), Region: region, Manager: c.Manager, Pool: c.Pool, Section: s,
 		IdleTimeout: idle, Lifetime: life, Calls: calls, IdentityKeys: keys,
 		Logger: log.With("provider", "aws", "pool", c.Pool, "region", region),
 	}), nil
@@ -129,6 +130,20 @@ func ssmClient(cfg awssdk.Config, s Section, calls *atomic.Int64, limits *Limits
 			o.BaseEndpoint = awssdk.String(s.SSMEndpoint)
 		}
 		o.APIOptions = append(o.APIOptions, apiOptions(calls, limits)...)
+	})
+}
+
+// pricingClient is the Price List Query API's client, at the endpoint
+// nearest the pool's region (PricingRegion) or the section's
+// pricing_endpoint, counted with the rest; its calls are not EC2's and
+// share none of EC2's limits.
+func pricingClient(cfg awssdk.Config, s Section, calls *atomic.Int64) *pricing.Client {
+	return pricing.NewFromConfig(cfg, func(o *pricing.Options) {
+		o.Region = PricingRegion(cfg.Region)
+		if s.PricingEndpoint != "" {
+			o.BaseEndpoint = awssdk.String(s.PricingEndpoint)
+		}
+		o.APIOptions = append(o.APIOptions, apiOptions(calls, NewLimits())...)
 	})
 }
 

@@ -70,8 +70,11 @@ type Options struct {
 	// Listing is the subscription's listing, shared with its other
 	// pools (one of the pool's own when nil).
 	Listing *Listing
-	Logger  *slog.Logger
-	now     func() time.Time
+	// Prices reads the VMs' prices for their records (price.go); nil
+	// leaves them unpriced.
+	Prices *RetailPrices
+	Logger *slog.Logger
+	now    func() time.Time
 }
 
 // Provider is one pool's VMs.
@@ -154,6 +157,7 @@ func New(o Options) (*Provider, error) {
 var (
 	_ provider.Provider     = (*Provider)(nil)
 	_ provider.Watcher      = (*Provider)(nil)
+	_ provider.Pricer       = (*Provider)(nil)
 	_ provider.Preempter    = (*Provider)(nil)
 	_ provider.Describer    = (*Provider)(nil)
 	_ provider.CallCounter  = (*Provider)(nil)

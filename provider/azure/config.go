@@ -38,6 +38,10 @@ type Section struct {
 	// empty).
 	Endpoint      string `json:"endpoint"`
 	AuthorityHost string `json:"authority_host"`
+	// RetailPricesURL replaces the Retail Prices API's
+	// (DefaultRetailPricesURL; a mirror, a stand-in), from which the
+	// VMs' prices are read for their records where the pool sets none.
+	RetailPricesURL string `json:"retail_prices_url"`
 
 	// Image is the OS disk's image: a marketplace URN
 	// (Publisher:Offer:Sku:Version) or an image or gallery image
@@ -230,12 +234,16 @@ func (s Section) check() error {
 			add("subnets."+l, "%q is not a subnet's resource ID (/subscriptions/S/resourceGroups/G/providers/Microsoft.Network/virtualNetworks/V/subnets/N)", id)
 		}
 	}
-	for field, u := range map[string]string{"endpoint": s.Endpoint, "authority_host": s.AuthorityHost} {
-		if u == "" {
-			continue
+	for _, e := range [][2]string{{"endpoint", s.Endpoint}, {"authority_host", s.AuthorityHost}} {
+		if u := e[1]; u != "" {
+			if pu, err := url.Parse(u); err != nil || pu.Scheme != "https" || pu.Host == "" {
+				add(e[0], "%q is not an https URL (credentials are sent there)", u)
+			}
 		}
-		if pu, err := url.Parse(u); err != nil || pu.Scheme != "https" || pu.Host == "" {
-			add(field, "%q is not an https URL (credentials are sent there)", u)
+	}
+	if u := s.RetailPricesURL; u != "" {
+		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "https" && pu.Scheme != "http") || pu.Host == "" || pu.RawQuery != "" {
+			add("retail_prices_url", "%q is not an http(s) URL without a query", u)
 		}
 	}
 	if s.Image == "" {

@@ -81,6 +81,7 @@ func (driver) Open(ctx context.Context, c provider.PoolConfig) (provider.Provide
 	return New(Options{
 		API: api, Subscription: sub, Manager: c.Manager, Pool: c.Pool, Section: s, Listing: sharedListings.Get(sub + " " + or(s.Endpoint, os.Getenv(EndpointEnv))),
 		IdleTimeout: vm.InstanceIdle(s.IdleTimeout.Duration, c.IdleTimeout, DefaultIdleTimeout), Lifetime: life, Calls: calls,
+		Prices: &RetailPrices{URL: or(s.RetailPricesURL, DefaultRetailPricesURL), Client: &http.Client{Timeout: 30 * time.Second}},
 		Logger: log.With("provider", "azure", "pool", c.Pool, "subscription", sub),
 	})
 }

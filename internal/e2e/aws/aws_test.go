@@ -13,6 +13,7 @@ import (
 	"github.com/runfleet/runfleet/internal/testbed/ec2sim"
 	"github.com/runfleet/runfleet/internal/testbed/ghsim"
 	"github.com/runfleet/runfleet/internal/testbed/harness"
+	awsprov "github.com/runfleet/runfleet/provider/aws"
 )
 
 // A spot pool of EC2 instances (size 1, max 4) on the stand-in runs 6
@@ -73,7 +74,7 @@ func TestAWSJobsChooseTheirInstanceType(t *testing.T) {
 		AWS:   "      instance_types: [g4dn.12xlarge, g4dn.xlarge]\n      instance_profile: runfleet-runner\n",
 		Forge: "    poll_interval: 2s\n", Extra: "    dynamic:\n      gpus: [1, 4]\n"})
 	f.Start()
-	f.RunTwoSizes("g4dn.xlarge", "g4dn.12xlarge")
+	f.RunTwoSizes("g4dn.xlarge", "g4dn.12xlarge", harness.Prices{ByType: ec2sim.OnDemandPrices, Currency: "USD", Source: awsprov.SourceOnDemand})
 	if n := sim.Calls()["DescribeInstanceTypes"]; n != 1 {
 		t.Errorf("%d DescribeInstanceTypes calls, want 1 (read once)", n)
 	}

@@ -62,7 +62,12 @@ func TestAzureJobsChooseTheirVMSize(t *testing.T) {
 		Azure: "      vm_sizes: [Standard_NC64as_T4_v3, Standard_NC4as_T4_v3]\n",
 		Forge: "    poll_interval: 2s\n", Extra: "    dynamic:\n      gpus: [1, 4]\n"})
 	f.Start()
-	f.RunTwoSizes("Standard_NC4as_T4_v3", "Standard_NC64as_T4_v3")
+	// Priced from the Retail Prices API (the stand-in's), in eastus.
+	prices := map[string]float64{}
+	for _, size := range []string{"Standard_NC4as_T4_v3", "Standard_NC64as_T4_v3"} {
+		prices[size] = armsim.RetailPrice(size, "eastus", false)
+	}
+	f.RunTwoSizes("Standard_NC4as_T4_v3", "Standard_NC64as_T4_v3", harness.Prices{ByType: prices, Currency: "USD", Source: azure.SourceRetail})
 	if n := sim.Calls()["ResourceSKUsClient.NewListPager"]; n != 1 {
 		t.Errorf("%d resource SKU lists, want 1 (read once)", n)
 	}

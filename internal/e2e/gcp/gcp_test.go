@@ -152,7 +152,7 @@ func TestGCPJobsChooseTheirMachineType(t *testing.T) {
 		GCP:   "      machine_types: [g2-standard-48, g2-standard-4]\n",
 		Forge: "    poll_interval: 2s\n", Extra: "    dynamic:\n      gpus: [1, 4]\n"})
 	f.Start()
-	f.RunTwoSizes("g2-standard-4", "g2-standard-48")
+	f.RunTwoSizes("g2-standard-4", "g2-standard-48", harness.Prices{})
 	if n := sim.Calls()["machineTypes.get"]; n != 2 {
 		t.Errorf("%d machineTypes.get calls, want 2 (each type read once)", n)
 	}

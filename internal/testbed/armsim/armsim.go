@@ -176,6 +176,10 @@ func New(o Options) (*Server, error) {
 	return s, nil
 }
 
+// HTTPClient is a client of the stand-in's HTTPS front, trusting its
+// certificate.
+func (s *Server) HTTPClient() *http.Client { return s.ts.Client() }
+
 // Transport is the fake server as a client's transport, in-process: no
 // token, no limits, no latency.
 func (s *Server) Transport() policy.Transporter { return uncancelled{s.fake, s} }

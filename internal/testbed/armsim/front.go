@@ -60,6 +60,8 @@ func (s *Server) routes() http.Handler {
 				"authorization_endpoint": s.URL + "/" + tenant + "/oauth2/v2.0/authorize",
 				"issuer":                 s.URL + "/" + tenant + "/v2.0",
 			})
+		case p == "/api/retail/prices":
+			s.retailPrices(w, r)
 		case p == "/common/discovery/instance":
 			s.count("instance-discovery")
 			host := strings.TrimPrefix(s.URL, "https://")

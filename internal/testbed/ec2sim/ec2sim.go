@@ -1,9 +1,11 @@
 // Package ec2sim is a stand-in for Amazon EC2 for tests: the Query API
 // (RunInstances, DescribeInstances with filters and pages,
 // TerminateInstances, CreateTags, DescribeSpotInstanceRequests, and the
-// instances' EBS volumes: DescribeVolumes, DeleteVolume) as the
-// EC2 API reference documents it, with its error codes and its request
-// rate buckets, behind the SDK's base endpoint; and instances that boot.
+// instances' EBS volumes: DescribeVolumes, DeleteVolume, and the Spot
+// price history) as the EC2 API reference documents it, with its error
+// codes and its request rate buckets, behind the SDK's base endpoint; the
+// Price List Query API's on-demand prices and Parameter Store, each on an
+// endpoint of its own; and instances that boot.
 // With a Docker engine, an instance is a container of the image its AMI
 // maps to, which runs its user data as cloud-init would and reads a
 // stand-in instance metadata service of its own (IMDSv2: session tokens,
@@ -78,30 +80,33 @@ type Server struct {
 	id      string
 	latency atomic.Int64
 
-	mu         sync.Mutex
-	instances  map[string]*Instance
-	order      []string
-	volumes    map[string]*Volume
-	devices    map[string][]BlockDevice // AMI -> its block device mapping
-	tokens     map[string]string        // client token -> instance id
-	images     map[string]string        // AMI -> Docker image ("" boots nothing)
-	params     map[string]string        // Systems Manager parameter -> the AMI it names
-	subnets    map[string]string        // subnet -> zone
-	noCap      map[string]bool          // "<market> <type> <zone>", "<market> <type>", "<market>"
-	capacity   map[string]int           // "<market> <type>": instances left to launch, where limited
-	spotPrice  map[string]float64       // by instance type; DefaultSpotPrice otherwise
-	faults     map[string][]string
-	calls      map[string]int
-	buckets    map[string]*rate.Limiter
-	resources  map[string]*rate.Limiter // resource token buckets
-	ssm        *ssmState
-	ssmURL     string
-	ident      identity // signs instance identity documents
-	identities int      // identity document signatures read
-	wg         sync.WaitGroup
-	closing    bool
-	quit       chan struct{} // closed by Close: pending interruptions end
-	down       bool          // every API call answers 503 Unavailable
+	mu          sync.Mutex
+	instances   map[string]*Instance
+	order       []string
+	volumes     map[string]*Volume
+	devices     map[string][]BlockDevice // AMI -> its block device mapping
+	tokens      map[string]string        // client token -> instance id
+	images      map[string]string        // AMI -> Docker image ("" boots nothing)
+	params      map[string]string        // Systems Manager parameter -> the AMI it names
+	subnets     map[string]string        // subnet -> zone
+	noCap       map[string]bool          // "<market> <type> <zone>", "<market> <type>", "<market>"
+	capacity    map[string]int           // "<market> <type>": instances left to launch, where limited
+	spotPrice   map[string]float64       // by instance type; DefaultSpotPrice otherwise
+	spotChanges map[string][]spotPoint   // by instance type: each SetSpotPrice
+	started     time.Time
+	pricing     *pricingState
+	faults      map[string][]string
+	calls       map[string]int
+	buckets     map[string]*rate.Limiter
+	resources   map[string]*rate.Limiter // resource token buckets
+	ssm         *ssmState
+	ssmURL      string
+	ident       identity // signs instance identity documents
+	identities  int      // identity document signatures read
+	wg          sync.WaitGroup
+	closing     bool
+	quit        chan struct{} // closed by Close: pending interruptions end
+	down        bool          // every API call answers 503 Unavailable
 }
 
 // New starts the stand-in on a free port of all addresses.
@@ -117,7 +122,7 @@ func New(o Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		opt: o, ln: ln, id: randHex(4), quit: make(chan struct{}),
+		opt: o, ln: ln, id: randHex(4), quit: make(chan struct{}), started: time.Now(), spotChanges: map[string][]spotPoint{},
 		URL:       "http://" + ln.Addr().String(),
 		instances: map[string]*Instance{}, tokens: map[string]string{}, volumes: map[string]*Volume{}, devices: map[string][]BlockDevice{},
 		images: map[string]string{}, params: map[string]string{}, noCap: map[string]bool{}, capacity: map[string]int{}, spotPrice: map[string]float64{}, faults: map[string][]string{},
@@ -134,6 +139,11 @@ func New(o Options) (*Server, error) {
 	}
 	if err := s.startSSM(); err != nil {
 		_ = ln.Close()
+		return nil, err
+	}
+	if err := s.startPricing(); err != nil {
+		_ = ln.Close()
+		_ = s.ssm.srv.Close()
 		return nil, err
 	}
 	s.srv = &http.Server{Handler: http.HandlerFunc(s.serve), ReadHeaderTimeout: 10 * time.Second}
@@ -153,6 +163,7 @@ func (s *Server) Close() {
 	s.mu.Unlock()
 	_ = s.srv.Close()
 	_ = s.ssm.srv.Close()
+	_ = s.pricing.srv.Close()
 	for _, in := range live {
 		s.stopInstance(in, "", "")
 	}
@@ -212,11 +223,13 @@ func (s *Server) NoCapacity(market, typ, zone string) {
 // that SetSpotPrice has not priced.
 const DefaultSpotPrice = 0.10
 
-// SetSpotPrice sets an instance type's Spot price (USD an hour).
+// SetSpotPrice sets an instance type's Spot price (USD an hour) from
+// now on: its price history keeps the change.
 func (s *Server) SetSpotPrice(typ string, price float64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.spotPrice[typ] = price
+	s.spotChanges[typ] = append(s.spotChanges[typ], spotPoint{time.Now(), price})
 }
 
 // SetDown makes the API answer every call 503 Unavailable (an outage of
@@ -276,6 +289,7 @@ var bucketSizes = map[string][2]float64{
 	"DescribeVolumes":           {100, 20},
 	"DescribeInstanceAttribute": {100, 20},
 	"DescribeInstanceTypes":     {100, 20},
+	"DescribeSpotPriceHistory":  {100, 20},
 	"DeleteVolume":              {200, 5},
 }
 
@@ -343,6 +357,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		out, err = s.describeAttribute(form)
 	case "DescribeInstanceTypes":
 		out, err = s.describeInstanceTypes(form)
+	case "DescribeSpotPriceHistory":
+		s.mu.Lock()
+		out, err = s.describeSpotPriceHistory(form)
+		s.mu.Unlock()
 	default:
 		err = &apiError{http.StatusBadRequest, "InvalidAction", fmt.Sprintf("The action %s is not valid for this web service.", action)}
 	}

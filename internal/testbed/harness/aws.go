@@ -86,7 +86,7 @@ func AWSSection(sim *ec2sim.Server, extra string) string {
 	if !strings.Contains(extra, "poll_interval:") {
 		extra = "      poll_interval: 2s\n" + extra
 	}
-	return "    provider: aws\n    aws:\n      region: us-east-1\n      endpoint: " + sim.URL + "\n      ssm_endpoint: " + sim.SSMURL() +
+	return "    provider: aws\n    aws:\n      region: us-east-1\n      endpoint: " + sim.URL + "\n      ssm_endpoint: " + sim.SSMURL() + "\n      pricing_endpoint: " + sim.PricingURL() +
 		"\n      image: " + EC2AMI + "\n" + extra
 }
 

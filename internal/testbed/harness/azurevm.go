@@ -65,7 +65,7 @@ func AzureVMSection(sim *armsim.Server, extra string) string {
 	for _, l := range armsim.Locations {
 		subnets += "        " + l + ": " + armsim.SubnetID(l) + "\n"
 	}
-	return "    provider: azure\n    azure:\n      endpoint: " + sim.URL + "\n      resource_group: " + armsim.Group +
+	return "    provider: azure\n    azure:\n      endpoint: " + sim.URL + "\n      retail_prices_url: " + sim.URL + "/api/retail/prices\n      resource_group: " + armsim.Group +
 		"\n      image: " + ARMImage + "\n" + subnets + extra
 }
 

@@ -141,7 +141,7 @@ func (f *Fleet) CheckRecords(jobs []*sdk.ActionWorkflowJob, check func(printed, 
 // the fleet's repository, one asking gpus=1 and one gpus=4, waits for both to pass,
 // and checks that each job's record names the machine type it should
 // have had: small for the first, big for the second.
-func (f *Fleet) RunTwoSizes(small, big string) {
+func (f *Fleet) RunTwoSizes(small, big string, prices Prices) {
 	f.T.Helper()
 	f.Push("name: ci\non: [push]\njobs:\n" +
 		"  one:\n    runs-on: [" + f.Repo + ", gpus=1]\n    steps:\n      - run: echo one\n" +
@@ -157,4 +157,38 @@ func (f *Fleet) RunTwoSizes(small, big string) {
 		}
 		f.T.Logf("job %s ran on %s, a %s", j.Name, r.Machine.ID, r.Machine.InstanceType)
 	}
+	if prices.ByType == nil {
+		return
+	}
+	// The price comes from the cloud's price list in the background:
+	// it may come after the runner ended.
+	Eventually(f.T, time.Minute, "each job's record priced from the cloud's price list", func() bool {
+		kept := f.JobRecords()
+		for _, j := range jobs {
+			if r, ok := RecordOfRegistration(kept, j.RunnerID); !ok || r.Price == nil {
+				return false
+			} else {
+				recs[j.ID] = r
+			}
+		}
+		return true
+	})
+	for _, j := range jobs {
+		r := recs[j.ID]
+		typ := r.Machine.InstanceType
+		if p := r.Price; p.PerHour != prices.ByType[typ] || p.Currency != prices.Currency || p.Source != prices.Source {
+			f.T.Errorf("job %s's record (a %s) is priced %+v; want %v %s from %q", j.Name, typ, *p, prices.ByType[typ], prices.Currency, prices.Source)
+		}
+		if c := r.Cost(r.Ended); c <= 0 || c != r.Price.PerHour*r.Held(r.Ended).Hours() {
+			f.T.Errorf("job %s's record costs %v", j.Name, c)
+		}
+	}
+}
+
+// Prices are what a cloud's price list says its machines cost, for
+// RunTwoSizes to check the records against; nil ByType checks nothing.
+type Prices struct {
+	ByType   map[string]float64
+	Currency string
+	Source   string
 }
