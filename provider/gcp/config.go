@@ -28,6 +28,10 @@ type Section struct {
 	// Endpoint replaces Compute Engine's (a Private Service Connect
 	// endpoint, a stand-in).
 	Endpoint string `json:"endpoint"`
+	// BillingEndpoint replaces the Cloud Billing API's (a stand-in),
+	// whose catalog prices the instances' records where the pool sets
+	// no price.
+	BillingEndpoint string `json:"billing_endpoint"`
 	// CredentialsFile is a service account key or another credential
 	// configuration file.
 	CredentialsFile string `json:"credentials_file"`
@@ -185,6 +189,11 @@ func (s Section) check() error {
 	for i, z := range s.Zones {
 		if !zoneRE.MatchString(z) {
 			add(fmt.Sprintf("zones[%d]", i), "%q is not a zone (us-central1-a)", z)
+		}
+	}
+	if s.BillingEndpoint != "" {
+		if u, err := url.Parse(s.BillingEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			add("billing_endpoint", "%q is not an http(s) URL", s.BillingEndpoint)
 		}
 	}
 	if s.Endpoint != "" {

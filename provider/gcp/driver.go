@@ -16,6 +16,7 @@ import (
 	"cloud.google.com/go/auth"
 	"cloud.google.com/go/auth/credentials"
 	"cloud.google.com/go/auth/httptransport"
+	billing "cloud.google.com/go/billing/apiv1"
 	compute "cloud.google.com/go/compute/apiv1"
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"google.golang.org/api/option"
@@ -80,8 +81,36 @@ func (driver) Open(ctx context.Context, c provider.PoolConfig) (provider.Provide
 	return New(Options{
 		API: api, Project: project, Manager: c.Manager, Pool: c.Pool, Section: s, Listing: sharedListings.Get(project + " " + s.Endpoint + " " + c.Manager),
 		IdleTimeout: vm.InstanceIdle(s.IdleTimeout.Duration, c.IdleTimeout, DefaultIdleTimeout), Lifetime: life, Calls: calls,
-		Logger: log.With("provider", "gcp", "pool", c.Pool, "project", project),
+		Catalog: catalogOf(context.WithoutCancel(ctx), s, log),
+		Logger:  log.With("provider", "gcp", "pool", c.Pool, "project", project),
 	}), nil
+}
+
+// BillingEndpointEnv is gcloud's override of the Cloud Billing API's
+// endpoint, taken when the section names none.
+const BillingEndpointEnv = "CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDBILLING"
+
+// catalogOf is the Cloud Billing Catalog's client, with the same
+// credentials as Compute Engine's but for the billing scope alone
+// (BillingScope); nil, said in the log, where it cannot be made: the
+// records then stay unpriced, nothing else is affected.
+func catalogOf(ctx context.Context, s Section, log *slog.Logger) Catalog {
+	creds, err := findCredentials(s, BillingScope)
+	if err == nil {
+		var hc *http.Client
+		if hc, err = httptransport.NewClient(&httptransport.Options{Credentials: creds, DisableTelemetry: true}); err == nil {
+			opts := []option.ClientOption{option.WithHTTPClient(hc)}
+			if endpoint := or(s.BillingEndpoint, strings.TrimSuffix(strings.TrimRight(os.Getenv(BillingEndpointEnv), "/"), "/v1")); endpoint != "" {
+				opts = append(opts, option.WithEndpoint(strings.TrimRight(endpoint, "/")))
+			}
+			var c *billing.CloudCatalogClient
+			if c, err = billing.NewCloudCatalogRESTClient(ctx, opts...); err == nil {
+				return catalogClient{c}
+			}
+		}
+	}
+	log.Warn("the Cloud Billing Catalog cannot be read: the pool's records are priced only from price_per_hour or prices", "err", err)
+	return nil
 }
 
 // Client is Compute Engine's API for the section: its credentials and
@@ -89,7 +118,7 @@ func (driver) Open(ctx context.Context, c provider.PoolConfig) (provider.Provide
 // shared by the clients of the project and endpoint). calls, when set,
 // counts the requests sent.
 func Client(ctx context.Context, s Section, calls *atomic.Int64, limits *Limits) (API, string, error) {
-	creds, err := findCredentials(s)
+	creds, err := findCredentials(s, Scope)
 	if err != nil {
 		return nil, "", fmt.Errorf("gcp: credentials: %w", err)
 	}
@@ -152,8 +181,8 @@ var credentialTypes = map[string]credentials.CredType{
 // findCredentials reads credentials_file, then CML's
 // GOOGLE_APPLICATION_CREDENTIALS_DATA, then Application Default
 // Credentials.
-func findCredentials(s Section) (*auth.Credentials, error) {
-	opts := &credentials.DetectOptions{Scopes: []string{Scope}}
+func findCredentials(s Section, scope string) (*auth.Credentials, error) {
+	opts := &credentials.DetectOptions{Scopes: []string{scope}}
 	var b []byte
 	switch {
 	case s.CredentialsFile != "":

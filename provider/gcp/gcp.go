@@ -71,13 +71,17 @@ type Options struct {
 	// Verifier checks the identity tokens of instances claiming their
 	// assignment (Section.HandoffURL); Google's keys when nil.
 	Verifier Verifier
-	Logger   *slog.Logger
-	now      func() time.Time
+	// Catalog lists Compute Engine's SKUs, from which the instances'
+	// records are priced (price.go); nil leaves them unpriced.
+	Catalog Catalog
+	Logger  *slog.Logger
+	now     func() time.Time
 }
 
 // Provider is one pool's instances.
 type Provider struct {
 	opt   Options
+	skus  skuCache // the catalog's SKUs, for prices
 	watch vm.Poller
 	fresh sync.Mutex // one list at a time
 	book  vm.Book[where]
@@ -139,6 +143,7 @@ func New(o Options) *Provider {
 var (
 	_ provider.Provider     = (*Provider)(nil)
 	_ provider.Watcher      = (*Provider)(nil)
+	_ provider.Pricer       = (*Provider)(nil)
 	_ provider.Preempter    = (*Provider)(nil)
 	_ provider.Describer    = (*Provider)(nil)
 	_ provider.CallCounter  = (*Provider)(nil)

@@ -41,7 +41,7 @@ func open(t *testing.T, manager string, sim *gcesim.Server, section string) *gcp
 	if !ok {
 		t.Fatal("gcp is not registered")
 	}
-	raw := mustJSON(t, "endpoint: "+sim.URL+"\nimage: "+image+"\npoll_interval: 1s\n"+section)
+	raw := mustJSON(t, "endpoint: "+sim.URL+"\nbilling_endpoint: "+sim.URL+"\nimage: "+image+"\npoll_interval: 1s\n"+section)
 	p, err := d.Open(t.Context(), provider.PoolConfig{Manager: manager, Pool: "gpu", Section: raw, MaxLifetime: time.Hour})
 	if err != nil {
 		t.Fatal(err)

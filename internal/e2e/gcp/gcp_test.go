@@ -152,7 +152,13 @@ func TestGCPJobsChooseTheirMachineType(t *testing.T) {
 		GCP:   "      machine_types: [g2-standard-48, g2-standard-4]\n",
 		Forge: "    poll_interval: 2s\n", Extra: "    dynamic:\n      gpus: [1, 4]\n"})
 	f.Start()
-	f.RunTwoSizes("g2-standard-4", "g2-standard-48", harness.Prices{})
+	// Priced from the Cloud Billing Catalog (the stand-in's): the
+	// types' vCPUs, memory and L4s in us-central1.
+	prices := map[string]float64{}
+	for _, typ := range []string{"g2-standard-4", "g2-standard-48"} {
+		prices[typ] = gcesim.MachinePrice(typ, "us-central1-a", false, "", 0)
+	}
+	f.RunTwoSizes("g2-standard-4", "g2-standard-48", harness.Prices{ByType: prices, Currency: "USD", Source: gcp.SourceCatalog})
 	if n := sim.Calls()["machineTypes.get"]; n != 2 {
 		t.Errorf("%d machineTypes.get calls, want 2 (each type read once)", n)
 	}

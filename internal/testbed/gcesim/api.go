@@ -24,6 +24,7 @@ func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /token", s.token)
 	mux.HandleFunc("GET "+CertsPath, s.certs)
+	mux.HandleFunc("GET /v1/services/{service}/skus", s.listSKUs)
 	route := func(pattern, method string, h func(*http.Request) (proto.Message, *apiError)) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			if !s.authorized(r) {

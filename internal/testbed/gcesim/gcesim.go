@@ -79,6 +79,7 @@ type Server struct {
 
 	mu         sync.Mutex
 	tokens     map[string]time.Time
+	scopes     map[string]string    // by token: the scopes it was granted
 	instances  map[string]*Instance // by zone/name
 	order      []*Instance
 	disks      map[string]*Disk // by zone/name
@@ -125,7 +126,7 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{opt: o, key: key, keyID: randHex(20), id: id, tokens: map[string]time.Time{},
+	s := &Server{opt: o, key: key, keyID: randHex(20), id: id, tokens: map[string]time.Time{}, scopes: map[string]string{},
 		instances: map[string]*Instance{}, disks: map[string]*Disk{}, ops: map[string]*op{}, requests: map[string]*op{},
 		images: map[string]string{}, noCap: map[string]bool{}, room: map[string]int{}, noQuota: map[string]bool{}, faults: map[string][]fault{},
 		calls: map[string]int{}, used: map[quota]int{}, projectNum: "424242424242"}
@@ -264,8 +265,10 @@ func (s *Server) token(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tok := "ya29.gcesim-" + randHex(24)
+	scope, _ := claims["scope"].(string)
 	s.mu.Lock()
 	s.tokens[tok] = time.Now().Add(time.Hour)
+	s.scopes[tok] = scope
 	s.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"access_token": tok, "expires_in": 3599, "token_type": "Bearer"})
@@ -275,6 +278,18 @@ func oauthError(w http.ResponseWriter, code, desc string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusBadRequest)
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": code, "error_description": desc})
+}
+
+// tokenScopes are the scopes of a request's bearer token, if it is valid.
+func (s *Server) tokenScopes(r *http.Request) (string, bool) {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	exp, known := s.tokens[tok]
+	if !ok || !known || !time.Now().Before(exp) {
+		return "", false
+	}
+	return s.scopes[tok], true
 }
 
 // authorized checks the bearer token.

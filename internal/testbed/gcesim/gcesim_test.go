@@ -8,6 +8,8 @@ import (
 
 	"cloud.google.com/go/auth/credentials"
 	"cloud.google.com/go/auth/httptransport"
+	billing "cloud.google.com/go/billing/apiv1"
+	"cloud.google.com/go/billing/apiv1/billingpb"
 	compute "cloud.google.com/go/compute/apiv1"
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"google.golang.org/api/googleapi"
@@ -153,5 +155,53 @@ func TestBulkInsert(t *testing.T) {
 	}
 	if _, err := bulk("e2-small", 1, "b-1"); !errors.As(err, &ge) || ge.Code != 409 {
 		t.Errorf("a name taken: %v, want 409", err)
+	}
+}
+
+// The catalog answers Google's own billing client with a token of the
+// billing scope, and refuses one for Compute Engine alone, as Google
+// does (403 ACCESS_TOKEN_SCOPE_INSUFFICIENT); it pages as asked.
+func TestCatalogScopesAndPages(t *testing.T) {
+	s, _ := newClient(t)
+	list := func(scope string, pageSize int32) (int, error) {
+		creds, err := credentials.NewCredentialsFromJSON(credentials.ServiceAccount, s.Credentials(), &credentials.DetectOptions{Scopes: []string{scope}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hc, err := httptransport.NewClient(&httptransport.Options{Credentials: creds})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := billing.NewCloudCatalogRESTClient(context.Background(), option.WithHTTPClient(hc), option.WithEndpoint(s.URL))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		it := c.ListSkus(context.Background(), &billingpb.ListSkusRequest{Parent: "services/" + ComputeService, PageSize: pageSize})
+		n := 0
+		for {
+			_, err := it.Next()
+			if errors.Is(err, iterator.Done) {
+				return n, nil
+			}
+			if err != nil {
+				return n, err
+			}
+			n++
+		}
+	}
+	var ge *googleapi.Error
+	if _, err := list("https://www.googleapis.com/auth/compute", 0); !errors.As(err, &ge) || ge.Code != 403 {
+		t.Errorf("a Compute Engine token: %v, want 403", err)
+	}
+	all, err := list("https://www.googleapis.com/auth/cloud-billing.readonly", 0)
+	if err != nil || all != len(skus()) {
+		t.Fatalf("%d SKUs, %v; want %d", all, err, len(skus()))
+	}
+	if paged, err := list("https://www.googleapis.com/auth/cloud-platform", 7); err != nil || paged != all {
+		t.Errorf("in pages of 7: %d SKUs, %v; want %d", paged, err, all)
+	}
+	if n := s.Calls()["services.skus.list"]; n < 2+all/7 {
+		t.Errorf("%d list calls: pageSize not kept", n)
 	}
 }

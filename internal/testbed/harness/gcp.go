@@ -43,7 +43,7 @@ func GCPSection(sim *gcesim.Server, extra string) string {
 	if !strings.Contains(extra, "machine_types:") {
 		extra = "      machine_types: [n1-standard-4]\n" + extra
 	}
-	return "    provider: gcp\n    gcp:\n      endpoint: " + sim.URL + "\n      image: " + GCEImage + "\n" + extra
+	return "    provider: gcp\n    gcp:\n      endpoint: " + sim.URL + "\n      billing_endpoint: " + sim.URL + "\n      image: " + GCEImage + "\n" + extra
 }
 
 // GCPEnv is the manager's Google environment: the stand-in's service
