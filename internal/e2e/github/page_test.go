@@ -48,6 +48,10 @@ func TestStatusPagePictures(t *testing.T) {
 	if shots == "" {
 		shots = t.TempDir()
 	}
+	// Chromium writes a screenshot into a directory that exists only.
+	if err := os.MkdirAll(shots, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	shot := func(file string) {
 		path := filepath.Join(shots, file)
 		harness.Headless(t, bin, "--screenshot="+path, "--window-size=1280,1500", "--hide-scrollbars", status+"/")
