@@ -80,13 +80,16 @@ type Options struct {
 
 // Provider is one pool's instances.
 type Provider struct {
-	opt   Options
-	skus  skuCache // the catalog's SKUs, for prices
-	watch vm.Poller
-	fresh sync.Mutex // one list at a time
-	book  vm.Book[where]
-	desk  *vm.Desk // assignments waiting for their instances; nil without handoff_url
-	batch vm.Batcher
+	opt  Options
+	skus skuCache // the catalog's SKUs, for prices
+	// types are the machine types read (machineType), by name.
+	typesMu sync.Mutex
+	types   map[string]*computepb.MachineType
+	watch   vm.Poller
+	fresh   sync.Mutex // one list at a time
+	book    vm.Book[where]
+	desk    *vm.Desk // assignments waiting for their instances; nil without handoff_url
+	batch   vm.Batcher
 	// catalogue is what the pool's machine types have, for jobs that
 	// choose their size.
 	catalogue vm.Catalogue

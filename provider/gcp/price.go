@@ -1,6 +1,7 @@
 package gcp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -138,11 +139,9 @@ func (p *Provider) machineOf(ctx context.Context, zone, typ string) (cpus float6
 		size, _ := p.sizeOf(ctx, typ)
 		cpus, mem = size.CPUs, size.Memory
 	} else {
-		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
-		mt, err := p.opt.API.MachineType(cctx, p.opt.Project, zone, typ)
-		cancel()
-		if err != nil {
-			return 0, 0, "", 0, fmt.Errorf("gcp price: get machine type %s in %s: %w", typ, zone, catalogError(err))
+		mt, err := p.machineType(ctx, typ, []string{zone})
+		if err != nil || mt == nil {
+			return 0, 0, "", 0, fmt.Errorf("gcp price: machine type %s in %s: %w", typ, zone, cmp.Or(err, provider.ErrNotPriced))
 		}
 		cpus, mem = float64(mt.GetGuestCpus()), int64(mt.GetMemoryMb())<<20
 		for _, a := range mt.GetAccelerators() {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"cloud.google.com/go/compute/apiv1/computepb"
 	"google.golang.org/api/googleapi"
 
 	"github.com/runfleet/runfleet/dynamic"
@@ -56,6 +57,29 @@ func (p *Provider) sizeOf(ctx context.Context, typ string) (vm.Size, error) {
 		return vm.Size{Type: typ, CPUs: float64(cpus), Memory: mb << 20}, nil
 	}
 	zones := p.opt.Section.Zones
+	mt, err := p.machineType(ctx, typ, zones)
+	if err != nil || mt == nil {
+		return vm.Size{}, err
+	}
+	size := vm.Size{Type: typ, CPUs: float64(mt.GetGuestCpus()), Memory: int64(mt.GetMemoryMb()) << 20}
+	for _, a := range mt.GetAccelerators() {
+		size.GPUs += int(a.GetGuestAcceleratorCount())
+		size.GPU = gpu.Model(a.GetGuestAcceleratorType())
+	}
+	return size, nil
+}
+
+// machineType is machineTypes.get of a type in the first of zones that
+// offers it, read once for the provider's life (a type has the same
+// vCPUs, memory and GPUs in every zone): the catalogue and the prices
+// share it. Nil, with no error, where none of the zones offers it.
+func (p *Provider) machineType(ctx context.Context, typ string, zones []string) (*computepb.MachineType, error) {
+	p.typesMu.Lock()
+	mt, ok := p.types[typ]
+	p.typesMu.Unlock()
+	if ok {
+		return mt, nil
+	}
 	for _, zone := range zones {
 		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
 		mt, err := p.opt.API.MachineType(cctx, p.opt.Project, zone, typ)
@@ -67,18 +91,19 @@ func (p *Provider) sizeOf(ctx context.Context, typ string) (vm.Size, error) {
 		if err != nil {
 			switch kind, _ := kindOf(err); kind {
 			case errFatal:
-				return vm.Size{}, provider.Rejected(fmt.Errorf("get machine type %s in %s: %w", typ, zone, err))
+				return nil, provider.Rejected(fmt.Errorf("get machine type %s in %s: %w", typ, zone, err))
 			}
-			return vm.Size{}, fmt.Errorf("get machine type %s in %s: %w", typ, zone, err)
+			return nil, fmt.Errorf("get machine type %s in %s: %w", typ, zone, err)
 		}
-		size := vm.Size{Type: typ, CPUs: float64(mt.GetGuestCpus()), Memory: int64(mt.GetMemoryMb()) << 20}
-		for _, a := range mt.GetAccelerators() {
-			size.GPUs += int(a.GetGuestAcceleratorCount())
-			size.GPU = gpu.Model(a.GetGuestAcceleratorType())
+		p.typesMu.Lock()
+		if p.types == nil {
+			p.types = map[string]*computepb.MachineType{}
 		}
-		return size, nil
+		p.types[typ] = mt
+		p.typesMu.Unlock()
+		return mt, nil
 	}
-	return vm.Size{}, provider.Rejected(fmt.Errorf("machine type %s is offered in none of the zones %s", typ, strings.Join(zones, ", ")))
+	return nil, provider.Rejected(fmt.Errorf("machine type %s is offered in none of the zones %s", typ, strings.Join(zones, ", ")))
 }
 
 // CheckShapes refuses at start a dynamic pool whose limits let a job ask
