@@ -423,8 +423,36 @@ func (f *Fleet) Stop(timeout time.Duration) error {
 	case err := <-f.waitErr:
 		return err
 	case <-time.After(timeout):
-		return fmt.Errorf("manager did not exit within %s of SIGTERM", timeout)
 	}
+	// What it waits on: the Go runtime writes every goroutine's stack
+	// into its log on SIGQUIT, and exits.
+	_ = f.Cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-f.waitErr:
+	case <-time.After(10 * time.Second):
+	}
+	b, _ := os.ReadFile(f.LogPath)
+	f.T.Logf("the manager's own goroutines %s after SIGTERM:\n%s", timeout, OwnGoroutines(string(b), 40000))
+	return fmt.Errorf("manager did not exit within %s of SIGTERM", timeout)
+}
+
+// OwnGoroutines is the stacks of a Go program's SIGQUIT dump that run
+// runfleet's code (not the runtime's or a library's alone), at most max
+// bytes of them.
+func OwnGoroutines(log string, max int) string {
+	_, dump, ok := strings.Cut(log, "SIGQUIT: quit")
+	if !ok {
+		return "(no goroutine dump in the log)"
+	}
+	var out strings.Builder
+	for g := range strings.SplitSeq(dump, "\n\n") {
+		if !strings.Contains(g, "github.com/runfleet/runfleet/") || out.Len()+len(g) > max {
+			continue
+		}
+		out.WriteString(g)
+		out.WriteString("\n\n")
+	}
+	return out.String()
 }
 
 // StopLeavesNothing drains the manager with SIGTERM and checks that no
