@@ -27,6 +27,7 @@ const (
 	notedOnline uint8 = 1 << iota
 	notedStarted
 	notedEnded
+	notedSystem // the host's system, told once a listing gave it
 )
 
 type noted struct {
@@ -131,6 +132,17 @@ func (p *Pool) recordPass(s *slot) {
 			change = append(change, func(r *record.Record) bool {
 				changed := r.Machine.Merge(m)
 				return p.reprice(r) || changed
+			})
+		}
+		if sys := s.inst.System; sys != nil && n.flags&notedSystem == 0 {
+			n.flags |= notedSystem
+			got := *sys
+			change = append(change, func(r *record.Record) bool {
+				if r.System != nil {
+					return false
+				}
+				r.System = &got
+				return true
 			})
 		}
 		if gpus := s.inst.GPUs; len(gpus) > n.gpus {

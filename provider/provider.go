@@ -151,6 +151,10 @@ type Instance struct {
 	// a Slurm job's node, the zone a cloud placed it in). Empty fields
 	// add nothing to what Create filled in.
 	Machine record.Machine
+	// System is the system of the machine's host where the provider
+	// learns it once the machine runs (a pod's node); nil: nothing more
+	// than Create filled in.
+	System *record.System
 }
 
 // Provider is a compute backend.

@@ -77,6 +77,8 @@ type Provider struct {
 	synced  cache.InformerSynced
 	stop    context.CancelFunc
 	stopped chan struct{}
+	// nodes are the systems of the nodes the pods ran on (nodes.go).
+	nodes nodeSystems
 
 	mu sync.Mutex
 	// creating holds pods created and not yet seen by the informer, by
@@ -148,7 +150,7 @@ func New(opt Options) (*Provider, error) {
 	}
 	p.pods, p.synced = inf.Lister(), informer.HasSynced
 	ctx, cancel := context.WithCancel(context.Background())
-	p.stop = cancel
+	p.stop, p.nodes.ctx = cancel, ctx
 	go func() {
 		defer close(p.stopped)
 		informer.RunWithContext(ctx)

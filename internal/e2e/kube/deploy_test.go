@@ -110,6 +110,9 @@ func checkLeastRBAC(ctx context.Context, t *testing.T, account string) {
 		{mine, "", "configmaps", "", "update", false}, {mine, "apps", "deployments", "", "create", false},
 		{mine, "", "serviceaccounts", "token", "create", false},
 		{"default", "", "pods", "", "create", false},
+		// Nodes: get alone, for a record's node system.
+		{"", "", "nodes", "", "get", true}, {"", "", "nodes", "", "list", false}, {"", "", "nodes", "", "watch", false},
+		{"", "", "nodes", "", "update", false}, {"", "", "nodes", "proxy", "get", false},
 	} {
 		r, err := harness.KubeCP.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 			User: sa, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + harness.KubeNamespace},

@@ -62,6 +62,10 @@ func TestKubePodsRunJobs(t *testing.T) {
 			k.Node != m.Node || !strings.HasPrefix(k.ID, "e2e-kpods-"+printed.Runner+"-") || !strings.HasPrefix(k.ImageDigest, "sha256:") {
 			t.Errorf("pod records: the job's %+v, the history's %+v", m, k)
 		}
+		// The node's system, as its kubelet reports it.
+		if s := kept.System; s == nil || s.OS == "" || s.Kernel == "" || s.Runtime == "" || s.CPUs == 0 || s.MemoryMiB == 0 {
+			t.Errorf("the history's record of %s keeps no system of node %s: %+v", kept.Runner, k.Node, s)
+		}
 	})
 	harness.Eventually(t, time.Minute, "2 idle registrations, 2 pods", func() bool {
 		return len(f.Runners()) == 2 && f.IdleOnline() == 2 && f.LivePods() == 2 && len(f.Pods()) == 2

@@ -25,6 +25,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,6 +42,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/runfleet/runfleet/sysinfo"
 )
 
 // LabelNode is on every container the node runs, with the node's name.
@@ -116,6 +119,20 @@ func Start(ctx context.Context, opt Options) (*Node, error) {
 	return n, nil
 }
 
+// nodeInfo is the node's system as a kubelet reports it: this host's OS
+// image and kernel, and the container runtime it runs pods with, Docker
+// here (kubernetes/kubernetes, pkg/kubelet/nodestatus/setters.go:
+// MachineInfo and VersionInfo; the runtime as "<name>://<version>").
+func (n *Node) nodeInfo(ctx context.Context) corev1.NodeSystemInfo {
+	sys := sysinfo.Local()
+	info := corev1.NodeSystemInfo{KubeletVersion: "kubenode", OperatingSystem: "linux", Architecture: runtime.GOARCH,
+		OSImage: sys.OS, KernelVersion: sys.Kernel}
+	if res, err := n.docker.Info(ctx, client.InfoOptions{}); err == nil {
+		info.ContainerRuntimeVersion = "docker://" + res.Info.ServerVersion
+	}
+	return info
+}
+
 // register creates (or takes over) the Node object, ready, untainted,
 // with the kubelet endpoint on port.
 func (n *Node) register(ctx context.Context, port int) error {
@@ -145,7 +162,7 @@ func (n *Node) register(ctx context.Context, port int) error {
 			LastHeartbeatTime: now, LastTransitionTime: now}},
 		Addresses:       []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}, {Type: corev1.NodeHostName, Address: n.opt.Name}},
 		DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(port)}},
-		NodeInfo:        corev1.NodeSystemInfo{KubeletVersion: "kubenode", OperatingSystem: "linux", Architecture: "amd64"},
+		NodeInfo:        n.nodeInfo(ctx),
 	}
 	_, err = nodes.UpdateStatus(ctx, node, metav1.UpdateOptions{})
 	return err
