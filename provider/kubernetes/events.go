@@ -36,7 +36,7 @@ func (p *Provider) instance(pod *corev1.Pod) provider.Instance {
 		ID:      string(pod.UID),
 		Reason:  reasonOf(pod),
 		Machine: record.Machine{ID: pod.Name, Node: pod.Spec.NodeName, ImageDigest: imageDigest(pod)},
-		System:  p.systemOf(pod.Spec.NodeName),
+		System:  p.nodes.Of(pod.Spec.NodeName),
 	}
 	if in.State != provider.StateCreated {
 		return in

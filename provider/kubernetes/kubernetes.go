@@ -78,7 +78,7 @@ type Provider struct {
 	stop    context.CancelFunc
 	stopped chan struct{}
 	// nodes are the systems of the nodes the pods ran on (nodes.go).
-	nodes nodeSystems
+	nodes provider.NodeSystems
 
 	mu sync.Mutex
 	// creating holds pods created and not yet seen by the informer, by
@@ -150,7 +150,8 @@ func New(opt Options) (*Provider, error) {
 	}
 	p.pods, p.synced = inf.Lister(), informer.HasSynced
 	ctx, cancel := context.WithCancel(context.Background())
-	p.stop, p.nodes.ctx = cancel, ctx
+	p.stop = cancel
+	p.nodes = provider.NodeSystems{Read: p.readNode, Denied: apierrors.IsForbidden, Log: opt.Logger}
 	go func() {
 		defer close(p.stopped)
 		informer.RunWithContext(ctx)
@@ -165,6 +166,7 @@ func New(opt Options) (*Provider, error) {
 func (p *Provider) Close() error {
 	p.sweepOrphans()
 	p.stop()
+	p.nodes.Close()
 	<-p.stopped
 	return nil
 }

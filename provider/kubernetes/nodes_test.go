@@ -21,7 +21,7 @@ func waitSystem(t *testing.T, p *Provider, node string) *record.System {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if s := p.systemOf(node); s != nil {
+		if s := p.nodes.Of(node); s != nil {
 			return s
 		}
 		if time.Now().After(deadline) {
@@ -85,7 +85,7 @@ func TestNodeSystemForbidden(t *testing.T) {
 	if s := waitSystem(t, p, "n1"); s != nil {
 		t.Fatalf("a forbidden node read gave %+v", s)
 	}
-	_ = p.systemOf("n2")
+	_ = p.nodes.Of("n2")
 	time.Sleep(50 * time.Millisecond)
 	if gets != 1 {
 		t.Errorf("nodes read %d times after a 403, want 1", gets)

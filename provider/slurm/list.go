@@ -172,6 +172,9 @@ func (p *Provider) signalled() map[string]string {
 func (p *Provider) instance(rec record, j Job) provider.Instance {
 	in := provider.Instance{Name: rec.Name, Manager: rec.Manager, Pool: rec.Pool, ID: j.ID, Created: rec.Created, GPUs: j.GPUs}
 	in.Machine.ID, in.Machine.Node = j.ID, j.Nodes
+	if !strings.ContainsAny(j.Nodes, ",[(") { // one node: not a list, not "(null)"
+		in.System = p.nodes.Of(j.Nodes)
+	}
 	reason := j.Reason
 	if reason == "None" {
 		reason = ""

@@ -84,6 +84,8 @@ type Provider struct {
 
 	noAccounting atomic.Bool       // sacct said the cluster keeps none
 	last         map[string]string // by name: what the last poll saw, for Watch
+	// nodes are the systems of the nodes jobs ran on (nodes.go).
+	nodes provider.NodeSystems
 }
 
 // record is what is kept per runner, before and after its job exists.
@@ -135,6 +137,9 @@ func New(opt Options) (*Provider, error) {
 		}
 	}
 	p.poller = &vm.Poller{Interval: opt.Section.PollInterval.Duration, Poll: p.poll, What: "reading the Slurm queue", Logger: p.log}
+	if nr, ok := opt.Cluster.(NodeReader); ok {
+		p.nodes = provider.NodeSystems{Read: nr.Node, Log: p.log}
+	}
 	return p, nil
 }
 
@@ -444,6 +449,7 @@ const closeWait = time.Minute
 // a node. Jobs it did not cancel keep running.
 func (p *Provider) Close() error {
 	p.poller.Stop()
+	p.nodes.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
 	defer cancel()
 	for {

@@ -110,6 +110,10 @@ sleep 20
 			kept.Machine.ID == "" || len(kept.GPUs) != 1 || !strings.HasPrefix(kept.GPUs[0].ID, harness.Slurm.Node+":") {
 			t.Errorf("Slurm job records: the job's %+v, the history's %+v %+v", printed.Machine, kept.Machine, kept.GPUs)
 		}
+		// The node's system, as slurmd registered it.
+		if s := kept.System; s == nil || s.Kernel == "" || s.CPUs == 0 || s.MemoryMiB == 0 || s.Arch == "" {
+			t.Errorf("the history's record of %s keeps no system of node %s: %+v", kept.Runner, kept.Machine.Node, s)
+		}
 	})
 	if n := len(harness.LogLines(f.LogPath, "retiring", "not online after")); n > 0 {
 		t.Errorf("a pending runner was retired by the bootstrap timeout despite queue_wait")
