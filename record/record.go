@@ -79,6 +79,10 @@ type System struct {
 	// where NVIDIA's container toolkit is set up).
 	Runtime  string   `json:"runtime,omitempty"`
 	Runtimes []string `json:"runtimes,omitempty"`
+	// NvidiaToolkit is the version of NVIDIA's container toolkit that
+	// gives the containers their GPUs, where the engine runs on the
+	// manager's host and has its runtime.
+	NvidiaToolkit string `json:"nvidia_container_toolkit,omitempty"`
 }
 
 // Price is what a runner's machine costs by the hour.

@@ -42,6 +42,7 @@ import (
 
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/record"
+	"github.com/runfleet/runfleet/sysinfo"
 	"github.com/runfleet/runfleet/version"
 )
 
@@ -721,9 +722,14 @@ func (p *Provider) liveRestore(ctx context.Context) bool {
 		return false // asked again at the next Create
 	}
 	on = res.Info.LiveRestoreEnabled
+	sys := engineSystem(res.Info)
+	if slices.Contains(sys.Runtimes, "nvidia") && res.Info.Name == provider.Hostname() {
+		// The engine's host is this one: its toolkit is the one here.
+		sys.NvidiaToolkit = sysinfo.NvidiaToolkit(ctx)
+	}
 	p.mu.Lock()
 	p.liveRestoreKnown, p.liveRestoreOn, p.engineHost = true, on, res.Info.Name
-	p.engineSystem = engineSystem(res.Info)
+	p.engineSystem = sys
 	p.mu.Unlock()
 	if on {
 		p.log.Info("the engine has live-restore: runfleet removes exited runner containers itself, not AutoRemove")

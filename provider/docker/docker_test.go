@@ -715,3 +715,43 @@ func onFakeEngine(t *testing.T, srv *httptest.Server) *Provider {
 	}
 	return p
 }
+
+// An engine on this host with NVIDIA's runtime: the record's system names
+// the container toolkit's version, as nvidia-ctk on this host says it;
+// an engine elsewhere, whose toolkit is not this host's, names none.
+func TestEngineSystemNamesTheToolkit(t *testing.T) {
+	dir := t.TempDir()
+	script := "#!/bin/sh\necho 'NVIDIA Container Toolkit CLI version 1.17.4'\n"
+	if err := os.WriteFile(filepath.Join(dir, "nvidia-ctk"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	for _, host := range []string{provider.Hostname(), "gpu-box-elsewhere"} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Api-Version", "1.41")
+			switch {
+			case strings.HasSuffix(r.URL.Path, "/_ping"):
+				w.Write([]byte("OK"))
+			case strings.HasSuffix(r.URL.Path, "/info"):
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprintf(w, `{"Name":%q,"ServerVersion":"28.2.2","OperatingSystem":"Ubuntu 24.04.1 LTS","KernelVersion":"6.8.0-45-generic","NCPU":64,"MemTotal":270000000000,"Runtimes":{"runc":{"path":"runc"},"nvidia":{"path":"nvidia-container-runtime"}}}`, host)
+			default:
+				http.NotFound(w, r)
+			}
+		}))
+		p := onFakeEngine(t, srv)
+		p.liveRestore(t.Context())
+		p.mu.Lock()
+		sys := p.engineSystem
+		p.mu.Unlock()
+		want := ""
+		if host == provider.Hostname() {
+			want = "1.17.4"
+		}
+		if sys == nil || sys.NvidiaToolkit != want || sys.Runtime != "Docker Engine 28.2.2" || !slices.Contains(sys.Runtimes, "nvidia") {
+			t.Errorf("engine on %s: system %+v, want the toolkit %q", host, sys, want)
+		}
+		p.Close()
+		srv.Close()
+	}
+}
