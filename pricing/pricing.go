@@ -257,7 +257,7 @@ func (f *Filler) answerFor(ctx context.Context, w want) *answer {
 		}
 		wait := min(firstRetry<<min(got.fails-1, 10), lastRetry)
 		got.next = now.Add(wait)
-		log.Warn("the cloud's price list could not be read; asking again later", "err", err, "next_try", got.next.Format(time.TimeOnly))
+		log.Warn("the cloud's price list could not be read; it is read again at next_try", "err", err, "next_try", got.next.Format(time.TimeOnly))
 	}
 	f.mu.Lock()
 	if f.answers == nil {
