@@ -102,12 +102,14 @@ func (f *Filler) now() time.Time {
 func (f *Filler) log() *slog.Logger { return cmp.Or(f.Log, slog.Default()) }
 
 // Observe takes a record as the history wrote it. One without a price
-// whose machine's type is known waits for its price; one priced
-// (by its pool's config, or by the Filler) waits no more.
+// whose machine's type and zone are known waits for its price (a Spot
+// price is a zone's: an EC2 instance's zone, where the cloud chose it,
+// comes with the first listing after its launch); one priced (by its
+// pool's config, or by the Filler) waits no more.
 func (f *Filler) Observe(r record.Record) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if r.Price != nil || r.Machine.InstanceType == "" || r.Registration == 0 {
+	if r.Price != nil || r.Machine.InstanceType == "" || r.Machine.Zone == "" || r.Registration == 0 {
 		delete(f.pending, r.ID)
 		return
 	}

@@ -84,9 +84,12 @@ func TestRecordsPricedOnceForEachMachineKind(t *testing.T) {
 	f.Observe(machine(4, "g5.xlarge", true, t0.Add(10*time.Minute)))
 	f.Observe(machine(5, "g5.xlarge", true, t0.Add(50*time.Minute)))
 	f.Observe(machine(6, "g5.xlarge", true, t0.Add(70*time.Minute)))
-	// Not priced from a list: a type not known yet, a record priced by
-	// its pool's config, a pool whose provider has no list.
+	// Not priced from a list: a type or zone not known yet, a record
+	// priced by its pool's config, a pool whose provider has no list.
 	f.Observe(machine(7, "", false, t0))
+	nozone := machine(10, "g5.xlarge", true, t0)
+	nozone.Machine.Zone = ""
+	f.Observe(nozone)
 	priced := machine(8, "g5.xlarge", false, t0)
 	priced.Price = &record.Price{PerHour: 9, Source: "price_per_hour"}
 	f.Observe(priced)
@@ -108,7 +111,7 @@ func TestRecordsPricedOnceForEachMachineKind(t *testing.T) {
 			t.Errorf("Spot record %d priced %+v, want 0.3", reg, p)
 		}
 	}
-	for _, reg := range []int64{7, 8, 9} {
+	for _, reg := range []int64{7, 8, 9, 10} {
 		if p, ok := s.got[reg]; ok {
 			t.Errorf("record %d was priced from the list: %+v", reg, p)
 		}
