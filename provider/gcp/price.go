@@ -161,24 +161,25 @@ func partRE(family, part string) *regexp.Regexp {
 	return regexp.MustCompile(`^(Spot Preemptible )?` + regexp.QuoteMeta(family) + ` (Predefined )?Instance ` + part + ` running in `)
 }
 
-// gpuRE matches a GPU's SKU from its accelerator type: nvidia-l4 is
-// "Nvidia L4 GPU running in ...", nvidia-tesla-t4 "Nvidia Tesla T4 GPU
-// running in ...", nvidia-a100-80gb "Nvidia Tesla A100 80GB GPU ...".
+// gpuRE matches a GPU's SKU from its accelerator type, as the catalog
+// names it with the VMs it is attached to: nvidia-tesla-t4 is "Nvidia
+// Tesla T4 GPU attached to VMs running in ..." and "... attached to Spot
+// Preemptible VMs running in ..." (the Cloud Billing API reference's
+// example), nvidia-l4 "Nvidia L4 GPU ...", nvidia-a100-80gb "Nvidia Tesla
+// A100 80GB GPU ..."; older SKUs say only "GPU running in".
 func gpuRE(accel string) *regexp.Regexp {
 	words := strings.Split(strings.TrimPrefix(accel, "nvidia-"), "-")
-	if words[0] != "tesla" {
-		words = append([]string{"(Tesla )?"}, words...)
-	} else {
-		words[0] = "Tesla "
+	name := `(Tesla )?`
+	if words[0] == "tesla" {
+		name, words = `Tesla `, words[1:]
 	}
-	pat := words[0]
-	for i, w := range words[1:] {
+	for i, w := range words {
 		if i > 0 {
-			pat += " "
+			name += " "
 		}
-		pat += regexp.QuoteMeta(w)
+		name += regexp.QuoteMeta(w)
 	}
-	return regexp.MustCompile(`(?i)^(Spot Preemptible )?Nvidia ` + pat + ` GPU running in `)
+	return regexp.MustCompile(`(?i)^(Spot Preemptible )?Nvidia ` + name + ` GPU (?:attached to (Spot Preemptible )?VMs )?running in `)
 }
 
 // unitPrice is the price of the SKU in region whose description matches,
@@ -192,7 +193,7 @@ func unitPrice(skus []*billingpb.Sku, region string, spot bool, desc *regexp.Reg
 	for _, s := range skus {
 		c := s.GetCategory()
 		m := desc.FindStringSubmatch(s.GetDescription())
-		if m == nil || c.GetResourceFamily() != "Compute" || c.GetUsageType() != usage || (m[1] != "") != spot ||
+		if m == nil || c.GetResourceFamily() != "Compute" || c.GetUsageType() != usage || spotSKU(m) != spot ||
 			!slices.Contains(s.GetServiceRegions(), region) {
 			continue
 		}
@@ -205,6 +206,17 @@ func unitPrice(skus []*billingpb.Sku, region string, spot bool, desc *regexp.Reg
 		}
 	}
 	return 0, provider.ErrNotPriced
+}
+
+// spotSKU says whether a matched description is a Spot one: "Spot
+// Preemptible" leading it, or the VMs a GPU is attached to.
+func spotSKU(m []string) bool {
+	for _, g := range m[1:] {
+		if strings.HasPrefix(g, "Spot Preemptible") {
+			return true
+		}
+	}
+	return false
 }
 
 // catalogError wraps a catalog call's error: a refusal (the API not

@@ -24,6 +24,10 @@ import (
 // ACCESS_TOKEN_SCOPE_INSUFFICIENT, as Google does). A machine type is
 // not a SKU: its price is its vCPUs' and memory's SKUs by the hour, and
 // its GPUs' ("VM instance pricing", cloud.google.com/compute/vm-instance-pricing).
+// The descriptions are Google's: "N2 Instance Core running in Americas",
+// "Spot Preemptible N2 Instance Ram running in Belgium", "Nvidia Tesla T4
+// GPU attached to Spot Preemptible VMs running in Americas" (the Cloud
+// Billing API reference's own example of a SKU's name).
 // Beside each family's SKUs the catalog lists the ones a reader must pass
 // over: custom, sole-tenancy and committed-use ones, licences.
 
@@ -154,8 +158,9 @@ func skus() []*billingpb.Sku {
 		for _, g := range slices.Sorted(maps.Keys(gpuPrices)) {
 			gp := gpuPrices[g]
 			sku("Commitment v1: "+gp.name+" GPU in "+regionName(region)+" for 1 Year", "GPU", "Commit1Yr", "h", []string{region}, gp.price*0.63*f, "Compute")
-			sku(gp.name+" GPU"+at, "GPU", "OnDemand", "h", []string{region}, gp.price*f, "Compute")
-			sku("Spot Preemptible "+gp.name+" GPU"+at, "GPU", "Preemptible", "h", []string{region}, gp.spt*f, "Compute")
+			// A GPU's SKUs name the VMs it is attached to.
+			sku(gp.name+" GPU attached to VMs"+at, "GPU", "OnDemand", "h", []string{region}, gp.price*f, "Compute")
+			sku(gp.name+" GPU attached to Spot Preemptible VMs"+at, "GPU", "Preemptible", "h", []string{region}, gp.spt*f, "Compute")
 		}
 	}
 	return out
