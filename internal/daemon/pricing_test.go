@@ -12,7 +12,8 @@ import (
 
 // A pool that names no price has its runners' records priced from its
 // provider's price list (provider.Pricer), in the background, once for
-// every machine of a kind; a price in the pool's config comes first.
+// every machine of a kind (a price in the pool's config comes first:
+// pricing's TestRecordsPricedOnceForEachMachineKind).
 func TestCloudPricesFillRecords(t *testing.T) {
 	t.Setenv("TOY_FORGE_TOKEN", "x")
 	fleet, f := toyFleetOn(t, t.TempDir())
