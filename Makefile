@@ -96,23 +96,46 @@ COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
 DATE    ?= $(shell git log -1 --format=%cI 2>/dev/null)
 LDFLAGS := -X github.com/runfleet/runfleet/version.version=$(VERSION) -X github.com/runfleet/runfleet/version.commit=$(COMMIT) -X github.com/runfleet/runfleet/version.date=$(DATE)
 
-build:
-	go build -tags nvml -ldflags "$(LDFLAGS)" -o bin/runfleet ./cmd/runfleet
+# The drivers a build links (docs/builds.md): every one by default, or
+# those DRIVERS names (make build DRIVERS="github docker process"), each
+# by its build tag. The lists are internal/cli/drivers.go's (a test holds
+# them to it).
+FORGES = azurepipelines bitbucket gitea github gitlab
+PROVIDERS = aws azure docker gcp kubernetes process slurm
+DRIVERS ?=
+driver_tags = $(foreach d,$(subst -,,$(1)),$(if $(filter $(d),$(FORGES)),forge_$(d),$(if $(filter $(d),$(PROVIDERS)),provider_$(d),$(error DRIVERS: no driver is called "$(d)"; forges: $(FORGES); providers: $(PROVIDERS)))))
+TAGS = $(call driver_tags,$(DRIVERS))
+# A build with drivers named needs a forge and a provider among them.
+check_drivers = $(if $(strip $(1)),$(if $(filter forge_%,$(call driver_tags,$(1))),,$(error DRIVERS: "$(1)" names no forge; forges: $(FORGES)))$(if $(filter provider_%,$(call driver_tags,$(1))),,$(error DRIVERS: "$(1)" names no provider; providers: $(PROVIDERS))))
 
-# Release binaries in $(DIST): static linux/amd64 and linux/arm64, and the
-# amd64 build with the NVML reader (cgo, linked against glibc), named as
-# such, with their SHA-256 sums. Reproducible: no paths (-trimpath), no
-# build ids, the date of the commit rather than of the build, so that two
-# builds of one commit give the same sums (internal/e2e/release checks).
+build:
+	$(call check_drivers,$(DRIVERS))
+	go build -tags "nvml $(TAGS)" -ldflags "$(LDFLAGS)" -o bin/runfleet ./cmd/runfleet
+
+# Release binaries in $(DIST), stripped: every driver, static linux/amd64
+# and linux/arm64, and the amd64 build with the NVML reader (cgo, linked
+# against glibc), named as such; and, static for both, a build for each
+# common set of drivers, every forge in each, named for where its runners
+# run (RELEASE_SETS): hosts (processes, Docker, Kubernetes and Slurm: the
+# site's own machines), aws, gcp and azure. With their SHA-256 sums.
+# Reproducible: no paths (-trimpath), no build ids, the date of the commit
+# rather than of the build, so that two builds of one commit give the same
+# sums (internal/e2e/release checks).
 DIST ?= dist
 RELEASE_FLAGS = -trimpath -buildvcs=false -ldflags "-s -w -buildid= $(LDFLAGS)"
 RELEASE_NAME = runfleet-$(VERSION)-linux
+RELEASE_SETS = hosts aws gcp azure
+SET_hosts = $(FORGES) process docker kubernetes slurm
+SET_aws = $(FORGES) aws
+SET_gcp = $(FORGES) gcp
+SET_azure = $(FORGES) azure
 
 release:
 	rm -rf $(DIST) && mkdir -p $(DIST)
 	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build $(RELEASE_FLAGS) -o $(DIST)/$(RELEASE_NAME)-amd64 ./cmd/runfleet
 	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 go build $(RELEASE_FLAGS) -o $(DIST)/$(RELEASE_NAME)-arm64 ./cmd/runfleet
 	CGO_ENABLED=1 GOOS=linux GOARCH=amd64 go build -tags nvml $(RELEASE_FLAGS) -o $(DIST)/$(RELEASE_NAME)-amd64-nvml ./cmd/runfleet
+	$(foreach set,$(RELEASE_SETS),$(foreach arch,amd64 arm64,CGO_ENABLED=0 GOOS=linux GOARCH=$(arch) go build -tags "$(call driver_tags,$(SET_$(set)))" $(RELEASE_FLAGS) -o $(DIST)/$(RELEASE_NAME)-$(arch)-$(set) ./cmd/runfleet && )) true
 	cd $(DIST) && sha256sum $(RELEASE_NAME)-* > SHA256SUMS
 	cat $(DIST)/SHA256SUMS
 

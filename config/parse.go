@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/secret"
 )
@@ -64,7 +64,7 @@ func Parse(data []byte) (*Config, error) {
 	return c, nil
 }
 
-var yamlLine = regexp.MustCompile(`line (\d+):`)
+var yamlLine = lazyregexp.New(`line (\d+):`)
 
 // tabHint says what the YAML parser does not: that the line it stopped at
 // holds a tab, which YAML never takes as indentation.
@@ -197,6 +197,10 @@ func decodePool(raw json.RawMessage, path string) (Pool, error) {
 	for _, k := range slices.Sorted(maps.Keys(rest)) {
 		if _, ok := provider.Lookup(k); ok {
 			sections[k] = rest[k]
+			continue
+		}
+		if how, out := provider.LeftOut(k); out {
+			errs = append(errs, fmt.Errorf("%s.%s: provider %q is not in this build of runfleet: %s", path, k, k, how))
 			continue
 		}
 		errs = append(errs, fmt.Errorf("%s: unknown field %q (neither a pool's field nor a provider of this build: %s)", path, k, strings.Join(provider.Names(), ", ")))

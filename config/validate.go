@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/placement"
 	"github.com/runfleet/runfleet/provider"
 )
@@ -23,9 +23,9 @@ import (
 // nameRE is what a manager, forge or pool name may be: it becomes part of
 // runner names, process records and container and instance names, so it
 // is held to DNS-label rules.
-var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$`)
+var nameRE = lazyregexp.New(`^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$`)
 
-var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+var envName = lazyregexp.New(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // problems collects what is wrong with a config, each naming its field.
 type problems []error
@@ -73,7 +73,7 @@ func sortErrors(err error) error {
 }
 
 // currencyRE is an ISO 4217 code's shape.
-var currencyRE = regexp.MustCompile(`^[A-Z]{3}$`)
+var currencyRE = lazyregexp.New(`^[A-Z]{3}$`)
 
 // price reports whether v is a price per hour: not negative, not NaN, not
 // infinite.
@@ -145,6 +145,11 @@ func (c *Config) Validate() error {
 
 func (le *LeaderElection) validate(ps *problems) {
 	const f = "leader_election"
+	if how, out := provider.LeftOut("kubernetes"); out {
+		// The election runs on client-go, which comes with the
+		// kubernetes driver.
+		ps.add(f, "needs the Kubernetes client, which is not in this build of runfleet: %s", how)
+	}
 	d := map[string]Duration{"lease_duration": le.LeaseDuration, "renew_deadline": le.RenewDeadline, "retry_period": le.RetryPeriod}
 	bad := false
 	for _, k := range slices.Sorted(maps.Keys(d)) {
@@ -178,7 +183,7 @@ func (le *LeaderElection) validate(ps *problems) {
 }
 
 // leaseRE is a DNS subdomain: what a Lease may be called.
-var leaseRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)
+var leaseRE = lazyregexp.New(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)
 
 // validateListeners keeps the status page and /metrics off the listener
 // the forges reach, unless a token guards them.
@@ -236,6 +241,10 @@ func (f Forge) validate(ps *problems, field string) {
 		ps.add(field+".webhook_secret", "is too short (at least 16 characters)")
 	}
 	d, ok := forge.Lookup(f.Type)
+	if how, out := forge.LeftOut(f.Type); !ok && out {
+		ps.add(field+".type", "forge type %q is not in this build of runfleet: %s", f.Type, how)
+		return
+	}
 	if !ok {
 		ps.add(field+".type", "unknown forge type %q (known: %s)", f.Type, strings.Join(forge.Types(), ", "))
 		return
@@ -324,6 +333,10 @@ func (p Pool) validate(ps *problems, field string) {
 		}
 	}
 	d, ok := provider.Lookup(p.Provider)
+	if how, out := provider.LeftOut(p.Provider); !ok && out {
+		ps.add(field+".provider", "provider %q is not in this build of runfleet: %s", p.Provider, how)
+		return
+	}
 	if !ok {
 		ps.add(field+".provider", "unknown provider %q (known: %s)", p.Provider, strings.Join(provider.Names(), ", "))
 		return

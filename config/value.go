@@ -4,9 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"regexp"
 	"strings"
 	"time"
+
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 )
 
 // GPUCount is a number of GPUs, or "all" (-1).
@@ -84,7 +85,7 @@ func (d Duration) Check() error {
 	return nil
 }
 
-var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+var envRef = lazyregexp.New(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 
 // Expand replaces ${NAME} with the environment variable NAME. An unset
 // variable is an error rather than an empty string: an empty token would

@@ -9,12 +9,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 )
 
 // Failing says what has failed, since when and for how long, why, what
@@ -61,7 +62,7 @@ func Clock(t, now time.Time) string {
 // it: go-github's "GET https://…: 401 Bad credentials", Gitea's SDK's
 // "401 Unauthorized", "status 503", "HTTP 429".
 // "status 503", "HTTP 429"; a number alone (a port, ":443") is none.
-var statusRE = regexp.MustCompile(`(?i:status(?: code)?:? |HTTP/?\d?\.?\d? |StatusCode: ?)([45]\d\d)\b|(?:^|[\s:(])([45]\d\d) [A-Z]`)
+var statusRE = lazyregexp.New(`(?i:status(?: code)?:? |HTTP/?\d?\.?\d? |StatusCode: ?)([45]\d\d)\b|(?:^|[\s:(])([45]\d\d) [A-Z]`)
 
 // Status is the HTTP status an error names, 0 where it names none.
 func Status(err error) int {

@@ -13,15 +13,16 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 )
 
 // nameRE is a Slurm name that a label's value can hold.
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9_.+-]+$`)
+var nameRE = lazyregexp.New(`^[A-Za-z0-9_.+-]+$`)
 
 // The keys a job may ask for.
 const (

@@ -5,8 +5,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
+
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 )
 
 // LedgerDir is a Ledger in a directory of the manager's state, one file
@@ -17,7 +18,7 @@ type LedgerDir struct {
 	Logger *slog.Logger
 }
 
-var unsafeKey = regexp.MustCompile(`[^A-Za-z0-9_.-]+`)
+var unsafeKey = lazyregexp.New(`[^A-Za-z0-9_.-]+`)
 
 func (l LedgerDir) path(key string) string {
 	return filepath.Join(l.Dir, unsafeKey.ReplaceAllString(key, "-")+".json")

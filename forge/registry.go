@@ -163,6 +163,7 @@ type StarterEntry struct {
 var (
 	mu      sync.RWMutex
 	drivers = map[string]Driver{}
+	absent  = map[string]string{}
 )
 
 // Register makes a driver available under a forge type name, the config's
@@ -193,4 +194,22 @@ func Types() []string {
 	mu.RLock()
 	defer mu.RUnlock()
 	return slices.Sorted(maps.Keys(drivers))
+}
+
+// LeaveOut records a driver that runfleet has but this binary was built
+// without (its build tag left out), with how to get it: a config that
+// names it is told so rather than that no such driver exists.
+func LeaveOut(typ, howToGet string) {
+	mu.Lock()
+	defer mu.Unlock()
+	absent[typ] = howToGet
+}
+
+// LeftOut says how to get a driver this binary was built without, and
+// whether typ names one.
+func LeftOut(typ string) (howToGet string, ok bool) {
+	mu.RLock()
+	defer mu.RUnlock()
+	howToGet, ok = absent[typ]
+	return howToGet, ok
 }

@@ -11,10 +11,11 @@ package gpu
 import (
 	"cmp"
 	"fmt"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 )
 
 // Version is a CUDA version, major.minor.
@@ -238,7 +239,7 @@ var (
 	vendorWords = map[string]bool{"nvidia": true, "geforce": true, "tesla": true, "generation": true, "graphics": true, "device": true}
 	// From here on a product name gives the form factor or memory:
 	// "A100-SXM4-80GB", "H200 141GB HBM3e", "H100 PCIe".
-	formWord = regexp.MustCompile(`^(sxm\d*|pcie|hbm\w*|\d+gb)$`)
+	formWord = lazyregexp.New(`^(sxm\d*|pcie|hbm\w*|\d+gb)$`)
 )
 
 // Model turns a product name into a label word: "NVIDIA H200 141GB HBM3e"

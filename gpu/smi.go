@@ -11,10 +11,11 @@ import (
 	"io"
 	"io/fs"
 	"os/exec"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 )
 
 // The fields of nvidia-smi's XML report (nvsmi_device_v*.dtd) that runfleet
@@ -150,8 +151,8 @@ func atoi(s string) int {
 }
 
 var (
-	listGPU = regexp.MustCompile(`^GPU (\d+): .*\(UUID: (GPU-[^)]+)\)`)
-	listMIG = regexp.MustCompile(`^\s+MIG (\S+)\s+Device\s+(\d+): \(UUID: (MIG-[^)]+)\)`)
+	listGPU = lazyregexp.New(`^GPU (\d+): .*\(UUID: (GPU-[^)]+)\)`)
+	listMIG = lazyregexp.New(`^\s+MIG (\S+)\s+Device\s+(\d+): \(UUID: (MIG-[^)]+)\)`)
 )
 
 // AddMIGNames fills in MIG devices' UUIDs and profiles from the output of

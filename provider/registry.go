@@ -142,6 +142,7 @@ type RunnerURLStarter interface {
 var (
 	mu      sync.RWMutex
 	drivers = map[string]Driver{}
+	absent  = map[string]string{}
 )
 
 // Register makes a driver available under a provider name, the pool's
@@ -172,4 +173,22 @@ func Names() []string {
 	mu.RLock()
 	defer mu.RUnlock()
 	return slices.Sorted(maps.Keys(drivers))
+}
+
+// LeaveOut records a driver that runfleet has but this binary was built
+// without (its build tag left out), with how to get it: a config that
+// names it is told so rather than that no such driver exists.
+func LeaveOut(name, howToGet string) {
+	mu.Lock()
+	defer mu.Unlock()
+	absent[name] = howToGet
+}
+
+// LeftOut says how to get a driver this binary was built without, and
+// whether name names one.
+func LeftOut(name string) (howToGet string, ok bool) {
+	mu.RLock()
+	defer mu.RUnlock()
+	howToGet, ok = absent[name]
+	return howToGet, ok
 }

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -410,9 +411,13 @@ type JobRow struct {
 //go:embed page.html
 var pageFS embed.FS
 
-var pageTmpl = template.Must(template.New("page.html").Funcs(template.FuncMap{
-	"lower": strings.ToLower,
-}).ParseFS(pageFS, "page.html"))
+// pageTmpl is parsed when the page is first asked for, not at every
+// start (a server's tests parse it).
+var pageTmpl = sync.OnceValue(func() *template.Template {
+	return template.Must(template.New("page.html").Funcs(template.FuncMap{
+		"lower": strings.ToLower,
+	}).ParseFS(pageFS, "page.html"))
+})
 
 // pageJSON is what the page shows, without its pictures: for `runfleet
 // status --watch`.
@@ -428,7 +433,7 @@ func (s *server) page(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	if err := pageTmpl.Execute(w, p); err != nil {
+	if err := pageTmpl().Execute(w, p); err != nil {
 		s.cfg.Logger.Warn("status page", "err", err)
 	}
 }

@@ -3,16 +3,17 @@ package sysinfo
 import (
 	"context"
 	"os/exec"
-	"regexp"
 	"sync"
 	"time"
+
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 )
 
 // toolkitVersion finds the version in what NVIDIA's container toolkit
 // prints: `nvidia-ctk --version`'s "NVIDIA Container Toolkit CLI version
 // 1.17.4", or `nvidia-container-cli --version`'s "cli-version: 1.17.4"
 // (github.com/NVIDIA/nvidia-container-toolkit, cmd/nvidia-ctk; libnvidia-container).
-var toolkitVersion = regexp.MustCompile(`(?m)(?:Toolkit CLI version|cli-version:)\s+v?([0-9][0-9A-Za-z.+~-]*)`)
+var toolkitVersion = lazyregexp.New(`(?m)(?:Toolkit CLI version|cli-version:)\s+v?([0-9][0-9A-Za-z.+~-]*)`)
 
 var (
 	toolkitOnce sync.Once

@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"regexp"
 	"strings"
 
 	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 )
 
 func init() { forge.Register("bitbucket", driver{}) }
@@ -37,7 +37,7 @@ type section struct {
 }
 
 // labelRE is what Bitbucket takes as a runner label.
-var labelRE = regexp.MustCompile(`^[a-z0-9.]+$`)
+var labelRE = lazyregexp.New(`^[a-z0-9.]+$`)
 
 // maxCustomLabels is how many labels a runner may have beside self.hosted
 // and linux.

@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"regexp"
 	"strings"
 
 	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 )
 
 func init() { forge.Register("github", driver{}) }
@@ -107,7 +107,7 @@ func decode(c forge.Config) (Config, error) {
 
 // scaleSetName is what GitHub takes as a scale set's name (which jobs
 // write in runs-on): at most 45 characters, no spaces.
-var scaleSetName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,45}$`)
+var scaleSetName = lazyregexp.New(`^[A-Za-z0-9._-]{1,45}$`)
 
 // checkMode checks the keys of the registration mode.
 func checkMode(s section, bad func(field, format string, args ...any)) {

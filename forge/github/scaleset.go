@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +19,7 @@ import (
 	"github.com/actions/scaleset/listener"
 
 	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 )
 
 // ScaleSetConfig configures a scale-set connection: the REST driver's
@@ -361,7 +361,7 @@ func refused(err error) error {
 // statusRE finds the HTTP status in the client's errors, which carry it
 // only in their words (errors.go, newRequestResponseError: status="403
 // Forbidden").
-var statusRE = regexp.MustCompile(`status="(\d{3}) `)
+var statusRE = lazyregexp.New(`status="(\d{3}) `)
 
 // serviceStatus returns the HTTP status an error of the client reports,
 // the last one where it wraps several; 0 if none.

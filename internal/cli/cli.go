@@ -52,7 +52,7 @@ or registration behind.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		// runfleet --version says what runfleet version does.
-		Version: version.Get().String(),
+		Version: version.Get().String() + "\n" + driversLine(),
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
 	var logLevel, logFormat string
@@ -95,17 +95,24 @@ func versionCmd() *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
 		Use:   "version",
-		Short: "Print the version, commit and build date",
+		Short: "Print the version, commit and build date, and the drivers built in",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			info := version.Get()
+			forges, providers := builtDrivers()
 			switch output {
 			case "table", "text": // text, as it was first spelled
 				fmt.Fprintln(cmd.OutOrStdout(), info)
+				fmt.Fprintln(cmd.OutOrStdout(), driversLine())
 			case "json":
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
-				return enc.Encode(info)
+				// The drivers this build has (docs/builds.md).
+				return enc.Encode(struct {
+					version.Info
+					Forges    []string `json:"forges"`
+					Providers []string `json:"providers"`
+				}{info, forges, providers})
 			default:
 				return &ExitError{ExitUsage, fmt.Errorf("-o: %q is not table or json", output)}
 			}

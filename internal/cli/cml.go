@@ -6,13 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 )
 
 // The options of `cml runner launch` as CML 0.20.x defines them
@@ -438,8 +439,8 @@ func init() {
 }
 
 var (
-	timestringStrip = regexp.MustCompile(`[^.\w+-]+`)
-	timestringGroup = regexp.MustCompile(`([-+]?)([0-9.]+)([a-z]+)`)
+	timestringStrip = lazyregexp.New(`[^.\w+-]+`)
+	timestringGroup = lazyregexp.New(`([-+]?)([0-9.]+)([a-z]+)`)
 )
 
 // timestring reads a time as the timestring package does: spaces and

@@ -6,12 +6,12 @@ import (
 	"io"
 	"net"
 	"net/url"
-	"regexp"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/version"
 )
@@ -63,17 +63,23 @@ func isLoopback(host string) bool {
 	return host == "localhost" || ip != nil && ip.IsLoopback()
 }
 
-var poolName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
+var poolName = lazyregexp.New(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
 
 // writeStarter writes the config: the forge's entry and the provider's
 // keys come from their drivers (forge.Starter, provider.Starter), the rest
 // is every pool's.
 func writeStarter(w io.Writer, o initOptions) error {
 	fd, ok := forge.Lookup(o.forge)
+	if how, out := forge.LeftOut(o.forge); !ok && out {
+		return fmt.Errorf("--forge: %s is not in this build of runfleet: %s", o.forge, how)
+	}
 	if !ok {
 		return fmt.Errorf("--forge: %q is not one of %s", o.forge, strings.Join(forge.Types(), ", "))
 	}
 	pd, ok := provider.Lookup(o.provider)
+	if how, out := provider.LeftOut(o.provider); !ok && out {
+		return fmt.Errorf("--provider: %s is not in this build of runfleet: %s", o.provider, how)
+	}
 	if !ok {
 		return fmt.Errorf("--provider: %q is not one of %s", o.provider, strings.Join(provider.Names(), ", "))
 	}

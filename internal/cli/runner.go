@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	"github.com/runfleet/runfleet/fetch"
 	"github.com/runfleet/runfleet/forge"
 	"github.com/runfleet/runfleet/internal/daemon"
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/pool"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/secret"
@@ -134,7 +134,7 @@ func inferDriver(repo string, getenv func(string) (string, bool)) string {
 	return ""
 }
 
-var runnerNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
+var runnerNameRE = lazyregexp.New(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
 
 func runnerCmd() *cobra.Command {
 	cmd := &cobra.Command{
@@ -369,6 +369,10 @@ func runnerConfig(ctx context.Context, s *runnerSettings, getenv func(string) (s
 	if err != nil {
 		return nil, err
 	}
+	if how, out := provider.LeftOut(s.Cloud["cloud"]); out {
+		// Before a stock image's agent is looked for.
+		return nil, fmt.Errorf("--cloud: %s is not in this build of runfleet: %s", s.Cloud["cloud"], how)
+	}
 	stock, stockAgent, err := stockInstall(ctx, *s, getenv)
 	if err != nil {
 		return nil, err
@@ -413,9 +417,16 @@ func runnerForge(s runnerSettings) (config.Forge, error) {
 		known[i] = d.typ
 	}
 	if s.Driver == "" {
-		return config.Forge{}, fmt.Errorf("--driver: cannot tell the forge of %s; pass --driver (%s or %s)", s.Repo, strings.Join(known[:len(known)-1], ", "), known[len(known)-1])
+		list := strings.Join(known, ", ")
+		if n := len(known); n > 1 {
+			list = strings.Join(known[:n-1], ", ") + " or " + known[n-1]
+		}
+		return config.Forge{}, fmt.Errorf("--driver: cannot tell the forge of %s; pass --driver (%s)", s.Repo, list)
 	}
 	i := slices.Index(known, s.Driver)
+	if how, out := forge.LeftOut(s.Driver); i < 0 && out {
+		return config.Forge{}, fmt.Errorf("--driver: %s is not in this build of runfleet: %s", s.Driver, how)
+	}
 	if i < 0 {
 		return config.Forge{}, fmt.Errorf("--driver: %s is not supported by this build yet (%s)", s.Driver, strings.Join(known, ", "))
 	}

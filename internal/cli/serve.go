@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,13 +13,15 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/internal/daemon"
-	"github.com/runfleet/runfleet/kubeclient"
-	"github.com/runfleet/runfleet/leader"
 )
+
+// runElected runs the fleet while this manager holds the config's Lease,
+// and waits as a standby while another does. Set by elect.go, in builds
+// with the Kubernetes client (the kubernetes driver's).
+var runElected func(ctx context.Context, fleet *daemon.Fleet, le *config.LeaderElection, log *slog.Logger) error
 
 func serveCmd() *cobra.Command {
 	var path, listen, statusListen string
@@ -91,6 +92,8 @@ and exits 0.`,
 			}()
 			var runErr error
 			if le := cfg.LeaderElection; le != nil {
+				// Config.Validate refused leader_election in a build
+				// without the Kubernetes client, which sets runElected.
 				runErr = runElected(ctx, fleet, le, log)
 			} else {
 				fleet.Run(ctx)
@@ -112,37 +115,6 @@ and exits 0.`,
 	cmd.Flags().StringVar(&listen, "listen", "", "address of the webhook listener; overrides the config's listen")
 	cmd.Flags().StringVar(&statusListen, "status-listen", "", "address of the status page, /metrics and /healthz (default 127.0.0.1:9180, \"off\" for none); overrides the config's status_listen")
 	return cmd
-}
-
-// runElected runs the fleet while this manager holds the config's Lease,
-// and waits as a standby while another does.
-func runElected(ctx context.Context, fleet *daemon.Fleet, le *config.LeaderElection, log *slog.Logger) error {
-	rc, ns, err := kubeclient.Config(kubeclient.Options{
-		Kubeconfig: le.Kubeconfig, Context: le.Context, InCluster: le.InCluster, Namespace: le.Namespace, Field: "leader_election",
-	})
-	if err != nil {
-		fleet.Close()
-		return err
-	}
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		fleet.Close()
-		return fmt.Errorf("leader_election: %w", err)
-	}
-	led := false
-	fleet.LeaderAt(func(ctx context.Context) (string, error) { return leader.Advertised(ctx, cs, ns, le.Lease) })
-	err = leader.Run(ctx, leader.Options{
-		Client: cs, Namespace: ns, Lease: le.Lease, Identity: cmp.Or(le.Identity, leader.Identity()),
-		LeaseDuration: le.LeaseDuration.Duration, RenewDeadline: le.RenewDeadline.Duration, RetryPeriod: le.RetryPeriod.Duration,
-		Advertise: le.Advertise, Logger: log,
-	}, func(ctx context.Context, lost <-chan struct{}) {
-		led = true
-		fleet.RunLeader(ctx, lost)
-	})
-	if !led {
-		fleet.Close()
-	}
-	return err
 }
 
 // startServers starts the webhook listener and the status listener (one

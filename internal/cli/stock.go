@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/runfleet/runfleet/fetch"
 	"github.com/runfleet/runfleet/forge"
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
 	"github.com/runfleet/runfleet/version"
@@ -33,7 +33,7 @@ var stockClouds = []string{"aws", "gcp", "azure", "kubernetes"}
 
 // releaseVersion is a version runfleet publishes releases of: a tag, not
 // a pseudo-version or a development build.
-var releaseVersion = regexp.MustCompile(`^v\d+\.\d+\.\d+(-[0-9A-Za-z.]+)?$`)
+var releaseVersion = lazyregexp.New(`^v\d+\.\d+\.\d+(-[0-9A-Za-z.]+)?$`)
 
 // stockInstall finds what a stock image's boot script installs, where
 // --cloud asks for a cloud machine without --cloud-image, as CML boots a

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"net/url"
 	"path"
-	"regexp"
 	"strconv"
 	"time"
 
 	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/provider/vm"
 )
 
@@ -123,16 +123,16 @@ const (
 )
 
 var (
-	instanceType = regexp.MustCompile(`^[a-z][a-z0-9-]*\.[a-z0-9-]+$`)
-	region       = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-\d+$`)
-	ids          = map[string]*regexp.Regexp{
+	instanceType = lazyregexp.New(`^[a-z][a-z0-9-]*\.[a-z0-9-]+$`)
+	region       = lazyregexp.New(`^[a-z]{2}(-[a-z]+)+-\d+$`)
+	ids          = map[string]*lazyregexp.Regexp{
 		// An AMI, or a Systems Manager parameter that names one, which
 		// RunInstances resolves at launch (EC2 User Guide, "Reference AMIs
 		// using Systems Manager parameters").
-		"image":           regexp.MustCompile(`^(ami-[0-9a-f]{8,17}|resolve:ssm:[A-Za-z0-9_./-]+(:\d+)?)$`),
-		"subnet":          regexp.MustCompile(`^subnet-[0-9a-f]{8,17}$`),
-		"security group":  regexp.MustCompile(`^sg-[0-9a-f]{8,17}$`),
-		"launch template": regexp.MustCompile(`^lt-[0-9a-f]{8,17}$`),
+		"image":           lazyregexp.New(`^(ami-[0-9a-f]{8,17}|resolve:ssm:[A-Za-z0-9_./-]+(:\d+)?)$`),
+		"subnet":          lazyregexp.New(`^subnet-[0-9a-f]{8,17}$`),
+		"security group":  lazyregexp.New(`^sg-[0-9a-f]{8,17}$`),
+		"launch template": lazyregexp.New(`^lt-[0-9a-f]{8,17}$`),
 	}
 	volumeTypes = map[string]bool{"gp2": true, "gp3": true, "io1": true, "io2": true, "st1": true, "sc1": true, "standard": true}
 )

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"sync/atomic"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
@@ -20,6 +19,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ssm"
 	"github.com/aws/smithy-go/middleware"
 
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
 	"github.com/runfleet/runfleet/version"
@@ -224,7 +224,7 @@ const (
 
 // gpuFamily is the instance families with NVIDIA GPUs (g4dn, g5, g6e, p3,
 // p4d, p5, ...).
-var gpuFamily = regexp.MustCompile(`^(g|p)\d[a-z]*\.`)
+var gpuFamily = lazyregexp.New(`^(g|p)\d[a-z]*\.`)
 
 // StockImage is the stock image for an instance type.
 func StockImage(typ string) string {

@@ -25,7 +25,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,6 +35,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
 )
@@ -483,7 +483,7 @@ func (p *Provider) vmResource(spec provider.Spec, name string, script []byte, si
 	return out
 }
 
-var unsafeName = regexp.MustCompile(`[^a-z0-9-]+`)
+var unsafeName = lazyregexp.New(`[^a-z0-9-]+`)
 
 // vmName is a new VM's name (and host name): the runner's, made a valid
 // name, and a random suffix, so that a slot's next VM can be made while

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"net/url"
 	"path"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/provider/vm"
 )
 
@@ -122,15 +122,15 @@ const (
 )
 
 var (
-	uuidRE     = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
-	groupRE    = regexp.MustCompile(`^[-\w._()]{0,89}[-\w_()]$`)
-	locationRE = regexp.MustCompile(`^[a-z][a-z0-9]+$`)
-	sizeRE     = regexp.MustCompile(`^(Standard|Basic)_[A-Za-z0-9_-]+$`)
-	subnetRE   = regexp.MustCompile(`(?i)^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Network/virtualNetworks/[^/]+/subnets/[^/]+$`)
-	identityRE = regexp.MustCompile(`(?i)^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.ManagedIdentity/userAssignedIdentities/[^/]+$`)
-	imageIDRE  = regexp.MustCompile(`(?i)^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Compute/(images/[^/]+|galleries/[^/]+/images/[^/]+(/versions/[^/]+)?)$`)
+	uuidRE     = lazyregexp.New(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+	groupRE    = lazyregexp.New(`^[-\w._()]{0,89}[-\w_()]$`)
+	locationRE = lazyregexp.New(`^[a-z][a-z0-9]+$`)
+	sizeRE     = lazyregexp.New(`^(Standard|Basic)_[A-Za-z0-9_-]+$`)
+	subnetRE   = lazyregexp.New(`(?i)^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Network/virtualNetworks/[^/]+/subnets/[^/]+$`)
+	identityRE = lazyregexp.New(`(?i)^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.ManagedIdentity/userAssignedIdentities/[^/]+$`)
+	imageIDRE  = lazyregexp.New(`(?i)^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Compute/(images/[^/]+|galleries/[^/]+/images/[^/]+(/versions/[^/]+)?)$`)
 	diskTypes  = map[string]bool{"Standard_LRS": true, "StandardSSD_LRS": true, "Premium_LRS": true, "StandardSSD_ZRS": true, "Premium_ZRS": true, "PremiumV2_LRS": true}
-	adminRE    = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+	adminRE    = lazyregexp.New(`^[a-z_][a-z0-9_-]{0,31}$`)
 	// Names Azure keeps for itself (as the admin user).
 	reservedUsers = map[string]bool{"root": true, "admin": true, "administrator": true, "guest": true, "user": true, "test": true, "sys": true}
 )

@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v7"
 
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/record"
 )
@@ -235,4 +235,4 @@ func (p *Provider) Sweep(ctx context.Context, r provider.Resource) error {
 	return nil
 }
 
-var scheduleIDRE = regexp.MustCompile(`(?i)^/subscriptions/[^/]+/resourceGroups/([^/]+)/providers/Microsoft\.DevTestLab/schedules/shutdown-computevm-([^/]+)$`)
+var scheduleIDRE = lazyregexp.New(`(?i)^/subscriptions/[^/]+/resourceGroups/([^/]+)/providers/Microsoft\.DevTestLab/schedules/shutdown-computevm-([^/]+)$`)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"regexp"
 	"slices"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
 )
@@ -39,7 +39,7 @@ var BulkTimeout = 10 * time.Minute
 const LabelLaunch = "runfleet-launch"
 
 // bulkable says whether a runner's instance name gives its name back.
-var bulkable = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,54}[a-z0-9])?$`)
+var bulkable = lazyregexp.New(`^[a-z]([-a-z0-9]{0,54}[a-z0-9])?$`)
 
 // runnerOf is the runner of an instance whose name is the runner's and
 // instanceName's suffix.

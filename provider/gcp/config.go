@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"net/url"
 	"path"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/provider/vm"
 )
 
@@ -131,17 +131,17 @@ const (
 )
 
 var (
-	zoneRE    = regexp.MustCompile(`^[a-z]+-[a-z]+\d+-[a-z]$`)
-	projectRE = regexp.MustCompile(`^[a-z][-a-z0-9]{4,28}[a-z0-9]$|^[a-z][-a-z0-9.:]{4,62}$`)
+	zoneRE    = lazyregexp.New(`^[a-z]+-[a-z]+\d+-[a-z]$`)
+	projectRE = lazyregexp.New(`^[a-z][-a-z0-9]{4,28}[a-z0-9]$|^[a-z][-a-z0-9.:]{4,62}$`)
 	// A machine type: predefined (n1-standard-8) or custom
 	// (custom-8-53248, n2-custom-64-262144-ext).
-	machineRE = regexp.MustCompile(`^[a-z][a-z0-9]*(-[a-z0-9]+)+$`)
-	nameRE    = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
-	imageRE   = regexp.MustCompile(`^(https://[^/]+/compute/v1/)?projects/[^/]+/global/images/(family/)?[a-z]([-a-z0-9]*[a-z0-9])?$`)
+	machineRE = lazyregexp.New(`^[a-z][a-z0-9]*(-[a-z0-9]+)+$`)
+	nameRE    = lazyregexp.New(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
+	imageRE   = lazyregexp.New(`^(https://[^/]+/compute/v1/)?projects/[^/]+/global/images/(family/)?[a-z]([-a-z0-9]*[a-z0-9])?$`)
 	diskTypes = map[string]bool{"pd-standard": true, "pd-balanced": true, "pd-ssd": true, "pd-extreme": true,
 		"hyperdisk-balanced": true, "hyperdisk-throughput": true, "hyperdisk-extreme": true}
-	labelKeyRE   = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
-	labelValueRE = regexp.MustCompile(`^[a-z0-9_-]{0,63}$`)
+	labelKeyRE   = lazyregexp.New(`^[a-z][a-z0-9_-]{0,62}$`)
+	labelValueRE = lazyregexp.New(`^[a-z0-9_-]{0,63}$`)
 )
 
 // DecodeSection decodes and checks a pool's section, with defaults.

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"regexp"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"google.golang.org/api/option"
 
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
 	"github.com/runfleet/runfleet/version"
@@ -282,7 +282,7 @@ const (
 
 // gpuMachine is the machine families that come with GPUs (A100, H100,
 // L4).
-var gpuMachine = regexp.MustCompile(`^(a2|a3|g2)-`)
+var gpuMachine = lazyregexp.New(`^(a2|a3|g2)-`)
 
 // StockImage is the stock image for a machine type and its accelerator.
 func StockImage(typ string, acc Accelerator) string {

@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,6 +30,7 @@ import (
 	"github.com/google/uuid"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
 )
@@ -353,7 +353,7 @@ func gpuFamily(typ string) bool {
 	return family == "a2" || family == "a3" || family == "a4" || family == "g2" || family == "g4"
 }
 
-var unsafeName = regexp.MustCompile(`[^a-z0-9-]+`)
+var unsafeName = lazyregexp.New(`[^a-z0-9-]+`)
 
 // instanceName is a new instance's name: the runner's, made a valid
 // name, and a random suffix, so that a slot's next instance can be made
@@ -368,7 +368,7 @@ func instanceName(runner string) string {
 	return strings.TrimRight(base[:min(len(base), 56)], "-") + "-" + hex.EncodeToString(b)
 }
 
-var unsafeLabel = regexp.MustCompile(`[^a-z0-9_-]+`)
+var unsafeLabel = lazyregexp.New(`[^a-z0-9_-]+`)
 
 // labelValue makes s a label value: lowercase letters, digits, _ and -,
 // at most 63. The exact value is in the metadata.

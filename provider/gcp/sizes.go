@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"regexp"
 	"strconv"
 	"strings"
 
@@ -14,6 +13,7 @@ import (
 
 	"github.com/runfleet/runfleet/dynamic"
 	"github.com/runfleet/runfleet/gpu"
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
 )
@@ -28,7 +28,7 @@ import (
 // customRE is a custom machine type's name, which says its size:
 // [family-]custom-CPUS-MEMORY_MB[-ext] ("Create a VM with a custom
 // machine type", docs.cloud.google.com/compute/docs/instances/creating-instance-with-custom-machine-type).
-var customRE = regexp.MustCompile(`^(?:[a-z0-9]+-)?custom-(\d+)-(\d+)(?:-ext)?$`)
+var customRE = lazyregexp.New(`^(?:[a-z0-9]+-)?custom-(\d+)-(\d+)(?:-ext)?$`)
 
 // readSizes is what each of the pool's machine types has
 // (vm.Catalogue.Read).

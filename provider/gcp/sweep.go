@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"net/http"
 	"path"
-	"regexp"
 	"time"
 
 	"github.com/google/uuid"
 	"google.golang.org/api/googleapi"
 
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/provider"
 )
 
@@ -75,7 +75,7 @@ func (p *Provider) Leftovers(ctx context.Context, manager string) ([]provider.Re
 	return out, nil
 }
 
-var diskIDRE = regexp.MustCompile(`^zones/([a-z0-9-]+)/disks/([a-z0-9-]+)$`)
+var diskIDRE = lazyregexp.New(`^zones/([a-z0-9-]+)/disks/([a-z0-9-]+)$`)
 
 // Sweep deletes a disk Leftovers listed, once no instance uses it: gc
 // deletes the machines first, and a disk an instance on its way out

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"strconv"
 	"sync/atomic"
 
@@ -16,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/kubeclient"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
@@ -175,7 +175,7 @@ var cmlTypes = map[string]struct {
 }
 
 // customType is the iterative provider's own size: "8-32000+nvidia-tesla-t4*1".
-var customType = regexp.MustCompile(`^(\d+)-(\d+)(?:\+([^*]+)\*([1-9]\d*))?$`)
+var customType = lazyregexp.New(`^(\d+)-(\d+)(?:\+([^*]+)\*([1-9]\d*))?$`)
 
 // cmlType sets the requests (as limits too) of a CML machine type, and
 // returns its GPU model ("" without GPUs), which an "infer" node selector

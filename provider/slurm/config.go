@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/runfleet/runfleet/config"
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 )
 
 // Section is a pool's `slurm:` section: what each runner's batch job asks
@@ -68,10 +68,10 @@ type Section struct {
 const DefaultPollInterval = 5 * time.Second
 
 var (
-	nameRE = regexp.MustCompile(`^[A-Za-z0-9_.+-]+$`)
-	memRE  = regexp.MustCompile(`^[0-9]+[KMGT]?$`)
+	nameRE = lazyregexp.New(`^[A-Za-z0-9_.+-]+$`)
+	memRE  = lazyregexp.New(`^[0-9]+[KMGT]?$`)
 	// accountRE is a portable user name (useradd's NAME_REGEX).
-	accountRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]*[$]?$`)
+	accountRE = lazyregexp.New(`^[a-z_][a-z0-9_-]*[$]?$`)
 	// The options runfleet sets itself, or that would let the job's
 	// output or identity escape the manager's view.
 	ownOptions = []string{"--job-name", "-J", "--comment", "--output", "-o", "--error", "-e", "--parsable",

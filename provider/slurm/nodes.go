@@ -3,11 +3,12 @@ package slurm
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 
 	jobrecord "github.com/runfleet/runfleet/record"
+
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 )
 
 // A batch job's host is its node: the record of a runner keeps the
@@ -33,7 +34,7 @@ func (c *CLI) Node(ctx context.Context, name string) (*jobrecord.System, error) 
 
 // nodeKey finds where each key=value pair of scontrol's line begins: a
 // value may hold spaces (OS=Linux 6.1.0-25-amd64 #1 SMP ...).
-var nodeKey = regexp.MustCompile(`(?:^| )([A-Za-z][A-Za-z0-9_/]*)=`)
+var nodeKey = lazyregexp.New(`(?:^| )([A-Za-z][A-Za-z0-9_/]*)=`)
 
 // parseNode reads a node's line.
 func parseNode(out []byte, name string) (*jobrecord.System, error) {

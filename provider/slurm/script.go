@@ -5,10 +5,10 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/provider"
 	// The package's own record is a runner's spool record.
 	jobrecord "github.com/runfleet/runfleet/record"
@@ -22,7 +22,7 @@ var passed = []string{
 	"SLURM_JOB_ACCOUNT", "SLURM_CLUSTER_NAME", "SLURM_CPUS_ON_NODE", "SLURM_MEM_PER_NODE",
 }
 
-var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+var envNameRE = lazyregexp.New(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // batchScript is the job's script. It holds no secret (Slurm keeps it
 // with the job, and its owner and the cluster's admins can read it back):

@@ -25,7 +25,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,6 +32,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/runfleet/runfleet/internal/lazyregexp"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
 )
@@ -99,7 +99,7 @@ type record struct {
 	User string `json:"user,omitempty"`
 }
 
-var runnerNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
+var runnerNameRE = lazyregexp.New(`^[A-Za-z0-9][A-Za-z0-9_.-]*$`)
 
 // New returns a provider. It creates its directories.
 func New(opt Options) (*Provider, error) {

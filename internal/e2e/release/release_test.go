@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"debug/elf"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,7 +39,8 @@ func need(t *testing.T, tools ...string) {
 
 // Two `make release` runs of one commit, in two directories, give the same
 // SHA-256 sums: the static linux/amd64 and linux/arm64 binaries and the
-// amd64 one with the NVML reader.
+// amd64 one with the NVML reader, with every driver, and the static builds
+// of each common set of drivers.
 func TestReleaseIsReproducible(t *testing.T) {
 	need(t, "make", "git", "gcc", "sha256sum")
 	src := root(t)
@@ -81,13 +83,18 @@ func TestReleaseIsReproducible(t *testing.T) {
 		sums[i] = string(b)
 		if i == 0 {
 			checkBinaries(t, dist)
+			checkSets(t, dist)
 		}
 	}
 	t.Logf("SHA256SUMS:\n%s", sums[0])
 	if sums[0] != sums[1] {
 		t.Errorf("two builds differ:\n%s\n%s", sums[0], sums[1])
 	}
-	for _, name := range []string{"runfleet-v0.0.0-reprotest-linux-amd64", "runfleet-v0.0.0-reprotest-linux-arm64", "runfleet-v0.0.0-reprotest-linux-amd64-nvml"} {
+	names := []string{"runfleet-v0.0.0-reprotest-linux-amd64", "runfleet-v0.0.0-reprotest-linux-arm64", "runfleet-v0.0.0-reprotest-linux-amd64-nvml"}
+	for _, set := range []string{"hosts", "aws", "gcp", "azure"} {
+		names = append(names, "runfleet-v0.0.0-reprotest-linux-amd64-"+set, "runfleet-v0.0.0-reprotest-linux-arm64-"+set)
+	}
+	for _, name := range names {
 		if !strings.Contains(sums[0], "  "+name+"\n") {
 			t.Errorf("SHA256SUMS lacks %s", name)
 		}
@@ -159,5 +166,87 @@ func TestGoInstallKnowsItsVersion(t *testing.T) {
 	t.Logf("go install ./cmd/runfleet: runfleet version -o json: %s", bytes.TrimSpace(out))
 	if !strings.HasPrefix(v.Version, "v") || v.Commit != strings.TrimSpace(string(head)) || v.Date == "" {
 		t.Errorf("version %+v, want a module version and commit %s", v, head)
+	}
+}
+
+// The cloud SDKs' modules, by path prefix, none of which a build without
+// that cloud's driver may link.
+var cloudSDKs = map[string][]string{
+	"aws":   {"github.com/aws/"},
+	"gcp":   {"cloud.google.com/go", "google.golang.org/api", "google.golang.org/grpc", "github.com/googleapis/"},
+	"azure": {"github.com/Azure/", "github.com/AzureAD/"},
+}
+
+// checkSets: each set's binary links its own drivers' code alone (go
+// version -m lists the modules a binary links), says which drivers it has,
+// and refuses a config naming a driver it lacks with the build tags that
+// would have it.
+func checkSets(t *testing.T, dist string) {
+	t.Helper()
+	for set, want := range map[string]struct{ clouds, providers string }{
+		"hosts": {"", "docker, kubernetes, process, slurm"},
+		"aws":   {"aws", "aws"},
+		"gcp":   {"gcp", "gcp"},
+		"azure": {"azure", "azure"},
+	} {
+		bin := filepath.Join(dist, "runfleet-v0.0.0-reprotest-linux-amd64-"+set)
+		mods, err := exec.Command("go", "version", "-m", bin).Output()
+		if err != nil {
+			t.Fatalf("go version -m %s: %v", bin, err)
+		}
+		for cloud, prefixes := range cloudSDKs {
+			linked := []string{}
+			for line := range strings.SplitSeq(string(mods), "\n") {
+				f := strings.Fields(line)
+				if len(f) < 2 || (f[0] != "dep" && f[0] != "=>") {
+					continue
+				}
+				for _, p := range prefixes {
+					if strings.HasPrefix(f[1], p) {
+						linked = append(linked, f[1])
+					}
+				}
+			}
+			if cloud == want.clouds && len(linked) == 0 {
+				t.Errorf("%s: links none of %s's SDK (%v)", set, cloud, prefixes)
+			}
+			if cloud != want.clouds && len(linked) > 0 {
+				t.Errorf("%s: links %s's SDK: %v", set, cloud, linked)
+			}
+		}
+		out, err := exec.Command(bin, "version").Output()
+		if err != nil || !strings.Contains(string(out), "forges: azure-pipelines, bitbucket, gitea, github, gitlab; providers: "+want.providers+"\n") {
+			t.Errorf("%s: version: %q %v", set, out, err)
+		}
+		if set == "hosts" {
+			checkLeftOut(t, bin)
+		}
+	}
+}
+
+// checkLeftOut: the hosts build, given a config with an EC2 pool, starts
+// nothing and says which build has it.
+func checkLeftOut(t *testing.T, bin string) {
+	t.Helper()
+	cfg := filepath.Join(t.TempDir(), "fleet.yaml")
+	yaml := "id: lab\nforges:\n  - {name: lab, type: gitea, url: http://127.0.0.1:1, token: abc, repo: a/b}\n" +
+		"pools:\n  - name: burst\n    forge: lab\n    labels: [gpu]\n    aws:\n      region: us-east-1\n      instance_type: g5.xlarge\n"
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "serve", "-c", cfg, "--status-listen", "off")
+	cmd.Dir = t.TempDir()
+	out, err := cmd.CombinedOutput()
+	want := `pools[0].aws: provider "aws" is not in this build of runfleet: build with -tags 'forge_azurepipelines forge_bitbucket forge_gitea forge_github forge_gitlab provider_aws provider_docker provider_kubernetes provider_process provider_slurm' (make build DRIVERS="aws azurepipelines bitbucket docker gitea github gitlab kubernetes process slurm")`
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(string(out), want) {
+		t.Errorf("hosts build with an aws pool: %v\n%s\nwant exit 2 and %s", err, out, want)
+	}
+	t.Logf("hosts build with an aws pool: %s", bytes.TrimSpace(out))
+	// And `runfleet runner --cloud aws`, CML's way, before it looks for
+	// anything to install.
+	out, err = exec.Command(bin, "runner", "--repo", "https://github.com/a/b", "--token", "tok-secret", "--cloud", "aws").CombinedOutput()
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(string(out), "--cloud: aws is not in this build of runfleet: build with -tags '") {
+		t.Errorf("hosts build, runner --cloud aws: %v\n%s", err, out)
 	}
 }
