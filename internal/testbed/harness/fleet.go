@@ -400,6 +400,10 @@ func (f *Fleet) Start() {
 	}()
 }
 
+// UseBinary runs the manager from another runfleet binary than the
+// package's, from the next Start.
+func (f *Fleet) UseBinary(path string) { f.bin = path }
+
 // Driver is the Gitea driver on the fleet's repository, acting as the
 // test itself: to plant registrations and to ask for removals.
 func (f *Fleet) Driver() *giteadrv.Forge {
