@@ -19,22 +19,27 @@ type Listing[T any] struct {
 	began   time.Time // when the last good listing was asked for
 	last    T
 	err     error         // the last listing's error
+	gaveUp  bool          // err came of its caller's context, not the backend
 	pending chan struct{} // closed when the listing under way ends
 }
 
 // Get returns what a listing asked for at most maxAge before now
 // returned, through list when there is none, and when that listing was
 // asked for; a listing under way is joined, its error too, as it is as
-// new as any this call would make. What it returns is shared: it must not
+// new as any this call would make, unless its caller gave up on it. What it returns is shared: it must not
 // be changed.
 func (l *Listing[T]) Get(ctx context.Context, maxAge time.Duration, now func() time.Time, list func(context.Context) (T, error)) (T, time.Time, error) {
 	l.mu.Lock()
-	if !l.began.IsZero() && !l.began.Before(now().Add(-maxAge)) {
-		last, began := l.last, l.began
-		l.mu.Unlock()
-		return last, began, nil
-	}
-	if ch := l.pending; ch != nil {
+	for {
+		if !l.began.IsZero() && !l.began.Before(now().Add(-maxAge)) {
+			last, began := l.last, l.began
+			l.mu.Unlock()
+			return last, began, nil
+		}
+		ch := l.pending
+		if ch == nil {
+			break
+		}
 		l.mu.Unlock()
 		select {
 		case <-ch:
@@ -43,8 +48,13 @@ func (l *Listing[T]) Get(ctx context.Context, maxAge time.Duration, now func() t
 			return zero, time.Time{}, ctx.Err()
 		}
 		l.mu.Lock()
-		defer l.mu.Unlock()
-		return l.last, l.began, l.err
+		if l.err == nil || !l.gaveUp {
+			defer l.mu.Unlock()
+			return l.last, l.began, l.err
+		}
+		// The call joined ended because its caller gave up (a poller
+		// stopped), which says nothing of the backend: this caller,
+		// still waiting, lists for itself.
 	}
 	ch := make(chan struct{})
 	l.pending = ch
@@ -52,7 +62,7 @@ func (l *Listing[T]) Get(ctx context.Context, maxAge time.Duration, now func() t
 	began := now()
 	got, err := list(ctx)
 	l.mu.Lock()
-	l.pending, l.err = nil, err
+	l.pending, l.err, l.gaveUp = nil, err, err != nil && ctx.Err() != nil
 	if err == nil {
 		l.last, l.began = got, began
 	}

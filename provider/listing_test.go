@@ -56,3 +56,39 @@ func TestListingShared(t *testing.T) {
 		t.Errorf("after a failed call, listing %d, want the last good one", v)
 	}
 }
+
+// A pool that joins a listing under way whose caller then gives up (a
+// poller stopped while a pool's Close waits on the queue) gets a listing
+// of its own, not the caller's cancellation; an error of the backend's is
+// still shared.
+func TestListingJoinerOutlivesItsLeader(t *testing.T) {
+	var l Listing[int]
+	calls := 0
+	started := make(chan struct{})
+	list := func(ctx context.Context) (int, error) {
+		calls++
+		if calls == 1 {
+			close(started)
+			<-ctx.Done()
+			return 0, ctx.Err()
+		}
+		return 7, nil
+	}
+	leaderCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { _, _, err := l.Get(leaderCtx, 0, time.Now, list); done <- err }()
+	<-started
+	joined := make(chan struct{})
+	var got int
+	var err error
+	go func() { got, _, err = l.Get(context.Background(), 0, time.Now, list); close(joined) }()
+	time.Sleep(50 * time.Millisecond) // the second caller joins the first's call
+	stop()
+	<-joined
+	if leaderErr := <-done; leaderErr == nil {
+		t.Error("the caller that gave up got no error")
+	}
+	if err != nil || got != 7 || calls != 2 {
+		t.Errorf("the caller still waiting got %d, %v after %d calls; want a listing of its own, 7", got, err, calls)
+	}
+}
