@@ -1,6 +1,6 @@
 // Package leader lets several managers with the same id share one fleet:
 // they take part in an election on a coordination.k8s.io Lease (client-go's
-// leaderelection), and only the holder acts. It works whatever the
+// algorithm, see elector), and only the holder acts. It works whatever the
 // pools' providers are; the cluster holds only the Lease.
 package leader
 
@@ -10,23 +10,17 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/runfleet/runfleet/kubeclient"
 )
 
 // Options configure an election.
 type Options struct {
-	Client    kubernetes.Interface
+	Client    kubeclient.Interface
 	Namespace string
 	Lease     string // the Lease's name
 	Identity  string // this manager's, unique among the candidates
@@ -68,100 +62,59 @@ func Identity() string {
 // when act returns, so that a successor need not wait for it to expire.
 // Run returns ErrLost when the lease was lost, nil otherwise.
 func Run(ctx context.Context, o Options, act func(ctx context.Context, lost <-chan struct{})) error {
+	if o.Client == nil || o.Namespace == "" || o.Lease == "" || o.Identity == "" {
+		return errors.New("leader election: a client, a namespace, a lease and an identity are required")
+	}
+	// client-go's elector's bounds: a renewal must fit, with its jitter.
+	if o.LeaseDuration <= o.RenewDeadline || float64(o.RenewDeadline) <= 1.2*float64(o.RetryPeriod) || o.RetryPeriod <= 0 {
+		return fmt.Errorf("leader election: want lease duration (%s) > renew deadline (%s) > 1.2 × retry period (%s) > 0",
+			o.LeaseDuration, o.RenewDeadline, o.RetryPeriod)
+	}
 	log := o.Logger
 	if log == nil {
 		log = slog.Default()
 	}
 	log = log.With("lease", o.Namespace+"/"+o.Lease, "identity", o.Identity)
+	e := &elector{o: o, leases: o.Client.Leases(o.Namespace), log: log, newLeader: func(id string) {
+		if id != o.Identity {
+			log.Info("leader election: another manager leads; waiting", "leader", id)
+		}
+	}}
 	// The election outlives ctx while act drains: the lease is kept
-	// until act is done.
+	// until act is done. A standby just leaves when ctx ends.
 	elect, resign := context.WithCancel(context.WithoutCancel(ctx))
 	defer resign()
-	var (
-		mu      sync.Mutex
-		leading bool
-		lost    bool
-		acted   = make(chan struct{})
-	)
-	broadcaster := record.NewBroadcaster()
-	defer broadcaster.Shutdown()
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: o.Client.CoreV1().Events(o.Namespace)})
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Lease},
-		Client:    o.Client.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{
-			Identity:      o.Identity,
-			EventRecorder: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "runfleet"}),
-		},
-	}
-	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock: lock, Name: o.Lease, ReleaseOnCancel: true,
-		LeaseDuration: o.LeaseDuration, RenewDeadline: o.RenewDeadline, RetryPeriod: o.RetryPeriod,
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(lctx context.Context) {
-				mu.Lock()
-				leading = true
-				mu.Unlock()
-				log.Info("leader election: this manager leads; acting")
-				if o.Advertise != "" {
-					advertise(lctx, o, log)
-				}
-				gone := make(chan struct{})
-				go func() {
-					<-lctx.Done()
-					if elect.Err() == nil { // not given up: lost
-						mu.Lock()
-						lost = true
-						mu.Unlock()
-						close(gone)
-					}
-				}()
-				act(ctx, gone)
-				close(acted)
-				resign()
-			},
-			OnStoppedLeading: func() {
-				mu.Lock()
-				defer mu.Unlock()
-				switch {
-				case leading && elect.Err() == nil: // not given up
-					log.Error("leader election: lost the lease; stopping at once")
-				case leading:
-					log.Info("leader election: gave up the lease")
-				}
-			},
-			OnNewLeader: func(id string) {
-				if id != o.Identity {
-					log.Info("leader election: another manager leads; waiting", "leader", id)
-				}
-			},
-		},
-	})
-	if err != nil {
-		return fmt.Errorf("leader election: %w", err)
-	}
+	standby := context.AfterFunc(ctx, resign)
 	log.Info("leader election: waiting for the lease")
-	go func() {
-		<-ctx.Done()
-		mu.Lock()
-		l := leading
-		mu.Unlock()
-		if !l {
-			resign() // a standby just leaves
-		}
-	}()
-	elector.Run(elect)
-	mu.Lock()
-	l := leading
-	mu.Unlock()
-	if l {
-		<-acted
+	if !e.acquire(elect) {
+		return nil
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if lost {
+	standby()
+	log.Info("leader election: this manager leads; acting")
+	e.event(ctx, o.Client, "became leader")
+	lead, stop := context.WithCancel(elect)
+	gone, acted := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(acted)
+		defer resign()
+		if o.Advertise != "" {
+			advertise(lead, o, log)
+		}
+		act(ctx, gone)
+	}()
+	err := e.renew(elect)
+	stop()
+	if err != nil {
+		log.Error("leader election: lost the lease; stopping at once", "err", err)
+		close(gone)
+	}
+	<-acted
+	e.event(ctx, o.Client, "stopped leading")
+	if err != nil {
 		return ErrLost
 	}
+	e.release()
+	log.Info("leader election: gave up the lease")
 	return nil
 }
 
@@ -171,7 +124,7 @@ func Run(ctx context.Context, o Options, act func(ctx context.Context, lost <-ch
 // annotations it did not write. A failure is logged: standbys then answer
 // webhooks 503 instead of forwarding them.
 func advertise(ctx context.Context, o Options, log *slog.Logger) {
-	leases := o.Client.CoordinationV1().Leases(o.Namespace)
+	leases := o.Client.Leases(o.Namespace)
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		l, err := leases.Get(ctx, o.Lease, metav1.GetOptions{})
 		if err != nil {
@@ -191,8 +144,8 @@ func advertise(ctx context.Context, o Options, log *slog.Logger) {
 
 // Advertised returns where the Lease's holder takes webhooks, "" when it
 // says nothing (or only its predecessor's address).
-func Advertised(ctx context.Context, client kubernetes.Interface, namespace, lease string) (string, error) {
-	l, err := client.CoordinationV1().Leases(namespace).Get(ctx, lease, metav1.GetOptions{})
+func Advertised(ctx context.Context, client kubeclient.Interface, namespace, lease string) (string, error) {
+	l, err := client.Leases(namespace).Get(ctx, lease, metav1.GetOptions{})
 	if err != nil {
 		return "", fmt.Errorf("leader election: read the Lease: %w", err)
 	}

@@ -5,14 +5,18 @@ import (
 	"errors"
 	"flag"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/runfleet/runfleet/internal/testbed/peers"
+	"github.com/runfleet/runfleet/kubeclient"
 )
 
 // The elections run against a real kube-apiserver and etcd (built on first
@@ -20,6 +24,8 @@ import (
 var (
 	kube    *peers.Kube
 	kubeErr error
+	// clients are the ones a manager makes (kubeclient.New).
+	clients kubeclient.Interface
 )
 
 func TestMain(m *testing.M) {
@@ -31,6 +37,9 @@ func TestMain(m *testing.M) {
 		kube, kubeErr = peers.StartKube(context.Background(), peers.KubeOptions{Progress: os.Stderr, NoScheduler: true})
 		if kube != nil {
 			defer kube.Stop()
+			if clients, kubeErr = kubeclient.New(kube.Config); kubeErr != nil {
+				return 1
+			}
 		}
 		return m.Run()
 	}()
@@ -46,7 +55,7 @@ func needKube(t *testing.T) {
 }
 
 func options(id, lease string) Options {
-	return Options{Client: kube.Client, Namespace: "default", Lease: lease, Identity: id,
+	return Options{Client: clients, Namespace: "default", Lease: lease, Identity: id,
 		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 300 * time.Millisecond}
 }
 
@@ -175,3 +184,76 @@ func TestLostLeaseStopsActing(t *testing.T) {
 		t.Fatal("a stopped standby did not return")
 	}
 }
+
+// A Lease whose holder stopped renewing is taken once it has not changed
+// for its lease duration, counted on the candidate's clock: the times
+// written in it (here a renewal an hour ahead, as from a skewed clock)
+// are not trusted. The new holder counts a transition and says on the
+// Lease's events that it leads.
+func TestTakesAbandonedLease(t *testing.T) {
+	needKube(t)
+	ctx := context.Background()
+	ghost, secs, turns := "ghost", int32(3), int32(4)
+	ahead := metav1.NewMicroTime(time.Now().Add(time.Hour))
+	_, err := clients.Leases("default").Create(ctx, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "abandoned", Namespace: "default"},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: &ghost, LeaseDurationSeconds: &secs,
+			AcquireTime: &ahead, RenewTime: &ahead, LeaseTransitions: &turns},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var overlap atomic.Bool
+	c := run(options("heir", "abandoned"), &overlap)
+	waitActing(t, c, 10*time.Second)
+	if waited := time.Since(start); waited < 3*time.Second {
+		t.Errorf("took the lease after %s, before its holder's 3s ran out", waited.Round(time.Millisecond))
+	}
+	l, err := clients.Leases("default").Get(ctx, "abandoned", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := l.Spec.HolderIdentity; h == nil || *h != "heir" || l.Spec.LeaseTransitions == nil || *l.Spec.LeaseTransitions != 5 {
+		t.Errorf("lease spec after the takeover: %+v", l.Spec)
+	}
+	c.stop()
+	if err := <-c.err; err != nil {
+		t.Fatal(err)
+	}
+	evs, err := kube.Client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=abandoned"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []string
+	for _, e := range evs.Items {
+		msgs = append(msgs, e.Message)
+	}
+	if !slices.Contains(msgs, "heir became leader") || !slices.Contains(msgs, "heir stopped leading") {
+		t.Errorf("events on the lease: %q", msgs)
+	}
+	// Given up: no holder, so that a successor need not wait.
+	l, err = clients.Leases("default").Get(ctx, "abandoned", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := l.Spec.HolderIdentity; h != nil && *h != "" {
+		t.Errorf("holder after stopping: %q", *h)
+	}
+}
+
+// Timings an election cannot keep are refused before anything is called:
+// a renewal must fit in the lease, and a retry in the renewal deadline.
+func TestRunRefusesTimings(t *testing.T) {
+	o := Options{Client: clients, Namespace: "default", Lease: "x", Identity: "a",
+		LeaseDuration: 3 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: time.Second}
+	if clients == nil { // -short: no apiserver, and none is called
+		o.Client = noClient{}
+	}
+	err := Run(context.Background(), o, func(context.Context, <-chan struct{}) { t.Error("acted") })
+	if err == nil || !strings.Contains(err.Error(), "renew deadline (3s)") {
+		t.Errorf("Run with a renew deadline as long as the lease = %v", err)
+	}
+}
+
+type noClient struct{ kubeclient.Interface }

@@ -5,6 +5,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -166,5 +167,33 @@ func TestBuildDocsNameEveryTag(t *testing.T) {
 		if strings.Join(lists[k], " ") != strings.Join(names, " ") {
 			t.Errorf("the Makefile's %s are %v, want %v", k, lists[k], names)
 		}
+	}
+}
+
+// The binary calls Kubernetes through kubeclient's clients: none of
+// client-go's packages that register every API group's types at start
+// (the typed clientset and its scheme, the informer factory, leader
+// election's resource locks: some 20 MiB resident, docs/builds.md) may
+// come back, even through another import.
+func TestNoClientsetLinked(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list: skipped with -short")
+	}
+	out, err := exec.Command("go", "list", "-deps", "github.com/runfleet/runfleet/cmd/runfleet").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	api := 0
+	for _, pkg := range strings.Fields(string(out)) {
+		switch {
+		case pkg == "k8s.io/client-go/kubernetes/scheme", strings.HasPrefix(pkg, "k8s.io/client-go/kubernetes/typed/"),
+			strings.HasPrefix(pkg, "k8s.io/client-go/informers"), strings.HasPrefix(pkg, "k8s.io/client-go/tools/leaderelection"):
+			t.Errorf("runfleet links %s", pkg)
+		case strings.HasPrefix(pkg, "k8s.io/api/"):
+			api++
+		}
+	}
+	if api > 2 {
+		t.Errorf("runfleet links %d of k8s.io/api's groups, want core/v1 and coordination/v1 alone", api)
 	}
 }

@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 
-	"k8s.io/client-go/kubernetes"
-
 	"github.com/runfleet/runfleet/config"
 	"github.com/runfleet/runfleet/internal/daemon"
 	"github.com/runfleet/runfleet/kubeclient"
@@ -30,7 +28,7 @@ func elect(ctx context.Context, fleet *daemon.Fleet, le *config.LeaderElection, 
 		fleet.Close()
 		return err
 	}
-	cs, err := kubernetes.NewForConfig(rc)
+	cs, err := kubeclient.New(rc)
 	if err != nil {
 		fleet.Close()
 		return fmt.Errorf("leader_election: %w", err)

@@ -23,12 +23,12 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/moby/moby/client"
 
 	"github.com/runfleet/runfleet/internal/testbed/kubenode"
 	"github.com/runfleet/runfleet/internal/testbed/peers"
+	"github.com/runfleet/runfleet/kubeclient"
 	"github.com/runfleet/runfleet/provider"
 	"github.com/runfleet/runfleet/provider/vm"
 )
@@ -92,7 +92,7 @@ func openProvider(t *testing.T, ns, manager string, s Section) *Provider {
 	if s.Workdir == "" {
 		s.Workdir, s.GPUResource = DefaultWorkdir, DefaultGPUResource
 	}
-	cs, err := kubernetes.NewForConfig(kube.Config)
+	cs, err := kubeclient.New(kube.Config)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/runfleet/runfleet/kubeclient/kubeclienttest"
 	"github.com/runfleet/runfleet/provider"
 )
 
@@ -29,7 +30,7 @@ docker: dind
 dind: {shared_paths: [/home/runner/_work], storage_size_limit: 50Gi}
 security_context: {fsGroup: 2000}
 `, 0)
-	p, err := New(Options{Client: fake.NewClientset(), Namespace: "ns", Manager: "m", Pool: "r", Section: s})
+	p, err := New(Options{Client: kubeclienttest.FromClientset(fake.NewClientset()), Namespace: "ns", Manager: "m", Pool: "r", Section: s})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +157,7 @@ func TestDindWithoutNativeSidecars(t *testing.T) {
 		return false, nil, nil // the tracker stores it so
 	})
 	s := decode(t, "{image: x, docker: dind}", 0)
-	p, err := New(Options{Client: cs, Namespace: "ns", Manager: "m1", Pool: "cpu", Section: s})
+	p, err := New(Options{Client: kubeclienttest.FromClientset(cs), Namespace: "ns", Manager: "m1", Pool: "cpu", Section: s})
 	if err != nil {
 		t.Fatal(err)
 	}

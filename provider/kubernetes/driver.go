@@ -12,7 +12,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/runfleet/runfleet/internal/lazyregexp"
@@ -44,7 +43,7 @@ func (driver) Open(ctx context.Context, c provider.PoolConfig) (provider.Provide
 	if err != nil {
 		return nil, err
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := kubeclient.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
 	}

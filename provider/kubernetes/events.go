@@ -391,7 +391,7 @@ func (p *Provider) Output(ctx context.Context, inst provider.Instance, max int64
 	cctx, cancel := p.call(ctx)
 	defer cancel()
 	lines := int64(logTailLines)
-	b, err := p.cs.CoreV1().Pods(p.opt.Namespace).GetLogs(name, &corev1.PodLogOptions{
+	b, err := p.cs.Pods(p.opt.Namespace).GetLogs(name, &corev1.PodLogOptions{
 		Container: agentContainer, TailLines: &lines,
 	}).DoRaw(cctx)
 	p.mu.Lock()

@@ -20,19 +20,20 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/watch"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/runfleet/runfleet/kubeclient"
 	"github.com/runfleet/runfleet/provider"
 )
 
 // Options configure New.
 type Options struct {
-	Client    kubernetes.Interface
+	Client    kubeclient.Interface
 	Namespace string
 	Manager   string
 	Pool      string
@@ -71,7 +72,7 @@ const goneKeep = 2 * time.Minute
 // Provider runs one pool's runners as pods.
 type Provider struct {
 	opt     Options
-	cs      kubernetes.Interface
+	cs      kubeclient.Interface
 	log     *slog.Logger
 	pods    listersv1.PodLister
 	synced  cache.InformerSynced
@@ -129,11 +130,22 @@ func New(opt Options) (*Provider, error) {
 		stopped: make(chan struct{}),
 	}
 	sel := labels.SelectorFromSet(labels.Set{LabelManager: opt.Manager, LabelPool: opt.Pool}).String()
-	factory := informers.NewSharedInformerFactoryWithOptions(opt.Client, 0,
-		informers.WithNamespace(opt.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
-	inf := factory.Core().V1().Pods()
-	informer := inf.Informer()
+	// One informer for the pool's pods, as client-go's generated pod
+	// informer makes it (informers/core/v1), without the informer
+	// factory, which links every API group's informers.
+	podsAPI := opt.Client.Pods(opt.Namespace)
+	informer := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = sel
+			return podsAPI.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = sel
+			return podsAPI.Watch(ctx, o)
+		},
+	}, podsAPI), &corev1.Pod{}, cache.SharedIndexInformerOptions{
+		Indexers: cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
+	})
 	// The cache keeps what the provider reads, not the managed fields.
 	_ = informer.SetTransform(func(obj any) (any, error) {
 		if m, ok := obj.(metav1.Object); ok {
@@ -148,7 +160,7 @@ func New(opt Options) (*Provider, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("kubernetes: watch pods: %w", err)
 	}
-	p.pods, p.synced = inf.Lister(), informer.HasSynced
+	p.pods, p.synced = listersv1.NewPodLister(informer.GetIndexer()), informer.HasSynced
 	ctx, cancel := context.WithCancel(context.Background())
 	p.stop = cancel
 	p.nodes = provider.NodeSystems{Read: p.readNode, Denied: apierrors.IsForbidden, Log: opt.Logger}
@@ -186,11 +198,11 @@ func (p *Provider) sweepOrphans() {
 	// Secrets first: a pod is made before its Secret, so every Secret
 	// listed has its pod in the later list unless it is an orphan, even
 	// while another manager of the same id (a new leader) makes runners.
-	secrets, err := p.cs.CoreV1().Secrets(p.opt.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	secrets, err := p.cs.Secrets(p.opt.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
 		return
 	}
-	pods, err := p.cs.CoreV1().Pods(p.opt.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	pods, err := p.cs.Pods(p.opt.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
 		return
 	}
@@ -202,7 +214,7 @@ func (p *Provider) sweepOrphans() {
 		if have[s.Name] {
 			continue
 		}
-		if err := p.cs.CoreV1().Secrets(p.opt.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		if err := p.cs.Secrets(p.opt.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			p.log.Warn("delete secret without a pod", "secret", s.Name, "err", err)
 		}
 	}
@@ -282,7 +294,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		}
 		pod.Namespace = p.opt.Namespace
 		cctx, cancel := p.call(ctx)
-		created, err = p.cs.CoreV1().Pods(p.opt.Namespace).Create(cctx, pod, metav1.CreateOptions{})
+		created, err = p.cs.Pods(p.opt.Namespace).Create(cctx, pod, metav1.CreateOptions{})
 		cancel()
 		if apierrors.IsAlreadyExists(err) && attempt == 0 {
 			continue // the random suffix was taken
@@ -304,7 +316,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	sec := runnerSecret(created.Name, spec)
 	ownedBy(sec, created)
 	cctx, cancel := p.call(ctx)
-	_, err := p.cs.CoreV1().Secrets(p.opt.Namespace).Create(cctx, sec, metav1.CreateOptions{})
+	_, err := p.cs.Secrets(p.opt.Namespace).Create(cctx, sec, metav1.CreateOptions{})
 	cancel()
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		p.deletePod(context.WithoutCancel(ctx), created)
@@ -417,7 +429,7 @@ func (p *Provider) deletePod(ctx context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
 	p.deleted[uid] = true
 	p.mu.Unlock()
-	err := p.cs.CoreV1().Pods(p.opt.Namespace).Delete(cctx, pod.Name, metav1.DeleteOptions{
+	err := p.cs.Pods(p.opt.Namespace).Delete(cctx, pod.Name, metav1.DeleteOptions{
 		Preconditions: &metav1.Preconditions{UID: &uid},
 	})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
@@ -429,7 +441,7 @@ func (p *Provider) deletePod(ctx context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
 	p.forgetCreating(pod.Labels[LabelRunner], uid)
 	p.mu.Unlock()
-	err = p.cs.CoreV1().Secrets(p.opt.Namespace).Delete(cctx, pod.Name, metav1.DeleteOptions{})
+	err = p.cs.Secrets(p.opt.Namespace).Delete(cctx, pod.Name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete secret %s: %w", pod.Name, err)
 	}
@@ -477,7 +489,7 @@ func (p *Provider) listOther(ctx context.Context, manager string) ([]provider.In
 	cctx, cancel := p.call(ctx)
 	defer cancel()
 	sel := labels.SelectorFromSet(labels.Set{LabelManager: manager, LabelPool: p.opt.Pool}).String()
-	list, err := p.cs.CoreV1().Pods(p.opt.Namespace).List(cctx, metav1.ListOptions{LabelSelector: sel})
+	list, err := p.cs.Pods(p.opt.Namespace).List(cctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
 		return nil, fmt.Errorf("list pods of manager %s: %w", manager, err)
 	}
@@ -529,7 +541,7 @@ func (p *Provider) sweepSecrets(ctx context.Context) {
 	cctx, cancel := p.call(ctx)
 	defer cancel()
 	sel := labels.SelectorFromSet(labels.Set{LabelManager: p.opt.Manager, LabelPool: p.opt.Pool}).String()
-	list, err := p.cs.CoreV1().Secrets(p.opt.Namespace).List(cctx, metav1.ListOptions{LabelSelector: sel})
+	list, err := p.cs.Secrets(p.opt.Namespace).List(cctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
 		p.log.Warn("list secrets", "err", err)
 		return
@@ -549,7 +561,7 @@ func (p *Provider) sweepSecrets(ctx context.Context) {
 		if c != nil && c.Name == s.Name {
 			continue
 		}
-		if err := p.cs.CoreV1().Secrets(p.opt.Namespace).Delete(cctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		if err := p.cs.Secrets(p.opt.Namespace).Delete(cctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			p.log.Warn("delete secret without a pod", "secret", s.Name, "err", err)
 		}
 	}

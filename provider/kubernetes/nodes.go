@@ -22,7 +22,7 @@ import (
 func (p *Provider) readNode(ctx context.Context, name string) (*record.System, error) {
 	ctx, cancel := p.call(ctx)
 	defer cancel()
-	node, err := p.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	node, err := p.cs.Nodes().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/runfleet/runfleet/kubeclient/kubeclienttest"
 	"github.com/runfleet/runfleet/record"
 )
 
@@ -48,7 +49,7 @@ func TestNodeSystem(t *testing.T) {
 		gets++
 		return false, nil, nil
 	})
-	p, err := New(Options{Client: cs, Namespace: "ns", Manager: "m", Pool: "r"})
+	p, err := New(Options{Client: kubeclienttest.FromClientset(cs), Namespace: "ns", Manager: "m", Pool: "r"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +78,7 @@ func TestNodeSystemForbidden(t *testing.T) {
 		gets++
 		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, "n1", nil)
 	})
-	p, err := New(Options{Client: cs, Namespace: "ns", Manager: "m", Pool: "r"})
+	p, err := New(Options{Client: kubeclienttest.FromClientset(cs), Namespace: "ns", Manager: "m", Pool: "r"})
 	if err != nil {
 		t.Fatal(err)
 	}

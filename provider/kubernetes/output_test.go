@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/runfleet/runfleet/kubeclient/kubeclienttest"
 	"github.com/runfleet/runfleet/provider"
 )
 
@@ -30,7 +31,7 @@ func TestOutputOfAPodListedEnded(t *testing.T) {
 	cs.PrependReactor("get", "pods/log", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, &runtime.Unknown{Raw: []byte(log.Load().(string))}, nil
 	})
-	p, err := New(Options{Client: cs, Namespace: "ns", Manager: "m1", Pool: "cpu", LogInterval: time.Hour})
+	p, err := New(Options{Client: kubeclienttest.FromClientset(cs), Namespace: "ns", Manager: "m1", Pool: "cpu", LogInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +112,7 @@ func TestCreateRefusals(t *testing.T) {
 					Status: corev1.PodStatus{Phase: corev1.PodRunning}})
 			}
 			cs.PrependReactor("create", "pods", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, tc.err })
-			p, err := New(Options{Client: cs, Namespace: "ns", Manager: "m1", Pool: "cpu", Section: Section{Image: "r", Workdir: DefaultWorkdir}})
+			p, err := New(Options{Client: kubeclienttest.FromClientset(cs), Namespace: "ns", Manager: "m1", Pool: "cpu", Section: Section{Image: "r", Workdir: DefaultWorkdir}})
 			if err != nil {
 				t.Fatal(err)
 			}

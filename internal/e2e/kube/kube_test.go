@@ -16,7 +16,6 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	k8s "k8s.io/client-go/kubernetes"
 
 	"github.com/moby/moby/client"
 
@@ -24,6 +23,7 @@ import (
 	"github.com/runfleet/runfleet/internal/testbed/ghsim"
 	"github.com/runfleet/runfleet/internal/testbed/harness"
 	"github.com/runfleet/runfleet/internal/testbed/peers"
+	"github.com/runfleet/runfleet/kubeclient"
 	"github.com/runfleet/runfleet/provider"
 	kube "github.com/runfleet/runfleet/provider/kubernetes"
 	"github.com/runfleet/runfleet/record"
@@ -117,7 +117,7 @@ func TestKubeCrashAdopts(t *testing.T) {
 
 	// What a crash could leave: a pod of this manager without a
 	// registration, and a registration without a pod.
-	cs, err := k8s.NewForConfig(harness.KubeCP.Config)
+	cs, err := kubeclient.New(harness.KubeCP.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
