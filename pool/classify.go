@@ -173,12 +173,18 @@ func classify(f facts, p policy) verdict {
 // starting).
 func classifyGone(f facts, p policy) verdict {
 	switch {
-	case f.preempted != nil && f.phase != agent.PhaseDone && (f.reg != nil || f.regID != 0):
+	case f.preempted != nil && (f.reg != nil || f.regID != 0):
 		// Taken back and deleted already (as Azure deletes an evicted
 		// Spot VM): its agent stopped, and the job it may have run
 		// failed with it; the forge re-runs that job, if there was one.
-		v := verdict{state: StateStopping, lost: true, note: "machine taken back; its runner's job, if it ran one, is re-run",
-			memory: memory{regID: cmp.Or(regOf(f), f.regID)}}
+		// So too when the agent said the job ended before the machine
+		// went: it was stopped at the notice, as on an exited machine
+		// (classifyExited); a forge re-runs no job that succeeded.
+		note := "machine taken back; its runner's job, if it ran one, is re-run"
+		if f.phase == agent.PhaseDone {
+			note = "machine taken back as its runner's job ended; the job, if it failed, is re-run"
+		}
+		v := verdict{state: StateStopping, lost: true, note: note, memory: memory{regID: cmp.Or(regOf(f), f.regID)}}
 		if f.reg != nil {
 			v.retire = "machine taken back"
 		}

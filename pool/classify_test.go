@@ -118,6 +118,11 @@ var classifyCases = []classifyCase{
 	{name: "taken back and deleted by the cloud, forge says busy", machine: none, reg: busy, preempt: true, checkReg: true, want: verdict{state: StateStopping, retire: "machine taken back", lost: true, memory: memory{regID: 7}}, wantNote: true},
 	{name: "taken back and deleted by the cloud, forge says offline", machine: none, reg: off, preempt: true, checkReg: true, want: verdict{state: StateStopping, retire: "machine taken back", lost: true, memory: memory{regID: 7}}, wantNote: true},
 	{name: "taken back and deleted by the cloud, registration gone", machine: none, reg: noRg, mem: memory{regID: 7}, preempt: true, checkReg: true, want: verdict{state: StateStopping, lost: true, memory: memory{regID: 7}}, wantNote: true},
+	// Its agent stopped the job at the notice and said it ended before
+	// the cloud deleted the machine (seen in CI: gitea-runner's job killed
+	// at once prints no "cancelled in progress jobs").
+	{name: "taken back and deleted by the cloud after its agent ended the job", machine: none, reg: noRg, mem: memory{regID: 7}, phase: agent.PhaseDone, preempt: true, checkReg: true, want: verdict{state: StateStopping, lost: true, memory: memory{regID: 7}}, wantNote: true},
+	{name: "taken back and deleted by the cloud after its agent ended the job, forge says busy", machine: none, reg: busy, phase: agent.PhaseDone, preempt: true, checkReg: true, want: verdict{state: StateStopping, retire: "machine taken back", lost: true, memory: memory{regID: 7}}, wantNote: true},
 	{name: "vanished mid-job, first seen", machine: none, reg: busy, phase: agent.PhaseBusy, want: verdict{state: StateLost, lost: true, memory: memory{vanishedSince: classifyNow}}, wantNote: true},
 	{name: "vanished mid-job, within grace", machine: none, reg: busy, phase: agent.PhaseBusy, mem: memory{vanishedSince: classifyNow.Add(-time.Minute)}, want: verdict{state: StateLost, lost: true, memory: memory{vanishedSince: classifyNow.Add(-time.Minute)}}, wantNote: true},
 	{name: "vanished mid-job, past grace (the bootstrap timeout)", machine: none, reg: busy, phase: agent.PhaseBusy, mem: memory{vanishedSince: classifyNow.Add(-2 * time.Minute)}, want: verdict{state: StateLost, lost: true, retire: "machine vanished mid-job", memory: memory{vanishedSince: classifyNow.Add(-2 * time.Minute)}}, wantNote: true},

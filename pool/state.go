@@ -348,9 +348,15 @@ func (p *Pool) classifyAll(snap snapshot, pol policy) (view []Runner, n tally) {
 const noticeHold = time.Minute
 
 // noticeOf is the notice that a slot's machine is being taken back: by
-// the machine's ID, or, once the machine is gone, by the runner's name.
+// the machine's ID, or, once the machine is gone, by the last machine
+// seen in the slot, or, where none was kept, by the runner's name. Not
+// by name where the slot's last machine is known: a notice of an earlier
+// machine of the slot, kept for noticeHold, is not its successor's.
 // Called with p.mu held.
 func (p *Pool) noticeOf(name string, inst *provider.Instance) *provider.Notice {
+	if inst == nil && p.last[name].ID != "" {
+		inst = &provider.Instance{ID: p.last[name].ID}
+	}
 	if inst != nil {
 		if n, ok := p.preempted[inst.ID]; ok {
 			return &n

@@ -559,13 +559,36 @@ func (f *Fleet) dumpLogs() {
 
 // withoutPassLines drops the debug lines every pass writes for each slot
 // and each pool's demand, which would crowd out of a failed test's output
-// what the manager did.
+// what the manager did, unless the line says something new: a slot's or a
+// pool's first line, and each change of what it says, stay, so that the
+// slots' course can be followed.
 func withoutPassLines(log string) string {
+	last := map[string]string{} // what a slot or a pool's demand last said
 	lines := strings.SplitAfter(log, "\n")
 	lines = slices.DeleteFunc(lines, func(l string) bool {
-		return strings.Contains(l, "level=DEBUG msg=slot ") || strings.Contains(l, "level=DEBUG msg=demand ")
+		for _, m := range []string{"level=DEBUG msg=slot ", "level=DEBUG msg=demand "} {
+			if _, said, ok := strings.Cut(l, m); ok {
+				key := m + passSubject(said)
+				if last[key] == said {
+					return true
+				}
+				last[key] = said
+			}
+		}
+		return false
 	})
 	return strings.Join(lines, "")
+}
+
+// passSubject is the pool and the runner a pass line is about.
+func passSubject(said string) string {
+	var subject []string
+	for f := range strings.FieldsSeq(said) {
+		if strings.HasPrefix(f, "pool=") || strings.HasPrefix(f, "runner=") {
+			subject = append(subject, f)
+		}
+	}
+	return strings.Join(subject, " ")
 }
 
 func TailString(s string, n int) string {
