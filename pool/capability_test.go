@@ -613,41 +613,30 @@ func TestNoticeAfterTheJobEnded(t *testing.T) {
 	}
 }
 
-// The order TestAzureEvictionRerunsJob met: the agent stops its job at
-// the notice and says so, the forge deletes the ephemeral registration,
-// and the cloud deletes the machine (Azure, once the VM approved its
-// eviction); the pool sees the machine gone with the notice. The job is
-// reported lost under the registration noted while the machine ran.
-func TestCloudDeletedMachineAfterItsJobEnded(t *testing.T) {
-	h, reg, machine := busyRunner(t)
-	h.out.print("gpu-1", "done")
-	h.settle() // the machine still runs: stopping
-	h.forge.drop(reg)
-	h.out.notice(provider.Notice{Name: "gpu-1", ID: machine, Reason: "spot eviction: Azure deleted the Spot VM", At: h.clk.Now()})
-	h.out.vanish("gpu-1")
-	h.settle()
-	h.settle()
-	if len(h.forge.lost) != 1 || h.forge.lost[0].ID != reg {
-		t.Fatalf("lost %v, want registration %d once", h.forge.lost, reg)
-	}
-}
-
-// The order TestSlurmScancelMidJob met: the job is cancelled with its
-// Slurm job, the agent says its job is over while its machine still runs,
-// the forge deletes the ephemeral registration, and the notice comes with
-// the machine's exit. The job is reported lost under the registration
-// noted while the machine ran.
+// The agent says its job is over while its machine still runs, the forge
+// deletes the ephemeral registration, and the notice comes with the
+// machine's end: its exit (TestSlurmScancelMidJob: the job cancelled with
+// its Slurm job), or its deletion (TestAzureEvictionRerunsJob: the agent
+// stopped its job at the notice, and Azure deleted the VM once it
+// approved its eviction). The job is reported lost under the
+// registration noted while the machine ran.
 func TestNoticeAfterTheRegistrationWent(t *testing.T) {
-	h, reg, machine := busyRunner(t)
-	h.out.print("gpu-1", "done")
-	h.settle() // the machine still runs: stopping
-	h.forge.drop(reg)
-	h.out.notice(provider.Notice{Name: "gpu-1", ID: machine, Reason: "Slurm job CANCELLED", At: h.clk.Now()})
-	h.prov.exit("gpu-1")
-	h.settle()
-	h.settle()
-	if len(h.forge.lost) != 1 || h.forge.lost[0].ID != reg {
-		t.Fatalf("lost %v, want registration %d once", h.forge.lost, reg)
+	for _, end := range []string{"exit", "deletion"} {
+		h, reg, machine := busyRunner(t)
+		h.out.print("gpu-1", "done")
+		h.settle() // the machine still runs: stopping
+		h.forge.drop(reg)
+		h.out.notice(provider.Notice{Name: "gpu-1", ID: machine, Reason: "taken back", At: h.clk.Now()})
+		if end == "exit" {
+			h.prov.exit("gpu-1")
+		} else {
+			h.out.vanish("gpu-1")
+		}
+		h.settle()
+		h.settle()
+		if len(h.forge.lost) != 1 || h.forge.lost[0].ID != reg {
+			t.Errorf("machine's %s: lost %v, want registration %d once", end, h.forge.lost, reg)
+		}
 	}
 }
 
