@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -46,6 +47,7 @@ type elector struct {
 	// newLeader is told of each holder seen, once each time it changes.
 	newLeader func(id string)
 	reported  string
+	events    sync.WaitGroup // the events being recorded
 }
 
 // leading says whether this candidate holds the Lease as last seen.
@@ -235,7 +237,9 @@ func (e *elector) release() {
 
 // event records what happened to this candidate on the Lease, as
 // client-go's elector does ("<identity> became leader"), for `kubectl
-// describe lease`. Best effort: it needs create on events.
+// describe lease`. Best effort, and in the background, so that a slow
+// apiserver does not hold up acting: it needs create on events. Run
+// waits for the events it started before it returns.
 func (e *elector) event(ctx context.Context, client kubeclient.Interface, what string) {
 	now := metav1.Now()
 	ev := &corev1.Event{
@@ -249,11 +253,13 @@ func (e *elector) event(ctx context.Context, client kubeclient.Interface, what s
 	if e.lease != nil {
 		ev.InvolvedObject.UID, ev.InvolvedObject.ResourceVersion = e.lease.UID, e.lease.ResourceVersion
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if _, err := client.Events(e.o.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		e.log.Debug("leader election: record an event on the Lease", "err", err)
-	}
+	e.events.Go(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if _, err := client.Events(e.o.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+			e.log.Debug("leader election: record an event on the Lease", "err", err)
+		}
+	})
 }
 
 // jitter adds up to 20% to d, as client-go's elector does, so that

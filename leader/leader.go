@@ -84,6 +84,7 @@ func Run(ctx context.Context, o Options, act func(ctx context.Context, lost <-ch
 	// until act is done. A standby just leaves when ctx ends.
 	elect, resign := context.WithCancel(context.WithoutCancel(ctx))
 	defer resign()
+	defer e.events.Wait()
 	standby := context.AfterFunc(ctx, resign)
 	log.Info("leader election: waiting for the lease")
 	if !e.acquire(elect) {
