@@ -77,7 +77,7 @@ func (e *elector) observe(l *coordinationv1.Lease, now time.Time) {
 	}
 	if h := holder(l.Spec); h != e.reported {
 		e.reported = h
-		if h != "" && e.newLeader != nil {
+		if h != "" {
 			e.newLeader(h)
 		}
 	}
@@ -110,8 +110,7 @@ func (e *elector) tryAcquireOrRenew(ctx context.Context) bool {
 	if e.leading() && e.valid(now) && e.lease != nil {
 		l := e.lease.DeepCopy()
 		l.Spec = e.spec(timeOf(e.seen.AcquireTime, now), now, transitions(e.seen))
-		if up, err := e.leases.Update(ctx, l, metav1.UpdateOptions{}); err == nil {
-			e.observe(up, now)
+		if e.update(ctx, l, now) {
 			return true
 		}
 	}
@@ -143,6 +142,12 @@ func (e *elector) tryAcquireOrRenew(ctx context.Context) bool {
 	} else {
 		l.Spec = e.spec(now, now, transitions(l.Spec)+1)
 	}
+	return e.update(ctx, l, now)
+}
+
+// update writes l, as read with its resourceVersion, and records what the
+// apiserver kept; false when it refused (another wrote the Lease since).
+func (e *elector) update(ctx context.Context, l *coordinationv1.Lease, now time.Time) bool {
 	up, err := e.leases.Update(ctx, l, metav1.UpdateOptions{})
 	if err != nil {
 		e.log.Debug("leader election: update the Lease", "err", err)

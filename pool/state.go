@@ -354,11 +354,12 @@ const noticeHold = time.Minute
 // machine of the slot, kept for noticeHold, is not its successor's.
 // Called with p.mu held.
 func (p *Pool) noticeOf(name string, inst *provider.Instance) *provider.Notice {
-	if inst == nil && p.last[name].ID != "" {
-		inst = &provider.Instance{ID: p.last[name].ID}
-	}
+	id := p.last[name].ID
 	if inst != nil {
-		if n, ok := p.preempted[inst.ID]; ok {
+		id = inst.ID
+	}
+	if id != "" {
+		if n, ok := p.preempted[id]; ok {
 			return &n
 		}
 		return nil
