@@ -27,7 +27,10 @@ func (c clientset) Leases(ns string) kubeclient.Leases   { return c.cs.Coordinat
 
 // pods carries the clientset's word on watch lists to an informer over
 // them: the fake clientset's watches never send the bookmark a watch list
-// waits for, and it says so on the clientset, not on its typed clients.
+// waits for, and it says so on the clientset, not on its typed clients
+// (kubernetes/fake/clientset_generated.go, IsWatchListSemanticsUnSupported;
+// util/watchlist asks the client it is given, as the generated informers
+// hand it the clientset).
 type pods struct {
 	typedcorev1.PodInterface
 	noWatchList bool
